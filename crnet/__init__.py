@@ -1,0 +1,7 @@
+"""crnet: CodedReduce gradient aggregation (Reisizadeh et al., IEEE/ACM ToN 2021).
+
+The math (``codes``, ``plan``) is pure; the kernels (``kernels``) do the coded sums;
+``daemon`` and ``client`` move the bytes.
+"""
+
+__version__ = "0.1.0"
