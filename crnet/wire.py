@@ -1,0 +1,225 @@
+"""Frame layout, limits and an incremental, zero-copy frame reader.
+
+A frame is::
+
+    prefix  (18 bytes)  magic b"CRNT", version u8, message type u8,
+                        header length u32, payload length u64   (network order)
+    header  (msgpack)   a map: step, offset, count, dtype, reason, ...
+    payload (raw)       gradient bytes, never msgpack-encoded, never pickled
+
+Every length is checked against ``Limits`` before anything is allocated, and the
+reader asks its owner where each payload goes *after* reading the header, so a
+gradient chunk lands straight in its destination array (uvloop's BufferedProtocol
+reads into the memoryview we return). The same frames run over the TCP tree links
+and the daemon's Unix socket for the local training process.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgpack
+
+MAGIC = b"CRNT"
+VERSION = 1
+PREFIX = struct.Struct("!4sBBIQ")
+
+__all__ = ["Limits", "MsgType", "ProtocolError", "FrameReader", "encode", "PREFIX", "VERSION"]
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid crnet frame; close its connection."""
+
+
+class MsgType(enum.IntEnum):
+    # Tree links (TCP).
+    HELLO = 1       # first frame both ways: version, role, name
+    WELCOME = 2     # parent -> child: your name, layer, the tree and settings
+    REFUSE = 3      # parent -> child: why you can't join; then close
+    JOINED = 4      # child -> parent: my whole subtree has joined
+    ASSIGN = 5      # parent -> child: payload = msgpack of the subtree's assignments
+    CHUNK = 6       # child -> parent: a coded chunk of my message for a step
+    RESULT = 7      # parent -> child: a chunk of the step's full gradient
+    FAIL = 8        # either way: a step failed here (reason)
+    # Local client link (Unix socket).
+    SUBMIT = 20     # client -> daemon: my local gradient for a step is in shared memory
+    DONE = 21       # daemon -> client: the step's result is in shared memory
+    FETCH = 22      # client -> daemon: give me a finished step's result, I contribute nothing
+    ATTACH = 23     # client -> daemon: map this shared-memory file
+    ERROR = 24      # daemon -> client: a request failed (reason, kind)
+    STATS = 25      # client -> daemon: counters please; daemon -> client: the counters
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds a reader enforces before it allocates or parses anything."""
+
+    max_header: int = 1 << 20          # bytes of msgpack header
+    max_payload: int = 1 << 31         # bytes of one frame's payload
+    max_str: int = 1 << 16             # msgpack string length inside a header
+    max_items: int = 1 << 16           # msgpack array/map length inside a header
+
+
+def encode(msg_type: MsgType, header: dict, payload=None) -> list:
+    """A frame as a list for ``transport.writelines``: the payload is not copied."""
+    head = msgpack.packb(header)
+    if payload is None:
+        return [PREFIX.pack(MAGIC, VERSION, msg_type, len(head), 0) + head]
+    view = memoryview(payload).cast("B")
+    return [PREFIX.pack(MAGIC, VERSION, msg_type, len(head), view.nbytes) + head, view]
+
+
+# on_header(msg_type, header, payload_len) -> writable memoryview of payload_len bytes
+# (where the payload goes) or None (read and drop it). May raise ProtocolError.
+HeaderCallback = Callable[[MsgType, dict, int], "memoryview | None"]
+# on_frame(msg_type, header, payload) with payload the memoryview on_header returned.
+FrameCallback = Callable[[MsgType, dict, "memoryview | None"], None]
+
+
+class FrameReader:
+    """Turns the bytes of one connection into frames; the state of a BufferedProtocol.
+
+    Prefixes and headers (and the first bytes of a payload that arrive with them)
+    land in a small scratch buffer; once a header says where the payload goes,
+    ``get_buffer`` hands out the destination itself, so bulk payload bytes are
+    written by the kernel straight into the gradient array.
+    """
+
+    SCRATCH = 1 << 16
+
+    def __init__(self, on_header: HeaderCallback, on_frame: FrameCallback, limits: Limits = Limits()):
+        self._on_header = on_header
+        self._on_frame = on_frame
+        self.limits = limits
+        self._scratch = bytearray(self.SCRATCH)
+        self._view = memoryview(self._scratch)
+        self._start = 0          # first unparsed byte in scratch
+        self._end = 0            # end of received bytes in scratch
+        self._need = PREFIX.size  # scratch bytes the parser waits for
+        self._dest: memoryview | None = None
+        self._dest_pos = 0
+        self._discard = 0        # payload bytes still to drop
+        self._frame: tuple | None = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._dest is not None:
+            return self._dest[self._dest_pos:]
+        if self._discard:
+            return self._view[: min(self._discard, len(self._view))]
+        if self._end == len(self._scratch):
+            self._compact()
+        return self._view[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._dest is not None:
+            self._dest_pos += nbytes
+            if self._dest_pos == len(self._dest):
+                self._deliver(self._dest)
+            return
+        if self._discard:
+            self._discard -= nbytes
+            if not self._discard:
+                self._frame = None
+            return
+        self._end += nbytes
+        self._parse()
+
+    @property
+    def idle(self) -> bool:
+        """True between frames: no partial frame is buffered."""
+        return self._dest is None and not self._discard and self._start == self._end
+
+    def _parse(self) -> None:
+        while self._end - self._start >= self._need:
+            if self._frame is None:
+                self._read_header()
+                if self._frame is None:
+                    continue  # waiting for the rest of the header: _need was raised
+            self._start_payload()
+            if self._dest is not None or self._discard:
+                return
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def _read_header(self) -> None:
+        start = self._start
+        magic, version, msg_type, hlen, plen = PREFIX.unpack_from(self._scratch, start)
+        if magic != MAGIC:
+            raise ProtocolError(f"bad magic {bytes(magic)!r}: not a crnet peer")
+        if version != VERSION:
+            raise ProtocolError(f"protocol version {version}, this side speaks {VERSION}")
+        try:
+            msg_type = MsgType(msg_type)
+        except ValueError:
+            raise ProtocolError(f"unknown message type {msg_type}") from None
+        if hlen > self.limits.max_header:
+            raise ProtocolError(f"header of {hlen} bytes exceeds the limit {self.limits.max_header}")
+        if plen > self.limits.max_payload:
+            raise ProtocolError(f"payload of {plen} bytes exceeds the limit {self.limits.max_payload}")
+        total = PREFIX.size + hlen
+        if self._end - start < total:
+            self._need = total
+            if start + total > len(self._scratch):
+                self._compact(total)
+            return
+        try:
+            header = msgpack.unpackb(
+                self._view[start + PREFIX.size:start + total],
+                max_str_len=self.limits.max_str,
+                max_bin_len=self.limits.max_str,
+                max_array_len=self.limits.max_items,
+                max_map_len=self.limits.max_items,
+                max_ext_len=0,
+                strict_map_key=True,
+            )
+        except Exception as e:  # msgpack raises several types for bad input
+            raise ProtocolError(f"undecodable {msg_type.name} header: {e}") from None
+        if not isinstance(header, dict):
+            raise ProtocolError(f"{msg_type.name} header is a {type(header).__name__}, not a map")
+        self._start += total
+        self._need = PREFIX.size
+        self._frame = (msg_type, header, plen)
+
+    def _start_payload(self) -> None:
+        msg_type, header, plen = self._frame
+        if plen == 0:
+            self._frame = None
+            self._on_frame(msg_type, header, None)
+            return
+        dest = self._on_header(msg_type, header, plen)
+        have = min(self._end - self._start, plen)
+        if dest is None:
+            self._start += have
+            self._discard = plen - have
+            if not self._discard:
+                self._frame = None
+            else:
+                self._start = self._end = 0
+            return
+        if len(dest) != plen:
+            raise ProtocolError(f"{msg_type.name}: destination has {len(dest)} bytes, frame {plen}")
+        dest[:have] = self._view[self._start:self._start + have]
+        self._start += have
+        if have == plen:
+            self._deliver(dest)
+        else:
+            self._dest, self._dest_pos = dest, have
+            self._start = self._end = 0
+
+    def _deliver(self, payload: memoryview) -> None:
+        msg_type, header, _ = self._frame
+        self._frame = None
+        self._dest = None
+        self._on_frame(msg_type, header, payload)
+
+    def _compact(self, capacity: int = 0) -> None:
+        """Move unparsed bytes to the front; grow scratch for an oversized header."""
+        pending = self._view[self._start:self._end].tobytes()
+        if capacity > len(self._scratch):
+            self._scratch = bytearray(capacity)
+            self._view = memoryview(self._scratch)
+        self._view[: len(pending)] = pending
+        self._start, self._end = 0, len(pending)
