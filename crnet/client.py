@@ -1,0 +1,279 @@
+"""The training process's API: ``Client`` (blocking) and ``AsyncClient``.
+
+::
+
+    from crnet import Client
+    with Client() as c:                      # $CRNET_CLIENT_SOCKET by default
+        a = c.assignment                     # this process's share of every batch
+        for step in range(steps):
+            g = c.allreduce(local_gradient(a.ranges), step=step)   # full gradient sum
+
+Vectors go through shared memory (``crnet.shm``); the socket carries only step
+numbers. ``c.buffer(n, dtype)`` hands out the shared input itself, so a gradient
+computed into it is never copied on this side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CrnetError, DaemonNotRunning, MismatchError, StepFailed, StepLost
+from .schemes.chunks import DTYPES
+from .shm import SharedRegion
+from .transport import Connection
+from .wire import VERSION, Limits, MsgType
+
+__all__ = ["Assignment", "AsyncClient", "Client", "DEFAULT_SOCKET"]
+
+DEFAULT_SOCKET = "/run/crnet/client.sock"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """This process's place in the tree and its share of every global batch.
+
+    ``ranges`` are ``(start, stop, weight)`` over batch positions 0..samples-1: the
+    process must return sum over them of weight * (gradient of that sample).
+    The master's training process (if any) has an empty share.
+    """
+
+    name: str
+    layer: int
+    samples: int
+    workers: int
+    ranges: tuple[tuple[int, int, float], ...]
+
+    @classmethod
+    def from_wire(cls, doc: dict) -> Assignment:
+        return cls(doc["name"], doc["layer"], doc["samples"], doc["workers"],
+                   tuple((int(a), int(b), float(w)) for a, b, w in doc["ranges"]))
+
+    @property
+    def local_samples(self) -> int:
+        return sum(b - a for a, b, _ in self.ranges)
+
+    def positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(batch positions, weight of each): this process's samples, flattened."""
+        if not self.ranges:
+            return np.zeros(0, np.int64), np.zeros(0)
+        pos = np.concatenate([np.arange(a, b) for a, b, _ in self.ranges])
+        w = np.concatenate([np.full(b - a, w) for a, b, w in self.ranges])
+        return pos, w
+
+
+def _socket_path(path) -> str:
+    return str(path or os.environ.get("CRNET_CLIENT_SOCKET") or DEFAULT_SOCKET)
+
+
+def raise_error(header: dict):
+    """The exception a daemon's ERROR reply stands for."""
+    kind, reason, step = header.get("kind"), str(header.get("reason")), header.get("step")
+    if kind == "failed":
+        raise StepFailed(step, reason)
+    if kind == "mismatch":
+        raise MismatchError(reason)
+    if kind == "lost":
+        raise StepLost(reason)
+    raise CrnetError(reason)
+
+
+class AsyncClient:
+    """A training process's connection to its host's crnetd (asyncio).
+
+    ``c = await AsyncClient.connect(path)`` waits until the tree has assigned this
+    host its share of the data. ``Client`` is the blocking twin.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.assignment: Assignment | None = None
+        self._tree_step = -1
+        self._region: SharedRegion | None = None
+        self._conn: Connection | None = None
+        self._frames: asyncio.Queue = asyncio.Queue()
+
+    @classmethod
+    async def connect(cls, socket_path=None, timeout: float | None = 120.0) -> AsyncClient:
+        self = cls(_socket_path(socket_path))
+        loop = asyncio.get_running_loop()
+        try:
+            _, self._conn = await loop.create_unix_connection(
+                lambda: Connection(self, Limits(max_payload=0), "crnetd"), self.path)
+        except OSError as e:
+            raise DaemonNotRunning(f"no crnetd at {self.path}: {e.strerror or e}") from None
+        try:
+            self._conn.send(MsgType.HELLO, {"version": VERSION, "role": "client", "pid": os.getpid()})
+            msg_type, header = await self._recv(timeout, "the tree's assignment")
+            if msg_type == MsgType.ERROR:
+                raise_error(header)
+            self.assignment = Assignment.from_wire(header["assignment"])
+            self._tree_step = header.get("tree_step", -1)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def tree_step(self) -> int:
+        """The newest step the whole tree had finished when the daemon last answered.
+
+        A training process that fell behind (it straggled and the tree went on
+        without it) can fetch those results with ``result`` instead of computing.
+        """
+        return self._tree_step
+
+    async def buffer(self, length: int, dtype=np.float32) -> np.ndarray:
+        """The shared input vector: compute the gradient into it, then allreduce it."""
+        dtype = np.dtype(dtype)
+        await self._ensure(length * dtype.itemsize)
+        return self._region.input(dtype, length)
+
+    async def allreduce(self, vec, step: int, out: np.ndarray | None = None,
+                        timeout: float | None = None) -> np.ndarray:
+        """Contribute this process's local gradient to ``step``; return the full sum."""
+        vec = np.asarray(vec)
+        if vec.dtype.name not in DTYPES:
+            raise TypeError(f"allreduce takes float32 or float64 vectors, got {vec.dtype}")
+        if vec.size == 0:
+            raise ValueError("allreduce of an empty vector")
+        vec = vec.reshape(-1)
+        await self._ensure(vec.nbytes)
+        staged = self._region.input(vec.dtype, vec.size)
+        if not np.shares_memory(staged, vec):
+            np.copyto(staged, vec)
+        return await self._request(MsgType.SUBMIT, step, vec, out, timeout)
+
+    async def result(self, step: int, like, out: np.ndarray | None = None,
+                     timeout: float | None = None) -> np.ndarray:
+        """A step's full gradient without contributing (``like`` gives length and dtype)."""
+        like = np.asarray(like).reshape(-1)
+        await self._ensure(like.nbytes)
+        return await self._request(MsgType.FETCH, step, like, out, timeout)
+
+    async def stats(self) -> dict:
+        """The daemon's counters (steps done and failed, children skipped, bytes, times)."""
+        self._conn.send(MsgType.STATS, {})
+        while True:
+            msg_type, header = await self._recv(10.0, "stats")
+            if msg_type == MsgType.STATS:
+                return header
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+    async def _request(self, msg_type, step, like, out, timeout) -> np.ndarray:
+        self._conn.send(msg_type, {"step": step, "length": like.size, "dtype": like.dtype.name})
+        while True:
+            reply, header = await self._recv(timeout, f"step {step}")
+            if header.get("step") not in (None, step):
+                continue  # a late reply for a step we gave up waiting on
+            if reply == MsgType.ERROR:
+                raise_error(header)
+            if reply != MsgType.DONE:
+                raise CrnetError(f"unexpected {reply.name} from the daemon")
+            self._tree_step = max(self._tree_step, header.get("tree_step", -1))
+            result = self._region.output(like.dtype, like.size)
+            if out is None:
+                return result.copy()
+            np.copyto(out.reshape(-1), result)
+            return out
+
+    async def _ensure(self, nbytes: int) -> None:
+        """Shared memory of at least ``nbytes`` per half, mapped by the daemon."""
+        if self._region is not None and self._region.capacity >= nbytes:
+            return
+        region = SharedRegion.create(max(nbytes, 1 << 16))
+        try:
+            self._conn.send(MsgType.ATTACH, {"path": region.path, "capacity": region.capacity})
+            while True:
+                msg_type, header = await self._recv(30.0, "shared memory")
+                if msg_type == MsgType.ERROR:
+                    raise_error(header)
+                if msg_type == MsgType.DONE and header.get("attached"):
+                    break
+        finally:
+            region.unlink()  # both sides have it mapped: nothing to leak if either dies
+        self._region = region
+
+    async def _recv(self, timeout, what):
+        try:
+            item = await asyncio.wait_for(self._frames.get(), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no answer from crnetd for {what} within {timeout} s") from None
+        if item is None:
+            self._frames.put_nowait(None)  # every later call fails the same way
+            raise DaemonNotRunning(f"crnetd at {self.path} closed the connection")
+        return item
+
+    # -- Connection handler --------------------------------------------------------
+    def frame_header(self, conn, msg_type, header, nbytes):
+        raise CrnetError(f"unexpected payload on {msg_type.name}")
+
+    def frame_received(self, conn, msg_type, header, payload):
+        self._frames.put_nowait((msg_type, header))
+
+    def connection_lost(self, conn, exc):
+        self._frames.put_nowait(None)
+
+
+class Client:
+    """The blocking twin of ``AsyncClient`` for ordinary training loops.
+
+    It drives an ``AsyncClient`` on a private event loop, so it must not be used
+    from inside a running event loop (use ``AsyncClient`` there).
+    """
+
+    def __init__(self, socket_path: str | os.PathLike | None = None, timeout: float | None = 120.0):
+        """Connect and wait (up to ``timeout``) until the tree has assigned this host its data."""
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._c = self._run(AsyncClient.connect(socket_path, timeout))
+        except BaseException:
+            self._loop.close()
+            raise
+
+    @property
+    def assignment(self) -> Assignment:
+        return self._c.assignment
+
+    @property
+    def tree_step(self) -> int:
+        return self._c.tree_step
+
+    def buffer(self, length: int, dtype=np.float32) -> np.ndarray:
+        return self._run(self._c.buffer(length, dtype))
+
+    def allreduce(self, vec, step: int, out=None, timeout: float | None = None) -> np.ndarray:
+        return self._run(self._c.allreduce(vec, step, out, timeout))
+
+    def result(self, step: int, like, out=None, timeout: float | None = None) -> np.ndarray:
+        return self._run(self._c.result(step, like, out, timeout))
+
+    def stats(self) -> dict:
+        return self._run(self._c.stats())
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._c.close()
+            self._loop.run_until_complete(asyncio.sleep(0))  # let the transport close
+            self._loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _run(self, coro):
+        return self._loop.run_until_complete(coro)

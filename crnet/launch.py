@@ -1,0 +1,152 @@
+"""Start a whole tree of real ``crnetd`` processes on one machine.
+
+Used by ``crnet demo``, the end-to-end tests and the benchmarks; on real hosts
+each daemon is started by its own systemd unit instead. Every node is started
+with ``--name`` equal to its place in the tree, so tests can kill "child 1 of
+node 0" by name, and each one's log goes to ``<workdir>/logs/<name>.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .plan import Tree
+
+MASTER = ""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LocalTree:
+    """A CodedReduce tree of crnetd processes on 127.0.0.1."""
+
+    def __init__(self, tree: Tree, samples: int, workdir: str | os.PathLike | None = None,
+                 timeout: float = 30.0, chunk_bytes: int = 1 << 20, code_kind: str = "auto",
+                 log_level: str = "info", host: str = "127.0.0.1", keep_results: int = 4):
+        self.tree = tree
+        self.samples = samples
+        self._tmp = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="crnet-")
+            workdir = self._tmp.name
+        self.workdir = Path(workdir)
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.host = host
+        self.options = {"--timeout": timeout, "--log-level": log_level,
+                        "--keep-results": keep_results}
+        self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind}
+        self.ports = {name: free_port(host) for name in tree.names() if tree.children(name)}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    @staticmethod
+    def filename(name: str) -> str:
+        return name or "master"
+
+    def socket_path(self, name: str) -> str:
+        return str(self.workdir / f"{self.filename(name)}.sock")
+
+    def log_path(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{self.filename(name)}.log"
+
+    def command(self, name: str) -> list[str]:
+        cmd = [sys.executable, "-m", "crnet", "daemon", "--client-socket", self.socket_path(name)]
+        if name == MASTER:
+            t = self.tree
+            cmd += ["--role", "master", "--samples", str(self.samples), "--layers", str(t.layers),
+                    "--fanout", ",".join(map(str, t.fanout)),
+                    "--stragglers", ",".join(map(str, t.stragglers))]
+            for k, v in self.master_options.items():
+                cmd += [k, str(v)]
+        else:
+            parent = self.tree.parent(name)
+            cmd += ["--role", "node", "--name", name, "--parent", f"{self.host}:{self.ports[parent]}"]
+        if name in self.ports:
+            cmd += ["--listen", f"{self.host}:{self.ports[name]}"]
+        for k, v in self.options.items():
+            cmd += [k, str(v)]
+        return cmd
+
+    def start_node(self, name: str) -> subprocess.Popen:
+        try:
+            os.unlink(self.socket_path(name))  # left behind by a killed daemon
+        except FileNotFoundError:
+            pass
+        log = open(self.log_path(name), "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen(self.command(name), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def start(self, wait: float = 30.0) -> LocalTree:
+        """Start every daemon, parents first; wait until every client socket is up."""
+        try:
+            for name in self.tree.names():
+                self.start_node(name)
+            self.wait_sockets(list(self.tree.names()), wait)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_sockets(self, names, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        for name in names:
+            while not os.path.exists(self.socket_path(name)):
+                proc = self.procs[name]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"crnetd {self.filename(name)} exited with {proc.returncode}:\n"
+                                       + self.log_path(name).read_text()[-2000:])
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"crnetd {self.filename(name)} did not start within {wait} s")
+                time.sleep(0.02)
+
+    def signal(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+        if sig == signal.SIGKILL:
+            proc.wait()
+
+    def alive(self, name: str) -> bool:
+        return self.procs[name].poll() is None
+
+    def stop(self, grace: float = 5.0) -> dict[str, int]:
+        """Stop every daemon (SIGTERM, then SIGKILL after ``grace``); returns exit codes."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGCONT)  # a SIGSTOPped daemon can't act on TERM
+                    proc.terminate()
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        codes = {}
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[name] = proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        return codes
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

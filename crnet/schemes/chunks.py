@@ -1,0 +1,53 @@
+"""How a vector is cut into chunks that pipeline through the tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """A vector of ``total`` elements of ``dtype`` in chunks of ``chunk_bytes``.
+
+    Every node of the tree uses the master's chunk size, so chunk c covers the
+    same coordinates everywhere and each chunk decodes on its own.
+    """
+
+    total: int
+    dtype: np.dtype
+    chunk_elems: int
+
+    @classmethod
+    def of(cls, total: int, dtype, chunk_bytes: int) -> ChunkLayout:
+        dtype = np.dtype(dtype)
+        return cls(int(total), dtype, max(1, int(chunk_bytes) // dtype.itemsize))
+
+    @property
+    def chunks(self) -> int:
+        return max(1, -(-self.total // self.chunk_elems))
+
+    def bounds(self, chunk: int) -> tuple[int, int]:
+        start = chunk * self.chunk_elems
+        return start, min(start + self.chunk_elems, self.total)
+
+    def nbytes(self, chunk: int) -> int:
+        start, stop = self.bounds(chunk)
+        return (stop - start) * self.dtype.itemsize
+
+    def describe(self) -> str:
+        return f"{self.total} x {self.dtype.name}"
+
+    def check(self, total, dtype_name, chunk, nbytes) -> str | None:
+        """Why a chunk header does not fit this layout, or None if it does."""
+        if dtype_name != self.dtype.name or total != self.total:
+            return (f"vector is {total} x {dtype_name} but the step's is "
+                    f"{self.total} x {self.dtype.name}")
+        if not isinstance(chunk, int) or not 0 <= chunk < self.chunks:
+            return f"chunk {chunk!r} out of range 0..{self.chunks - 1}"
+        if nbytes != self.nbytes(chunk):
+            return f"chunk {chunk} has {nbytes} bytes, expected {self.nbytes(chunk)}"
+        return None

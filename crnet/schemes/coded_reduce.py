@@ -1,0 +1,146 @@
+"""CodedReduce at one node: decode a step chunk by chunk from the fastest children.
+
+Free of sockets: the daemon says where bytes arrived, this module says where the
+next chunk goes and which chunks are ready to leave, and computes them with one
+``coded_sum`` pass each (``../shared/codedreduce.md``, "One step, end to end").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..codes import GradientCode
+from ..kernels import coded_sum
+from .chunks import ChunkLayout
+
+
+class UpStep:
+    """One step's upward pass at one node.
+
+    Message = local weighted gradient + decode(any n-s children), per chunk. Each
+    chunk is decoded the moment the local vector and n-s children's copies of that
+    chunk are in, so chunk c can leave while chunk c+1 is still arriving, and each
+    chunk may be decoded from a different set of children. A leaf's message is its
+    local vector itself; the master has no local vector.
+    """
+
+    def __init__(self, step: int, layout: ChunkLayout, code: GradientCode | None,
+                 has_local: bool, child_buffers: list[np.ndarray] | None = None):
+        self.step = step
+        self.layout = layout
+        self.code = code
+        self.has_local = has_local
+        self.local: np.ndarray | None = None
+        self.silent: set[int] = set()          # children that won't answer this step
+        self.used: set[int] = set()            # children some chunk was decoded from
+        self.first_byte: float | None = None   # when the first child chunk started (stats)
+        self._children = child_buffers
+        self._arrived: list[list[int]] = [[] for _ in range(layout.chunks)]
+        self._done = [False] * layout.chunks
+        self._remaining = layout.chunks
+        self._out: np.ndarray | None = None
+        if code is not None and (child_buffers is None or len(child_buffers) != code.n):
+            raise ValueError("a node with children needs one receive buffer per child")
+
+    @property
+    def needed(self) -> int:
+        """Children needed per chunk: n - s."""
+        return 0 if self.code is None else self.code.n - self.code.s
+
+    @property
+    def complete(self) -> bool:
+        return self._remaining == 0
+
+    def child_buffer(self, child: int, chunk: int) -> memoryview:
+        """Where child ``child``'s copy of ``chunk`` is received (a byte view)."""
+        start, stop = self.layout.bounds(chunk)
+        return memoryview(self._children[child][start:stop]).cast("B")
+
+    def child_arrived(self, child: int, chunk: int) -> list[int]:
+        """Record a child's chunk; returns the chunks now ready to decode."""
+        if self._done[chunk] or child in self._arrived[chunk]:
+            return []
+        self._arrived[chunk].append(child)
+        return self._ready((chunk,))
+
+    def local_arrived(self, vector: np.ndarray) -> list[int]:
+        """The training process's local weighted gradient; returns ready chunks."""
+        self.local = vector
+        return self._ready(range(self.layout.chunks))
+
+    def chunks_ready(self) -> list[int]:
+        return self._ready(range(self.layout.chunks))
+
+    def waiting_for(self) -> str:
+        """What this step still lacks, for the timeout message."""
+        missing = []
+        if self.has_local and self.local is None:
+            missing.append("the local training process's gradient")
+        if self.code is not None:
+            worst = min(len(a) for a in self._arrived)
+            missing.append(f"{self.needed} of {self.code.n} children (got {worst})")
+        return " and ".join(missing) or "nothing"
+
+    def decode(self, chunk: int) -> np.ndarray:
+        """Chunk ``chunk`` of this node's message (computed once)."""
+        start, stop = self.layout.bounds(chunk)
+        self._done[chunk] = True
+        self._remaining -= 1
+        if self.code is None:
+            return self.local[start:stop]
+        responders = self._arrived[chunk][: self.needed]
+        coeffs = self.code.decode(responders)
+        inputs = [self._children[k][start:stop] for k, a in zip(responders, coeffs) if a != 0.0]
+        weights = [float(a) for a in coeffs if a != 0.0]
+        self.used.update(k for k, a in zip(responders, coeffs) if a != 0.0)
+        if self.has_local:
+            inputs.insert(0, self.local[start:stop])
+            weights.insert(0, 1.0)
+        if self._out is None:
+            # Fresh per step: the transport may still be sending the last step's.
+            self._out = np.empty(self.layout.total, self.layout.dtype)
+        out = self._out[start:stop]
+        coded_sum(out, weights, inputs)
+        return out
+
+    @property
+    def output(self) -> np.ndarray | None:
+        """The whole decoded vector (the master's result), once allocated."""
+        return self._out
+
+    def _ready(self, chunks) -> list[int]:
+        if self.has_local and self.local is None:
+            return []
+        need = self.needed
+        return [c for c in chunks if not self._done[c] and len(self._arrived[c]) >= need]
+
+
+class ResultStep:
+    """A step's full gradient, assembled chunk by chunk on its way down the tree."""
+
+    def __init__(self, step: int, layout: ChunkLayout, buffer: np.ndarray | None = None):
+        self.step = step
+        self.layout = layout
+        self.vector = np.empty(layout.total, layout.dtype) if buffer is None else buffer
+        self._have = [False] * layout.chunks
+        self._remaining = layout.chunks
+
+    @property
+    def complete(self) -> bool:
+        return self._remaining == 0
+
+    def dest(self, chunk: int) -> memoryview | None:
+        """Where chunk ``chunk`` is received, or None if it already was."""
+        if self._have[chunk]:
+            return None
+        start, stop = self.layout.bounds(chunk)
+        return memoryview(self.vector[start:stop]).cast("B")
+
+    def chunk(self, chunk: int) -> np.ndarray:
+        start, stop = self.layout.bounds(chunk)
+        return self.vector[start:stop]
+
+    def arrived(self, chunk: int) -> None:
+        if not self._have[chunk]:
+            self._have[chunk] = True
+            self._remaining -= 1
