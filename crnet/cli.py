@@ -46,6 +46,42 @@ def tree_options(f):
     return f
 
 
+SCHEMES = ("cr", "gc", "rar", "tree")
+
+
+def scheme_options(f):
+    """--scheme and --workers (the host count for the star-shaped schemes gc and rar)."""
+    f = click.option("--workers", "-N", type=click.IntRange(min=1), default=None,
+                     help="gc/rar: number of workers (default: the tree's worker count).")(f)
+    f = click.option("--scheme", type=click.Choice(SCHEMES), default="cr", show_default=True,
+                     help="cr: CodedReduce tree; gc: gradient coding (star); rar: ring "
+                          "allreduce; tree: CodedReduce without redundancy (s = 0).")(f)
+    return f
+
+
+def scheme_tree(scheme, workers, fanout, layers, stragglers) -> Tree:
+    """The join/allocation tree of a scheme.
+
+    gc is CodedReduce on a one-layer tree (the master decodes any N-s of N), tree is
+    CodedReduce with s = 0, and rar joins as a star (the master only coordinates;
+    the data moves around the ring of workers).
+    """
+    tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), stragglers)
+    n = workers or tree.workers
+    try:
+        if scheme == "gc":
+            return Tree((n,), (stragglers[0],))
+        if scheme == "rar":
+            return Tree((n,), (0,))
+        if scheme == "tree":
+            return Tree(tree.fanout, (0,) * tree.layers)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if workers is not None and workers != tree.workers:
+        raise click.UsageError(f"--workers {workers} but the cr tree has {tree.workers} workers")
+    return tree
+
+
 def resolve_layers(fanout, layers, stragglers):
     if layers is None:
         longest = max(len(fanout), len(stragglers))
@@ -114,6 +150,7 @@ def _ranges(ranges, limit: int = 4) -> str:
 
 
 @main.command()
+@scheme_options
 @tree_options
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--samples", "-m", type=click.IntRange(min=1), default=6000, show_default=True,
@@ -128,17 +165,18 @@ def _ranges(ranges, limit: int = 4) -> str:
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="End with the summary as one JSON line.")
-def demo(fanout, layers, stragglers, steps, samples, features, straggle_prob, straggle_factor,
+def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, straggle_prob, straggle_factor,
          compute_ms, timeout, seed, as_json):
     """Train logistic regression on a local tree of real crnetd processes, with stragglers."""
     from .demo import DemoConfig, run_demo
 
-    tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), stragglers)
-    cfg = DemoConfig(fanout=tree.fanout, stragglers=tree.stragglers, steps=steps, samples=samples,
+    tree = scheme_tree(scheme, workers, fanout, layers, stragglers)
+    cfg = DemoConfig(fanout=tree.fanout, stragglers=tree.stragglers, scheme=scheme, steps=steps,
+                     samples=samples,
                      features=features, straggle_prob=straggle_prob,
                      straggle_factor=straggle_factor, compute_ms=compute_ms, timeout=timeout,
                      seed=seed)
-    click.echo(f"crnet demo: {tree.workers} workers + master (fanout {_csv(tree.fanout)}, "
+    click.echo(f"crnet demo ({scheme}): {tree.workers} workers + master (fanout {_csv(tree.fanout)}, "
                f"stragglers {_csv(tree.stragglers)}), {steps} steps of full-batch gradient "
                f"descent on {samples} samples x {features} features", err=True)
     try:
@@ -183,6 +221,7 @@ class Address(click.ParamType):
 @click.option("--parent", type=Address(), default=None, help="The parent's --listen (nodes).")
 @click.option("--name", default=None,
               help="Node: the tree slot to (re)claim, e.g. 0.2; default: any free slot.")
+@scheme_options
 @tree_options
 @click.option("--samples", "-m", type=click.IntRange(min=1), default=None,
               help="Master: samples in the global batch.")
@@ -198,8 +237,8 @@ class Address(click.ParamType):
               help="Finished steps' results kept for training processes that fell behind.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
-def crnetd(role, listen, parent, name, fanout, layers, stragglers, samples, code_kind,
-           client_socket, chunk_bytes, timeout, keep_results, log_level):
+def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
+           code_kind, client_socket, chunk_bytes, timeout, keep_results, log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -217,14 +256,14 @@ def crnetd(role, listen, parent, name, fanout, layers, stragglers, samples, code
             raise click.UsageError("--role master needs --listen and --samples")
         if parent is not None or name is not None:
             raise click.UsageError("--parent and --name are for --role node")
-        tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), stragglers)
+        tree = scheme_tree(scheme, workers, fanout, layers, stragglers)
     else:
         if parent is None:
             raise click.UsageError("--role node needs --parent HOST:PORT")
         tree = None
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s")
-    settings = Settings(role=role, listen=listen, parent=parent, name=name, tree=tree,
+    settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
                         samples=samples, code_kind=code_kind, chunk_bytes=chunk_bytes,
                         client_socket=client_socket, timeout=timeout, keep_results=keep_results)
     try:

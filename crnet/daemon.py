@@ -36,6 +36,7 @@ from . import __version__, kernels
 from .plan import Tree, plan as make_plan
 from .schemes.chunks import DTYPES, ChunkLayout
 from .schemes.coded_reduce import ResultStep, UpStep
+from .schemes.ring_allreduce import RingStep
 from .shm import SharedRegion
 from .transport import Connection, loop_name
 from .wire import VERSION, Limits, MsgType, ProtocolError
@@ -54,6 +55,7 @@ class FatalJoinError(Exception):
 @dataclass
 class Settings:
     role: str                                  # "master" or "node"
+    scheme: str = "cr"                         # master only: cr, gc, tree (CR shapes) or rar
     listen: tuple[str, int] | None = None
     parent: tuple[str, int] | None = None
     name: str | None = None                    # node: the slot to ask the parent for
@@ -86,6 +88,7 @@ class Stats:
 @dataclass
 class ChildSlot:
     link: Connection | None = None
+    address: str | None = None         # where it listens (ring successor address, rar)
     workers: int = 0                   # joined workers in this child's subtree
     assigned: bool = False             # ASSIGN sent on this connection
     sent_results: set = field(default_factory=set)
@@ -103,6 +106,8 @@ class Daemon:
         self.layer: int | None = 0 if is_master else None
         self.samples = settings.samples if is_master else None
         self.code_kind = settings.code_kind
+        self.scheme = settings.scheme
+        self.ring: RingLinks | None = None     # rar only: rank, successor, steps
         self.chunk_bytes = settings.chunk_bytes
         self.subtree: dict | None = None       # name -> [layer, local, responsibility]
         self.slots: list[ChildSlot] = []
@@ -187,6 +192,8 @@ class Daemon:
             self.parent.close()
         if self.client is not None:
             self.client.conn.close()
+        if self.ring is not None:
+            self.ring.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -205,6 +212,10 @@ class Daemon:
         fanout = 0 if self.is_leaf else self.tree.fanout[self.layer]
         if len(self.slots) != fanout:
             self.slots = [ChildSlot() for _ in range(fanout)]
+        if self.scheme == "rar" and not self.is_master and self.settings.listen is None:
+            log.error("%s is in a ring (--scheme rar) and must accept its predecessor: "
+                      "start it with --listen", self.label)
+            self.stop(2)
         if fanout and self.settings.listen is None:
             log.error("%s is at layer %d of %d and must accept children: start it with --listen",
                       self.label, self.layer, self.tree.layers)
@@ -220,6 +231,11 @@ class Daemon:
 
         if header.get("version") != VERSION:
             return refuse(f"protocol version {header.get('version')!r}, {self.label} speaks {VERSION}")
+        if header.get("role") == "ring":
+            if self.ring is None:
+                return refuse(f"{self.label} is not in a ring", retry=True)
+            self.ring.predecessor = link
+            return RING_SLOT
         if self.tree is None:
             return refuse(f"{self.label} has not joined the tree yet", retry=True)
         if self.is_leaf:
@@ -240,11 +256,15 @@ class Daemon:
             if not free:
                 return refuse(f"{self.label} has all {len(self.slots)} child slots taken")
             k = free[0]
-        self.slots[k] = ChildSlot(link=link)
+        listen = header.get("listen")
+        if isinstance(listen, str) and listen.startswith("0.0.0.0:"):
+            # It listens everywhere: reach it at the address it connected from.
+            listen = f"{link.label.rpartition(':')[0]}:{listen.rpartition(':')[2]}"
+        self.slots[k] = ChildSlot(link=link, address=listen if isinstance(listen, str) else None)
         link.send(MsgType.WELCOME, {
             "version": VERSION, "name": children[k], "layer": self.layer + 1,
             "fanout": list(self.tree.fanout), "stragglers": list(self.tree.stragglers),
-            "code": self.code_kind, "chunk_bytes": self.chunk_bytes,
+            "code": self.code_kind, "chunk_bytes": self.chunk_bytes, "scheme": self.scheme,
         })
         log.info("child %s joined from %s", children[k], link.label)
         return k
@@ -260,7 +280,7 @@ class Daemon:
         slot = self.slots[k]
         if slot.link is not link:
             return
-        self.slots[k] = ChildSlot()
+        self.slots[k] = ChildSlot(address=slot.address)
         log.warning("child %s disconnected", self.tree.children(self.name)[k])
         if self.up is not None and self.up.code is not None:
             self.up.silent.add(k)
@@ -295,8 +315,11 @@ class Daemon:
         prefix = child + "."
         sub = {n: v for n, v in self.subtree.items() if n == child or n.startswith(prefix)}
         slot = self.slots[k]
-        slot.assigned = slot.link.send(MsgType.ASSIGN, {"samples": self.samples},
-                                       msgpack.packb(sub))
+        header = {"samples": self.samples}
+        if self.scheme == "rar":
+            successor = self.slots[(k + 1) % len(self.slots)].address
+            header["ring"] = {"rank": k, "size": len(self.slots), "successor": successor}
+        slot.assigned = slot.link.send(MsgType.ASSIGN, header, msgpack.packb(sub))
 
     @property
     def assignment(self) -> dict | None:
@@ -350,6 +373,7 @@ class Daemon:
             raise FatalJoinError(f"the parent's tree {tree} differs from the one this node joined")
         self.tree, self.name, self.layer = tree, header["name"], header["layer"]
         self.code_kind, self.chunk_bytes = header["code"], header["chunk_bytes"]
+        self.scheme = header.get("scheme", "cr")
         log.info("joined as %s (layer %d of %d)", self.name, self.layer, tree.layers)
         self._welcomed()
 
@@ -360,6 +384,10 @@ class Daemon:
             raise ProtocolError(f"assignment for {self.label} is missing from the parent's ASSIGN")
         a = self.subtree[self.name]
         log.info("assignment: %d local samples of %d", sum(b - s for s, b, _ in a[1]), self.samples)
+        ring = header.get("ring")
+        if ring is not None and self.ring is None:
+            self.ring = RingLinks(self, int(ring["rank"]), int(ring["size"]), ring["successor"])
+            self._tasks.append(asyncio.create_task(self.ring.connect_loop(), name="ring"))
         self._assigned()
 
     def _parent_lost(self, reason: str) -> None:
@@ -416,6 +444,18 @@ class Daemon:
         self._timer = None
         if step <= self.resolved_through:
             return
+        if self.scheme == "rar" and self.is_master:
+            self._fail(step, f"the ring did not finish step {step} within "
+                             f"{self.settings.timeout:g} s (a ring waits for every worker)")
+            return
+        if self.ring is not None:
+            ring = self.ring.steps.get(step)
+            waiting = "its local vector" if ring is None else "the ring's segments"
+            self._fail(step, f"ring allreduce at {self.label} did not get {waiting} within "
+                             f"{self.settings.timeout:g} s (a ring waits for every worker)")
+            if self.parent is not None:
+                self.parent.send(MsgType.FAIL, {"step": step, "reason": "ring stalled"})
+            return
         up = self.up if self.up is not None and self.up.step == step else None
         if up is not None and up.complete:
             return  # our part is done; the parent decides
@@ -462,6 +502,9 @@ class Daemon:
     def child_failed(self, k: int, header: dict) -> None:
         step = header.get("step")
         log.info("step %s: child %d reports: %s", step, k, header.get("reason"))
+        if self.scheme == "rar" and isinstance(step, int):
+            self._fail(step, f"ring allreduce failed at worker {k}: {header.get('reason')}")
+            return
         if isinstance(step, int) and step > self.resolved_through:
             if self.up is not None and self.up.step == step:
                 self.up.silent.add(k)
@@ -473,6 +516,8 @@ class Daemon:
             self._step_begins(step)
             return None
         layout = ChunkLayout.of(vector.size, vector.dtype, self.chunk_bytes)
+        if self.ring is not None:
+            return self.ring.local_arrived(step, layout, vector)
         up = self._up_for(step, layout)
         if up is None:
             return None
@@ -541,7 +586,7 @@ class Daemon:
                   "dtype": result.layout.dtype.name}
         payload = result.chunk(c)
         cap = max(4 * result.vector.nbytes, 64 << 20)
-        for slot in self.slots:
+        for slot in self.slots if self.scheme != "rar" else ():
             if slot.link is None:
                 continue
             if slot.link.write_buffer_size > cap:
@@ -555,7 +600,7 @@ class Daemon:
 
     def _resolved(self, result: ResultStep) -> None:
         step = result.step
-        del self.down[step]
+        self.down.pop(step, None)
         self.results[step] = result
         while len(self.results) > self.settings.keep_results:
             self.results.popitem(last=False)
@@ -592,6 +637,8 @@ class Daemon:
             del self.down[old]  # superseded: its remaining chunks are never coming
         if self.up is not None and self.up.step <= step:
             self._abandon_up()
+        if self.ring is not None:
+            self.ring.resolved(step)
         if self._timer is not None and self._timer[0] <= step:
             self._cancel_timer()
 
@@ -622,6 +669,133 @@ class Daemon:
                     self.client.mismatch(step, header.get("reason"))
                 return
             self._fail(step, str(header.get("reason")))
+
+
+RING_SLOT = -1  # a ChildLink that carries the ring predecessor's segments (rar)
+
+
+class RingLinks:
+    """A rar worker's ring: the link to its successor, the steps in flight."""
+
+    def __init__(self, daemon: Daemon, rank: int, size: int, successor: str | None):
+        self.d = daemon
+        self.rank, self.size, self.successor = rank, size, successor
+        self.out: Connection | None = None
+        self.predecessor: Connection | None = None
+        self.steps: dict[int, RingStep] = {}
+        self._pending: list[tuple[dict, object]] = []  # sends waiting for the successor link
+
+    async def connect_loop(self) -> None:
+        """Keep a connection to the successor (it may start after us)."""
+        if self.size == 1:
+            return
+        if self.successor is None:
+            log.error("rar: the master did not know rank %d's successor", self.rank)
+            return
+        host, _, port = self.successor.rpartition(":")
+        loop = asyncio.get_running_loop()
+        delay = RECONNECT_BACKOFF[0]
+        while not self.d.stopping.is_set():
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: Connection(_Outbound(), Limits(max_payload=0), f"ring {self.successor}"),
+                    host, int(port))
+            except OSError as e:
+                log.info("ring successor %s not reachable (%s); retrying", self.successor, e)
+            else:
+                conn.send(MsgType.HELLO, {"version": VERSION, "role": "ring", "rank": self.rank})
+                self.out = conn
+                for header, payload in self._pending:
+                    if header["step"] > self.d.resolved_through:
+                        conn.send(MsgType.CHUNK, header, payload)
+                self._pending.clear()
+                delay = RECONNECT_BACKOFF[0]
+                await conn.closed
+                self.out = None
+                log.warning("lost the ring successor %s; reconnecting", self.successor)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_BACKOFF[1])
+
+    def _step(self, step: int, layout: ChunkLayout) -> RingStep | None:
+        if step <= self.d.resolved_through:
+            return None
+        ring = self.steps.get(step)
+        if ring is None:
+            ring = self.steps[step] = RingStep(step, layout, self.rank, self.size)
+            self.d._step_begins(step)
+        return ring
+
+    def local_arrived(self, step: int, layout: ChunkLayout, vector) -> str | None:
+        ring = self._step(step, layout)
+        if ring is None:
+            return None
+        if ring.layout != layout:
+            return (f"this process's vector is {layout.describe()} but the ring's for step "
+                    f"{step} is {ring.layout.describe()}")
+        self._send(ring, ring.local_arrived(vector))
+        return None
+
+    def dest(self, header: dict, nbytes: int):
+        step, dtype, total = header.get("step"), DTYPES.get(header.get("dtype")), header.get("total")
+        if not isinstance(step, int) or dtype is None or not isinstance(total, int) or total < 1:
+            raise ProtocolError(f"bad ring CHUNK header {header}")
+        ring = self._step(step, ChunkLayout.of(total, dtype, self.d.chunk_bytes))
+        if ring is None:
+            return None
+        problem = ring.check(header.get("phase"), header.get("round"), header.get("segment"), nbytes)
+        if problem or ring.layout.total != total or ring.layout.dtype != dtype:
+            raise ProtocolError(f"ring step {step}: {problem or 'vector shape differs'}")
+        self.d.stats.bytes_up += nbytes
+        return ring.dest(header["phase"], header["segment"])
+
+    def received(self, header: dict) -> None:
+        ring = self.steps.get(header["step"])
+        if ring is None:
+            return
+        self._send(ring, ring.received(header["phase"], header["round"], header["segment"]))
+
+    def _send(self, ring: RingStep, sends) -> None:
+        for send in sends:
+            header = {"step": ring.step, "phase": send.phase, "round": send.round,
+                      "segment": send.segment, "total": ring.layout.total,
+                      "dtype": ring.layout.dtype.name}
+            if self.out is None or not self.out.send(MsgType.CHUNK, header, send.payload):
+                self._pending.append((header, send.payload))  # sent once the link is (back) up
+        if ring.complete:
+            del self.steps[ring.step]
+            result = ResultStep(ring.step, ring.layout, ring.result)
+            for c in range(ring.layout.chunks):
+                result.arrived(c)
+                if self.rank == 0 and self.d.parent is not None:  # the master's copy
+                    self.d.parent.send(MsgType.RESULT, {
+                        "step": ring.step, "chunk": c, "total": ring.layout.total,
+                        "dtype": ring.layout.dtype.name}, result.chunk(c))
+            self.d._resolved(result)
+
+    def resolved(self, step: int) -> None:
+        for old in [s for s in self.steps if s <= step]:
+            del self.steps[old]
+        self._pending = [(h, p) for h, p in self._pending if h["step"] > step]
+
+    def close(self) -> None:
+        for conn in (self.out, self.predecessor):
+            if conn is not None:
+                conn.close()
+
+
+class _Outbound:
+    """Handler of a connection we only send on (the ring successor)."""
+
+    def frame_header(self, conn, msg_type, header, nbytes):
+        raise ProtocolError("unexpected payload from the ring successor")
+
+    def frame_received(self, conn, msg_type, header, payload):
+        if msg_type == MsgType.REFUSE:
+            log.warning("ring successor refused: %s", header.get("reason"))
+            conn.close()
+
+    def connection_lost(self, conn, exc):
+        pass
 
 
 class RetryJoin(Exception):
@@ -676,8 +850,12 @@ class ChildLink:
     def frame_header(self, conn, msg_type, header, nbytes):
         if self.slot is None:
             raise ProtocolError(f"{msg_type.name} before HELLO")
+        if self.slot == RING_SLOT and msg_type == MsgType.CHUNK:
+            return self.d.ring.dest(header, nbytes)
         if msg_type == MsgType.CHUNK:
             return self.d.child_chunk_dest(self.slot, conn, header, nbytes)
+        if msg_type == MsgType.RESULT and self.d.scheme == "rar" and self.d.is_master:
+            return self.d.parent_result_dest(header, nbytes)  # rank 0 reports the ring's result
         raise ProtocolError(f"unexpected payload on {msg_type.name}")
 
     def frame_received(self, conn, msg_type, header, payload):
@@ -685,6 +863,12 @@ class ChildLink:
             if msg_type != MsgType.HELLO:
                 raise ProtocolError(f"{msg_type.name} before HELLO")
             self.slot = self.d.child_hello(conn, header)
+        elif self.slot == RING_SLOT:
+            if msg_type != MsgType.CHUNK:
+                raise ProtocolError(f"unexpected {msg_type.name} on a ring link")
+            self.d.ring.received(header)
+        elif msg_type == MsgType.RESULT and self.d.scheme == "rar" and self.d.is_master:
+            self.d.parent_result(header)
         elif msg_type == MsgType.CHUNK:
             self.d.child_chunk(self.slot, header)
         elif msg_type == MsgType.JOINED:
@@ -695,7 +879,9 @@ class ChildLink:
             raise ProtocolError(f"unexpected {msg_type.name} from a child")
 
     def connection_lost(self, conn, exc):
-        if self.slot is not None:
+        if self.slot == RING_SLOT:
+            log.warning("ring predecessor disconnected")
+        elif self.slot is not None:
             self.d.child_lost(self.slot, conn)
 
 

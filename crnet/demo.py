@@ -36,6 +36,7 @@ class DemoConfig:
     lr: float = 1.0
     seed: int = 0
     timeout: float = 30.0
+    scheme: str = "cr"          # the join tree above is already the scheme's (see cli.scheme_tree)
 
 
 def synthetic_data(samples: int, features: int, seed: int):
@@ -105,7 +106,7 @@ def run_demo(cfg: DemoConfig, progress=sys.stderr) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     workers = []
-    with LocalTree(tree, cfg.samples, timeout=cfg.timeout) as local:
+    with LocalTree(tree, cfg.samples, timeout=cfg.timeout, scheme=cfg.scheme) as local:
         try:
             for i, name in enumerate(n for n in tree.names() if n != MASTER):
                 p = ctx.Process(target=worker, args=(local.socket_path(name), cfg, i, out),

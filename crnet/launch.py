@@ -33,8 +33,10 @@ class LocalTree:
 
     def __init__(self, tree: Tree, samples: int, workdir: str | os.PathLike | None = None,
                  timeout: float = 30.0, chunk_bytes: int = 1 << 20, code_kind: str = "auto",
-                 log_level: str = "info", host: str = "127.0.0.1", keep_results: int = 4):
+                 log_level: str = "info", host: str = "127.0.0.1", keep_results: int = 4,
+                 scheme: str = "cr"):
         self.tree = tree
+        self.scheme = scheme
         self.samples = samples
         self._tmp = None
         if workdir is None:
@@ -45,8 +47,10 @@ class LocalTree:
         self.host = host
         self.options = {"--timeout": timeout, "--log-level": log_level,
                         "--keep-results": keep_results}
-        self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind}
-        self.ports = {name: free_port(host) for name in tree.names() if tree.children(name)}
+        self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind, "--scheme": scheme}
+        # Parents listen for children; in a ring every worker listens for its predecessor.
+        self.ports = {name: free_port(host) for name in tree.names()
+                      if tree.children(name) or scheme == "rar"}
         self.procs: dict[str, subprocess.Popen] = {}
 
     @staticmethod

@@ -1,0 +1,94 @@
+"""Schedules without sockets: CodedReduce's UpStep and the ring's RingStep."""
+
+import numpy as np
+import pytest
+
+from crnet.codes import code_for
+from crnet.schemes.chunks import ChunkLayout
+from crnet.schemes.coded_reduce import ResultStep, UpStep
+from crnet.schemes.ring_allreduce import RingStep
+
+
+def test_each_chunk_decodes_from_its_own_fastest_children():
+    n, s, total = 4, 1, 10
+    code = code_for(n, s)
+    layout = ChunkLayout.of(total, np.float64, chunk_bytes=32)  # 4 elements per chunk: 3 chunks
+    parts = np.random.default_rng(0).standard_normal((n, total))  # g(P_j) per part
+    messages = code.B @ parts
+    buffers = [np.empty(total) for _ in range(n)]
+    up = UpStep(7, layout, code, has_local=True, child_buffers=buffers)
+    local = np.arange(total, dtype=np.float64)
+    arrival = {0: [0, 1, 2], 1: [3, 2, 1], 2: [1, 3, 0]}  # a different quorum per chunk
+    ready = []
+    for c, order in arrival.items():
+        for k in order:
+            a, b = layout.bounds(c)
+            np.frombuffer(up.child_buffer(k, c), np.float64)[:] = messages[k, a:b]
+            ready += up.child_arrived(k, c)
+    assert ready == []  # nothing leaves before the local vector is in
+    assert up.local_arrived(local) == [0, 1, 2]
+    out = np.concatenate([up.decode(c) for c in range(3)])
+    np.testing.assert_allclose(out, local + parts.sum(axis=0), rtol=1e-12, atol=1e-12)
+    assert up.complete
+
+
+def test_leaf_message_is_its_local_vector_without_a_copy():
+    layout = ChunkLayout.of(5, np.float32, chunk_bytes=8)
+    up = UpStep(0, layout, None, has_local=True)
+    local = np.ones(5, np.float32)
+    assert up.local_arrived(local) == [0, 1, 2]
+    assert np.shares_memory(up.decode(0), local)
+
+
+def test_result_step_takes_each_chunk_once():
+    layout = ChunkLayout.of(6, np.float64, chunk_bytes=16)
+    r = ResultStep(3, layout)
+    assert r.dest(1) is not None
+    r.arrived(1)
+    assert r.dest(1) is None and not r.complete
+    for c in (0, 2):
+        r.arrived(c)
+    assert r.complete
+
+
+def test_layout_check_explains_mismatches():
+    layout = ChunkLayout.of(10, np.float32, chunk_bytes=16)
+    assert layout.check(10, "float32", 2, 8) is None
+    assert "12 x float32" in layout.check(12, "float32", 0, 16)
+    assert "out of range" in layout.check(10, "float32", 3, 8)
+    assert "has 4 bytes, expected 8" in layout.check(10, "float32", 2, 4)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 6])
+@pytest.mark.parametrize("total", [1, 7, 100])
+def test_ring_allreduce_sums_exactly(size, total):
+    rng = np.random.default_rng(size * 1000 + total)
+    vectors = [rng.standard_normal(total) for _ in range(size)]
+    layout = ChunkLayout.of(total, np.float64, 1 << 20)
+    ranks = [RingStep(0, layout, k, size) for k in range(size)]
+    # Deliver every send to the successor, in order, like one TCP link per rank.
+    queues = [[] for _ in range(size)]
+    order = rng.permutation(size)  # local vectors arrive in any order
+    for k in order:
+        queues[(k + 1) % size] += ranks[k].local_arrived(vectors[k])
+        progress = True
+        while progress:
+            progress = False
+            for j in range(size):
+                while queues[j]:
+                    send = queues[j].pop(0)
+                    np.frombuffer(ranks[j].dest(send.phase, send.segment), np.float64)[:] = send.payload
+                    assert ranks[j].check(send.phase, send.round, send.segment,
+                                          send.payload.nbytes) is None
+                    queues[(j + 1) % size] += ranks[j].received(send.phase, send.round, send.segment)
+                    progress = True
+    want = np.sum(vectors, axis=0)
+    for r in ranks:
+        assert r.complete
+        np.testing.assert_allclose(r.result, want, rtol=1e-12, atol=1e-12)
+
+
+def test_ring_rejects_a_wrong_segment():
+    ring = RingStep(0, ChunkLayout.of(9, np.float64, 1 << 20), rank=1, size=3)
+    assert "expected 0" in ring.check("rs", 0, 2, 24)
+    assert "bad ring round" in ring.check("rs", 5, 0, 24)
