@@ -60,26 +60,24 @@ def scheme_options(f):
 
 
 def scheme_tree(scheme, workers, fanout, layers, stragglers) -> Tree:
-    """The join/allocation tree of a scheme.
+    """The tree a scheme joins and allocates on (``crnet.model.scheme_tree``), from options.
 
     gc is CodedReduce on a one-layer tree (the master decodes any N-s of N), tree is
     CodedReduce with s = 0, and rar joins as a star (the master only coordinates;
     the data moves around the ring of workers).
     """
-    tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), stragglers)
-    n = workers or tree.workers
+    from .model import scheme_tree as shape
+
+    tree = None
+    if scheme in ("cr", "tree") or workers is None:
+        s = stragglers if scheme != "tree" else [0]
+        tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), s)
+    if scheme == "cr" and workers is not None and workers != tree.workers:
+        raise click.UsageError(f"--workers {workers} but the cr tree has {tree.workers} workers")
     try:
-        if scheme == "gc":
-            return Tree((n,), (stragglers[0],))
-        if scheme == "rar":
-            return Tree((n,), (0,))
-        if scheme == "tree":
-            return Tree(tree.fanout, (0,) * tree.layers)
+        return shape(scheme, tree=tree, workers=workers, stragglers=stragglers[0])
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    if workers is not None and workers != tree.workers:
-        raise click.UsageError(f"--workers {workers} but the cr tree has {tree.workers} workers")
-    return tree
 
 
 def resolve_layers(fanout, layers, stragglers):
@@ -95,15 +93,105 @@ def main():
     """crnet: straggler-tolerant gradient aggregation (CodedReduce)."""
 
 
+class UnitValue(click.ParamType):
+    """A number with a unit, read by one of ``crnet.units``' parsers (50us, 1Gbit, 4MB)."""
+
+    def __init__(self, name: str, parse):
+        self.name, self._parse = name, parse
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return self._parse(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class ComputeSpec(click.ParamType):
+    """A ``crnet.workload.ComputeModel`` spelling: straggle:1e-4,0.1,10 and the like."""
+
+    name = "KIND:ARGS"
+
+    def convert(self, value, param, ctx):
+        from .workload import ComputeModel
+
+        if isinstance(value, ComputeModel):
+            return value
+        try:
+            return ComputeModel.parse(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def model_options(f):
+    """The run-time model's inputs (``crnet.model``): ``crnet model`` and ``crnet plan --auto``."""
+    from .units import parse_bandwidth, parse_bytes, parse_seconds
+
+    size = UnitValue("SIZE", parse_bytes)
+    options = [
+        click.option("--vector-bytes", type=size, default="4MB", show_default=True,
+                     help="Gradient vector size: 20000, 20kB, 4MB, 1MiB."),
+        click.option("--bandwidth", type=UnitValue("RATE", parse_bandwidth), default="1Gbit",
+                     show_default=True, help="Every host's full-duplex link: 100Mbit, 1Gbit "
+                                             "(bits/s) or 12.5MB (bytes/s)."),
+        click.option("--latency", type=UnitValue("TIME", parse_seconds), default="50us",
+                     show_default=True, help="One-way latency per message: 50us, 0.2ms, 1s."),
+        click.option("--compute", type=ComputeSpec(), default="straggle:1e-5,0.1,5",
+                     show_default=True,
+                     help="A worker's compute time per step, A = seconds per sample: fixed:A, "
+                          "straggle:A,P,F (slowed F times with probability P), shifted-exp:A,MU, "
+                          "empirical:A,FILE (FILE: multipliers or measured step times, one per "
+                          "line, divided by their minimum)."),
+        click.option("--chunk-bytes", type=size, default=None,
+                     help="Model pipelining in chunks of this size (crnetd uses 1MiB); "
+                          "default: whole vectors, store and forward."),
+        click.option("--trials", type=click.IntRange(min=1), default=2000, show_default=True,
+                     help="Simulated steps per scheme."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the simulated compute times."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+MODEL_OPTIONS = ("vector_bytes", "bandwidth", "latency", "compute", "chunk_bytes", "trials", "seed")
+
+
 @main.command()
 @tree_options
-@click.option("--samples", "-m", type=click.IntRange(min=1), required=True,
-              help="Samples in the global batch.")
+@click.option("--samples", "-m", type=click.IntRange(min=1), default=None,
+              help="Samples in the global batch (required; with --auto, default 60000).")
 @click.option("--code", "code_kind", type=click.Choice(["auto", "frc", "crc"]), default="auto",
               show_default=True, help="Gradient code at every parent.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(fanout, layers, stragglers, samples, code_kind, as_json):
-    """Show the CodedReduce allocation: who computes which samples."""
+@click.option("--auto", is_flag=True,
+              help="Rank schemes and tree shapes for --hosts workers by predicted step time.")
+@click.option("--hosts", type=click.IntRange(min=1), default=None,
+              help="--auto: workers to arrange (the master is extra).")
+@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
+              help="--auto: how many of the best to print.")
+@click.option("--max-layers", type=click.IntRange(1, 4), default=3, show_default=True,
+              help="--auto: deepest tree tried.")
+@model_options
+@click.pass_context
+def plan(ctx, fanout, layers, stragglers, samples, code_kind, as_json, auto, hosts, top,
+         max_layers, **inputs):
+    """Show the CodedReduce allocation: who computes which samples.
+
+    With --auto, rank schemes (cr, gc, tree, rar) and tree shapes for --hosts workers by the
+    run-time model's predicted mean step time instead (the --vector-bytes ... options).
+    """
+    if auto or hosts is not None:
+        _plan_auto(ctx, auto, hosts, samples, top, max_layers, as_json, inputs)
+        return
+    given = _given(ctx, MODEL_OPTIONS + ("top", "max_layers"))
+    if given:
+        raise click.UsageError(f"{given[0]} is for --auto")
+    if samples is None:
+        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params
+                                                         if p.name == "samples"))
     tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), stragglers)
     try:
         p = make_plan(tree, samples, code_kind)
@@ -198,6 +286,82 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
         raise SystemExit(1)
 
 
+@main.command()
+@click.option("--preset", "presets", multiple=True, default=["stragglers"], show_default=True,
+              type=click.Choice(["stragglers", "heavy-tail", "dead", "bandwidth", "quick"]),
+              help="Scenario (repeatable).")
+@click.option("--schemes", default="cr,gc,tree,rar,gloo", show_default=True,
+              help="Comma list of cr, gc, tree, rar and gloo (PyTorch's ring allreduce).")
+@click.option("--sweep", is_flag=True,
+              help="Also sweep straggle probability x slowdown (stragglers preset; cr, rar, gloo).")
+@click.option("--steps", type=click.IntRange(min=3), default=None, help="Override the preset's steps.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png",
+              show_default=True)
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Keep daemon logs and raw results here (default: a temporary directory).")
+@click.option("--json", "as_json", is_flag=True, help="End with a summary as one JSON line.")
+def bench(presets, schemes, sweep, steps, seed, out, plot_path, workdir, as_json):
+    """Every scheme and PyTorch's Gloo on an emulated cluster (root: network namespaces)."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from .benchmark import report
+    from .benchmark.presets import PRESETS
+    from .benchmark.runner import run_preset, run_sweep
+    from .netns import requirements
+
+    chosen = [s.strip() for s in schemes.split(",") if s.strip()]
+    unknown = set(chosen) - {"cr", "gc", "tree", "rar", "gloo"}
+    if unknown or "cr" not in chosen:
+        raise click.UsageError(f"--schemes must include cr and only cr, gc, tree, rar, gloo "
+                               f"(got {schemes!r})")
+    problem = requirements()
+    if problem:
+        raise click.ClickException(f"crnet bench emulates hosts with network namespaces: {problem}")
+    if "gloo" in chosen:
+        try:
+            import torch.distributed  # noqa: F401
+        except ImportError:
+            click.echo("note: torch is not installed, skipping gloo (pip install torch==2.13.0)",
+                       err=True)
+            chosen.remove("gloo")
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="crnet-bench-")
+        workdir = tmp.name
+    try:
+        docs = []
+        for name in presets:
+            preset = PRESETS[name]
+            if steps is not None:
+                preset = dataclasses.replace(preset, steps=steps)
+            click.echo(f"{name}: {preset.about}", err=True)
+            docs.append(run_preset(preset, chosen, Path(workdir) / name, seed,
+                                   log=lambda m: click.echo(m, err=True)))
+        points = None
+        if sweep:
+            sweep_schemes = [s for s in ("cr", "rar", "gloo") if s in chosen]
+            points = run_sweep(PRESETS["stragglers"], sweep_schemes, Path(workdir) / "sweep", seed,
+                               log=lambda m: click.echo(m, err=True))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    for doc in docs:
+        click.echo(report.table(doc))
+        click.echo()
+    if points:
+        click.echo(report.sweep_table(points))
+    Path(out).write_text(json.dumps({"presets": docs, "sweep": points}, indent=1))
+    why = report.plot(docs, points, Path(plot_path))
+    click.echo(f"wrote {out}" + (f" and {plot_path}" if why is None else f" (no plot: {why})"),
+               err=True)
+    if as_json:
+        click.echo(json.dumps(report.summary(docs[-1])))
+
+
 class Address(click.ParamType):
     """HOST:PORT (IPv6 as [::1]:PORT)."""
 
@@ -274,3 +438,130 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
 
 
 main.add_command(crnetd, name="daemon")
+
+
+# ---- run-time model: crnet model, crnet plan --auto --------------------------------------
+
+
+@main.command("model")
+@click.option("--scheme", type=click.Choice(["all", "cr", "gc", "tree", "rar"]), default="all",
+              show_default=True,
+              help="all: cr on the tree, gc on its N workers with layer 1's s, tree, rar.")
+@click.option("--workers", "-N", type=click.IntRange(min=1), default=None,
+              help="gc/rar: number of workers (default: the tree's worker count).")
+@tree_options
+@click.option("--samples", "-m", type=click.IntRange(min=1), default=60000, show_default=True,
+              help="Samples in the global batch.")
+@model_options
+@click.option("--json", "as_json", is_flag=True, help="Print the predictions as one JSON object.")
+def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json, **inputs):
+    """Predict the step time of each scheme with the run-time model (crnet.model)."""
+    from .model import predict
+
+    names = ["cr", "gc", "tree", "rar"] if scheme == "all" else [scheme]
+    # gc and rar given --workers need no tree (so --stragglers may exceed the default fanout).
+    tree = None
+    if scheme != "gc" and scheme != "rar" or workers is None:
+        tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), stragglers)
+    if scheme == "all" and workers not in (None, tree.workers):
+        raise click.UsageError(f"--scheme all compares every scheme on the tree's "
+                               f"{tree.workers} workers: drop --workers {workers}")
+    predictions = []
+    for name in names:
+        try:
+            predictions.append(predict(name, tree=tree, workers=workers,
+                                       stragglers=stragglers[0] if name == "gc" else 0,
+                                       samples=samples, **inputs))
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+    if as_json:
+        doc = _model_inputs_json(samples, inputs)
+        doc["schemes"] = {p.scheme: p.to_json() for p in predictions}
+        click.echo(json.dumps(doc))
+        return
+    click.echo(f"model       {_model_inputs_text(samples, inputs)}")
+    click.echo()
+    _prediction_table(predictions)
+
+
+def _plan_auto(ctx, auto, hosts, samples, top, max_layers, as_json, inputs) -> None:
+    """``crnet plan --auto``: the best schemes and shapes for ``hosts`` workers."""
+    from .model import candidates, rank
+
+    if not auto:
+        raise click.UsageError("--hosts is for --auto")
+    if hosts is None:
+        raise click.UsageError("--auto needs --hosts N (the number of workers)")
+    given = _given(ctx, ("fanout", "layers", "stragglers", "code_kind"))
+    if given:
+        raise click.UsageError(f"--auto searches the tree shapes itself: drop {given[0]}")
+    samples = 60000 if samples is None else samples
+    try:
+        ranked = rank(hosts, samples=samples, max_layers=max_layers, top=None, **inputs)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    count = len(candidates(hosts, max_layers))
+    best_of = {}
+    for p in ranked:
+        best_of.setdefault(p.scheme, p)
+    if as_json:
+        doc = {"hosts": hosts, **_model_inputs_json(samples, inputs), "candidates": count,
+               "ranking": [p.to_json() for p in ranked[:top]],
+               "best_per_scheme": {name: p.to_json() for name, p in best_of.items()}}
+        click.echo(json.dumps(doc))
+        return
+    click.echo(f"hosts       {hosts} workers (+ the master): {count} schemes and shapes tried")
+    click.echo(f"model       {_model_inputs_text(samples, inputs)}")
+    click.echo()
+    _prediction_table(ranked[:top], numbered=True)
+    others = [p for p in best_of.values() if p not in ranked[:top]]
+    if others:
+        click.echo()
+        click.echo("best of the other schemes:")
+        _prediction_table(others, numbered=False, header=False,
+                          ranks=[ranked.index(p) + 1 for p in others])
+
+
+def _given(ctx, names) -> list[str]:
+    """The options among ``names`` that were typed on the command line, as --spellings."""
+    from click.core import ParameterSource
+
+    params = {p.name: p for p in ctx.command.params}
+    return [params[n].opts[0] for n in names
+            if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+
+
+def _model_inputs_text(samples, inputs) -> str:
+    from .units import format_bytes, format_rate, format_seconds
+
+    chunks = ("store and forward" if inputs["chunk_bytes"] is None
+              else f"pipelined in {format_bytes(inputs['chunk_bytes'])} chunks")
+    return (f"m = {samples} samples, {format_bytes(inputs['vector_bytes'])} vectors ({chunks}), "
+            f"links {format_rate(inputs['bandwidth'])}, latency "
+            f"{format_seconds(inputs['latency'])}, compute {inputs['compute'].describe()}, "
+            f"{inputs['trials']} trials (seed {inputs['seed']})")
+
+
+def _model_inputs_json(samples, inputs) -> dict:
+    return {"samples": samples, "vector_bytes": inputs["vector_bytes"],
+            "bandwidth_bytes_per_s": inputs["bandwidth"], "latency_s": inputs["latency"],
+            "compute": inputs["compute"].describe(), "chunk_bytes": inputs["chunk_bytes"],
+            "trials": inputs["trials"], "seed": inputs["seed"]}
+
+
+def _prediction_table(predictions, numbered: bool = False, header: bool = True,
+                      ranks=None) -> None:
+    from .units import format_seconds
+
+    rows = [(p.scheme, p.shape, str(p.max_load), format_seconds(p.mean),
+             format_seconds(p.p50), format_seconds(p.p95)) for p in predictions]
+    head = ("scheme", "shape", "load", "mean", "p50", "p95")
+    if numbered or ranks:
+        labels = [str(r) for r in (ranks or range(1, len(rows) + 1))]
+        rows = [(label,) + row for label, row in zip(labels, rows)]
+        head = ("rank",) + head
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    right = {"load", "mean", "p50", "p95", "rank"}
+    for row in ([head] if header else []) + rows:
+        click.echo("  ".join(c.rjust(w) if h in right else c.ljust(w)
+                             for c, w, h in zip(row, widths, head)).rstrip())

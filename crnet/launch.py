@@ -1,7 +1,9 @@
 """Start a whole tree of real ``crnetd`` processes on one machine.
 
 Used by ``crnet demo``, the end-to-end tests and the benchmarks; on real hosts
-each daemon is started by its own systemd unit instead. Every node is started
+each daemon is started by its own systemd unit instead. By default every daemon
+listens on 127.0.0.1; the benchmark passes ``addresses`` and ``spawn`` to put
+each daemon in its own network namespace (``crnet.netns``). Every node is started
 with ``--name`` equal to its place in the tree, so tests can kill "child 1 of
 node 0" by name, and each one's log goes to ``<workdir>/logs/<name>.log``.
 """
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .plan import Tree
@@ -28,13 +31,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+SpawnFn = Callable[[str, list, dict], subprocess.Popen]
+
+
+def _popen(name: str, argv: list, kwargs: dict) -> subprocess.Popen:
+    return subprocess.Popen(argv, **kwargs)
+
+
 class LocalTree:
-    """A CodedReduce tree of crnetd processes on 127.0.0.1."""
+    """A tree of crnetd processes on this machine (127.0.0.1 unless ``addresses``)."""
 
     def __init__(self, tree: Tree, samples: int, workdir: str | os.PathLike | None = None,
                  timeout: float = 30.0, chunk_bytes: int = 1 << 20, code_kind: str = "auto",
-                 log_level: str = "info", host: str = "127.0.0.1", keep_results: int = 4,
-                 scheme: str = "cr"):
+                 log_level: str = "info", keep_results: int = 4, scheme: str = "cr",
+                 addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
+                 port: int = 7070):
         self.tree = tree
         self.scheme = scheme
         self.samples = samples
@@ -44,12 +55,15 @@ class LocalTree:
             workdir = self._tmp.name
         self.workdir = Path(workdir)
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
-        self.host = host
+        # One address per node: its own namespace's (then every node can use one
+        # fixed port), or 127.0.0.1 for all (then each listener needs its own port).
+        self.addresses = addresses or {name: "127.0.0.1" for name in tree.names()}
+        self.spawn = spawn
         self.options = {"--timeout": timeout, "--log-level": log_level,
                         "--keep-results": keep_results}
         self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind, "--scheme": scheme}
         # Parents listen for children; in a ring every worker listens for its predecessor.
-        self.ports = {name: free_port(host) for name in tree.names()
+        self.ports = {name: port if addresses else free_port() for name in tree.names()
                       if tree.children(name) or scheme == "rar"}
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -74,9 +88,10 @@ class LocalTree:
                 cmd += [k, str(v)]
         else:
             parent = self.tree.parent(name)
-            cmd += ["--role", "node", "--name", name, "--parent", f"{self.host}:{self.ports[parent]}"]
+            cmd += ["--role", "node", "--name", name,
+                    "--parent", f"{self.addresses[parent]}:{self.ports[parent]}"]
         if name in self.ports:
-            cmd += ["--listen", f"{self.host}:{self.ports[name]}"]
+            cmd += ["--listen", f"{self.addresses[name]}:{self.ports[name]}"]
         for k, v in self.options.items():
             cmd += [k, str(v)]
         return cmd
@@ -88,8 +103,9 @@ class LocalTree:
             pass
         log = open(self.log_path(name), "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen(self.command(name), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = self.spawn(name, self.command(name), dict(
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True))
         log.close()
         self.procs[name] = proc
         return proc
