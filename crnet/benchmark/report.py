@@ -1,0 +1,111 @@
+"""Tables, the bench.json summary line, and the plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ORDER = ("cr", "gc", "tree", "rar", "gloo")
+
+
+def table(doc: dict) -> str:
+    """Per scheme: measured mean/median/p95, model, measured/model, CR's speedup."""
+    schemes = doc["schemes"]
+    cr = schemes.get("cr", {}).get("mean_s")
+    lines = [f"preset {doc['preset']}: {doc.get('about', '')}",
+             f"{'scheme':6} {'steps':>7} {'mean':>9} {'median':>9} {'p95':>9} {'model':>9} "
+             f"{'model*':>9} {'meas/model*':>11} {'CR speedup':>10}  notes"]
+    for name in [s for s in ORDER if s in schemes]:
+        r = schemes[name]
+        mean, model = r.get("mean_s"), r.get("model", {}).get("mean_s")
+        same = r.get("model", {}).get("same_draws_mean_s")
+        ratio = f"{mean / same:11.2f}" if mean and same else f"{'-':>11}"
+        speed = f"{mean / cr:9.2f}x" if mean and cr and name != "cr" else f"{'-':>10}"
+        notes = []
+        if not r.get("correct", True):
+            notes.append("WRONG RESULT")
+        if r.get("stalled"):
+            notes.append("stalled")
+        if r.get("errors"):
+            notes.append(r["errors"][0][:60])
+        lines.append(f"{name:6} {r['steps_completed']:>3}/{r['steps']:<3} {_ms(mean)} "
+                     f"{_ms(r.get('p50_s'))} {_ms(r.get('p95_s'))} {_ms(model)} {_ms(same)} "
+                     f"{ratio} {speed}  " + "; ".join(notes))
+    lines.append("model: expected over the compute distribution; model*: on this run's own "
+                 "compute draws (steps 1..S-1)")
+    auto = doc.get("plan_auto")
+    if auto:
+        line = f"plan --auto picks {auto['scheme']} ({auto['shape']})"
+        if auto.get("vs_best"):
+            line += (f": measured {auto['vs_best']:.2f}x the best measured scheme "
+                     f"({auto['best_measured']})")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def sweep_table(points: list[dict]) -> str:
+    lines = ["sweep: speedup of CR's mean step time (measured / model)",
+             f"{'p':>5} {'factor':>6} " + " ".join(f"{'CR/' + o:>17}" for o in ("rar", "gloo"))]
+    for p in points:
+        cells = []
+        for other in ("rar", "gloo"):
+            m, mod = p["measured"].get(other), p["model"].get(other)
+            cells.append(f"{m:7.2f} / {mod:7.2f}" if m and mod else f"{'-':>17}")
+        lines.append(f"{p['prob']:>5g} {p['factor']:>6g} " + " ".join(f"{c:>17}" for c in cells))
+    return "\n".join(lines)
+
+
+def summary(doc: dict) -> dict:
+    """The ``--json`` last line."""
+    return {"preset": doc["preset"], "schemes": {
+        name: {"mean_s": r.get("mean_s"), "p95_s": r.get("p95_s"),
+               "model_s": r.get("model", {}).get("mean_s")}
+        for name, r in doc["schemes"].items()}}
+
+
+def plot(docs: list[dict], sweep: list[dict] | None, path: Path) -> str | None:
+    """Step-time distributions per scheme (and the sweep); None, or why there is no plot."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]')"
+    panels = len(docs) + (1 if sweep else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
+    for ax, doc in zip(axes[0], docs):
+        names = [s for s in ORDER if s in doc["schemes"] and doc["schemes"][s]["step_times"]]
+        data = [[1e3 * t for t in doc["schemes"][s]["step_times"]] for s in names]
+        if data:
+            ax.boxplot(data, showmeans=True)
+            ax.set_xticks(range(1, len(names) + 1), names)
+        for i, s in enumerate(names, start=1):
+            model = doc["schemes"][s].get("model", {}).get("mean_s")
+            if model:
+                ax.plot([i - 0.3, i + 0.3], [1e3 * model] * 2, "r--", lw=1)
+        ax.set_title(f"{doc['preset']} (red: model mean)")
+        ax.set_ylabel("step time (ms)")
+        ax.set_yscale("log")
+    if sweep:
+        ax = axes[0][-1]
+        for factor in sorted({p["factor"] for p in sweep}):
+            pts = sorted((p for p in sweep if p["factor"] == factor), key=lambda p: p["prob"])
+            for other, style in (("rar", "o"), ("gloo", "s")):
+                xs = [p["prob"] for p in pts if p["measured"].get(other)]
+                if xs:
+                    ax.plot(xs, [p["measured"][other] for p in pts if p["measured"].get(other)],
+                            style + "-", label=f"CR/{other} measured, f={factor:g}")
+                    ax.plot(xs, [p["model"][other] for p in pts if p["measured"].get(other)],
+                            style + ":", label=f"CR/{other} model, f={factor:g}")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_xlabel("straggle probability")
+        ax.set_ylabel("speedup of CR (mean step time)")
+        ax.set_title("stragglers sweep")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def _ms(x) -> str:
+    return f"{'-':>9}" if x is None else f"{1e3 * x:7.1f}ms"

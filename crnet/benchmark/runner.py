@@ -1,0 +1,303 @@
+"""Run every scheme of a preset on one emulated cluster and compare with the model.
+
+Host 0 of the cluster is the master (crnet's coordinator and result observer),
+hosts 1..N are the workers: one ``crnetd`` and one emulated training process
+(``crnet.benchmark.worker``) each, or one Gloo peer each. Worker i draws the same
+compute times in every scheme (``ComputeModel.compute_time(load, seed, step, i)``),
+so the schemes see the same stragglers in the same steps; only their loads
+differ, as their allocations do.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .. import model
+from ..launch import MASTER, LocalTree
+from ..netns import EmulatedCluster, parse_rate
+from ..plan import Tree, plan
+from ..workload import ComputeModel
+from .presets import Preset
+
+CRNET_SCHEMES = ("cr", "gc", "tree", "rar")
+
+
+def scheme_tree(preset: Preset, scheme: str) -> Tree:
+    return model.scheme_tree(scheme, tree=preset.cr_tree, workers=preset.workers,
+                             stragglers=preset.gc_stragglers)
+
+
+def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Path,
+              seed: int = 0) -> dict:
+    """One crnet scheme: daemons and emulated workers on the cluster's hosts."""
+    tree = scheme_tree(preset, scheme)
+    names = list(tree.names())                   # master first, then workers breadth first
+    host_of = {name: i for i, name in enumerate(names)}
+    workdir.mkdir(parents=True, exist_ok=True)
+    lt = LocalTree(tree, preset.samples, workdir=workdir, timeout=preset.timeout,
+                   chunk_bytes=preset.chunk_bytes, scheme=scheme, log_level="warning",
+                   keep_results=max(8, preset.steps),
+                   addresses={n: cluster.addresses[host_of[n]] for n in names},
+                   spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
+    workers: list[subprocess.Popen] = []
+    try:
+        lt.start(wait=60)
+        for i, name in enumerate(names):
+            argv = [sys.executable, "-m", "crnet.benchmark.worker", "--socket", lt.socket_path(name),
+                    "--elements", str(preset.elements), "--steps", str(preset.steps),
+                    "--compute", preset.compute, "--seed", str(seed),
+                    "--worker-index", str(i - 1), "--deadline", str(preset.deadline),
+                    "--timeout", str(2 * preset.timeout + 5), "--out", str(workdir / f"w{i}.json")]
+            if name == MASTER:
+                argv.append("--observer")
+            elif preset.freeze and preset.freeze[0] == i - 1:
+                argv += ["--freeze-at", str(preset.freeze[1]),
+                         "--daemon-pid", str(lt.procs[name].pid)]
+            workers.append(_spawn_logged(cluster, host_of[name], argv, workdir / f"w{i}.err"))
+        # The observer (the master's client) sees every step; a frozen worker never exits.
+        _wait(workers[:1], preset.deadline + 4 * preset.timeout + 30)
+        _wait(workers[1:], 2 * preset.timeout + 5)
+    finally:
+        _kill(workers)
+        lt.stop()
+    records = [_read(workdir / f"w{i}.json") for i in range(len(names))]
+    observer, rest = records[0], records[1:]
+    times = observer.get("completion_times") or []
+    return _summarise(scheme, times, preset,
+                      correct=all(r.get("correct", False) for r in records if r),
+                      errors=[r["error"] for r in records if r and r.get("error")],
+                      skipped=sum(r.get("skipped_compute", 0) for r in rest if r))
+
+
+def run_gloo_scheme(cluster: EmulatedCluster, preset: Preset, workdir: Path, seed: int = 0) -> dict:
+    """PyTorch's Gloo all_reduce, one process per worker host, the same compute draws."""
+    from .gloo_run import run_gloo
+
+    loads = [a.local_samples for name, a in plan(Tree((preset.workers,), (0,)), preset.samples)
+             .nodes.items() if name != MASTER]
+    hosts = cluster.addresses[1:preset.workers + 1]
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = run_gloo(lambda i, argv: _spawn_logged(cluster, i + 1, argv, workdir / f"gloo{i}.err"),
+                   hosts, [cluster.interface] * len(hosts), elements=preset.elements,
+                   dtype="float32", steps=preset.steps, compute=preset.compute, loads=loads,
+                   seed=seed, freeze=preset.freeze, deadline=preset.deadline,
+                   timeout=max(preset.timeout, 5.0), workdir=workdir)
+    first = out.get("first_step_s")
+    times = out.get("step_times") or []
+    record = _from_step_times("gloo", times, out.get("steps_completed", 0), preset,
+                              correct=out.get("correct", False), errors=out.get("errors", []),
+                              skipped=0)
+    record["stalled"] = bool(out.get("stalled"))
+    record["first_step_s"] = first
+    return record
+
+
+def _summarise(scheme, completion_times, preset, **extra) -> dict:
+    done = [t for t in completion_times if t is not None]
+    # Step 0 includes start-up (connections, first shared memory): steady state from step 1.
+    steady = [b - a for a, b in zip(completion_times, completion_times[1:])
+              if a is not None and b is not None]
+    return _from_step_times(scheme, steady, len(done), preset, **extra)
+
+
+def _from_step_times(scheme, steady, completed, preset, **extra) -> dict:
+    t = np.asarray(steady, dtype=np.float64)
+    stats = ({"mean_s": float(t.mean()), "p50_s": float(np.median(t)),
+              "p95_s": float(np.percentile(t, 95))} if len(t) else
+             {"mean_s": None, "p50_s": None, "p95_s": None})
+    return {"scheme": scheme, "steps_completed": completed, "steps": preset.steps,
+            "step_times": t.tolist(), **stats, **extra}
+
+
+def resolve(preset: Preset, seed: int = 0) -> tuple[Preset, dict]:
+    """Fill in the model's best CR shape and GC s where the preset leaves them to it, and
+    say what ``crnet plan --auto`` picks overall for this cluster."""
+    ranking = model.rank(preset.workers, samples=preset.samples,
+                         vector_bytes=preset.vector_bytes, bandwidth=_bandwidth(preset),
+                         latency=preset.latency, compute=ComputeModel.parse(preset.compute),
+                         seed=seed, chunk_bytes=preset.chunk_bytes, top=10**6)
+    best = {}
+    for p in ranking:
+        best.setdefault(p.scheme, p)
+    preset = replace(preset,
+                     cr_tree=preset.cr_tree or best["cr"].tree,
+                     gc_stragglers=(preset.gc_stragglers if preset.gc_stragglers is not None
+                                    else best["gc"].tree.stragglers[0]))
+    pick = ranking[0]
+    return preset, {"scheme": pick.scheme, "shape": pick.shape, "model_mean_s": pick.mean,
+                    "tree": None if pick.tree is None else
+                    [list(pick.tree.fanout), list(pick.tree.stragglers)]}
+
+
+def calibrate(cluster: EmulatedCluster, preset: Preset, schemes, workdir: Path) -> dict:
+    """Per-message latency of each implementation, from a ring run without compute.
+
+    A zero-compute ring step is 2(N-1) rounds of (latency + M/(N B)); the measured
+    step gives the latency that the model then uses for every scheme of that
+    implementation (crnet's daemons, or Gloo). It is measured on this cluster, with
+    this machine's two cores shared by every emulated host, not assumed.
+    """
+    quiet = replace(preset, compute="fixed:0", steps=10, freeze=None, name="calibrate")
+    n, b = preset.workers, _bandwidth(preset)
+    rounds = 2 * (n - 1)
+    out = {}
+    for impl, scheme in (("crnet", "rar"), ("gloo", "gloo")):
+        if scheme == "gloo" and "gloo" not in schemes:
+            continue
+        r = (run_gloo_scheme(cluster, quiet, workdir / f"calibrate-{scheme}") if scheme == "gloo"
+             else run_crnet(cluster, quiet, "rar", workdir / "calibrate-rar"))
+        if r["mean_s"]:
+            out[impl] = max(r["mean_s"] / rounds - preset.vector_bytes / n / b, 1e-6)
+    return out
+
+
+def _bandwidth(preset: Preset) -> float:
+    return parse_rate(preset.rate) / 8 if preset.rate else 1.25e9
+
+
+def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> dict:
+    """The model's view of a scheme of the preset (gloo is a ring, like rar).
+
+    ``mean_s``/``p50_s``/``p95_s``: expectation over the compute distribution
+    (Monte-Carlo). ``same_draws_mean_s``: the model fed the very compute times the
+    emulated workers drew in this run (steps 1..S-1), so measured and modelled
+    differ only by what the model leaves out, not by the luck of 40 draws.
+    """
+    compute = ComputeModel.parse(preset.compute)
+    kind = "rar" if scheme == "gloo" else scheme
+    common = dict(tree=preset.cr_tree, workers=preset.workers, stragglers=preset.gc_stragglers,
+                  vector_bytes=preset.vector_bytes, latency=preset.latency,
+                  bandwidth=_bandwidth(preset),
+                  chunk_bytes=None if kind == "rar" else preset.chunk_bytes)
+    p = model.predict(kind, samples=preset.samples, compute=compute, trials=trials, seed=seed,
+                      **common)
+    loads = model.worker_loads(model.scheme_tree(kind, tree=preset.cr_tree,
+                                                 workers=preset.workers,
+                                                 stragglers=preset.gc_stragglers),
+                               preset.samples)
+    draws = np.array([[compute.compute_time(int(load), seed, t, i) for i, load in enumerate(loads)]
+                      for t in range(1, preset.steps)])
+    if preset.freeze is not None:
+        draws[preset.freeze[1] - 1:, preset.freeze[0]] = np.inf  # that host never answers again
+    with np.errstate(invalid="ignore"):
+        same = model.step_times_from_draws(kind, compute_times=draws, **common)
+    same_mean = float(np.mean(same)) if np.all(np.isfinite(same)) else None
+    return {"mean_s": p.mean, "p50_s": p.p50, "p95_s": p.p95, "same_draws_mean_s": same_mean}
+
+
+def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
+               calibrated: dict | None = None) -> dict:
+    """All requested schemes of one preset on one cluster; returns the bench.json document."""
+    results = {}
+    preset, auto = resolve(preset, seed)
+    log(f"  cr shape: fanout {list(preset.cr_tree.fanout)}, s {list(preset.cr_tree.stragglers)}; "
+        f"gc s = {preset.gc_stragglers}; plan --auto picks {auto['scheme']} ({auto['shape']})")
+    with EmulatedCluster(preset.workers + 1, rate=preset.rate) as cluster:
+        if calibrated is None:
+            calibrated = calibrate(cluster, preset, schemes, workdir)
+            log("  latency calibrated: " + ", ".join(f"{k} {1e6 * v:.0f} us"
+                                                     for k, v in calibrated.items()))
+        for scheme in schemes:
+            started = time.monotonic()
+            if scheme == "gloo":
+                results[scheme] = run_gloo_scheme(cluster, preset, workdir / scheme, seed)
+            else:
+                results[scheme] = run_crnet(cluster, preset, scheme, workdir / scheme, seed)
+            impl = "gloo" if scheme == "gloo" else "crnet"
+            latency = calibrated.get(impl, preset.latency)
+            results[scheme]["model"] = predict(replace(preset, latency=latency), scheme, seed)
+            results[scheme]["model"]["latency_s"] = latency
+            r = results[scheme]
+            log(f"  {scheme:5} {r['steps_completed']:>3}/{preset.steps} steps, mean "
+                f"{_ms(r['mean_s'])}, model {_ms(r['model']['mean_s'])} "
+                f"({time.monotonic() - started:.0f} s)")
+    measured = {k: r["mean_s"] for k, r in results.items() if r["mean_s"]}
+    if auto["scheme"] in measured and measured:
+        same_shape = (auto["tree"] is None or auto["scheme"] == "gc"
+                      or auto["tree"] == [list(preset.cr_tree.fanout),
+                                          list(preset.cr_tree.stragglers)])
+        auto["measured_mean_s"] = measured[auto["scheme"]] if same_shape else None
+        auto["best_measured"] = min(measured, key=measured.get)
+        if same_shape:
+            auto["vs_best"] = measured[auto["scheme"]] / measured[auto["best_measured"]]
+    return {"preset": preset.name, "about": preset.about, "config": _config(preset),
+            "calibrated_latency_s": calibrated, "plan_auto": auto, "schemes": results}
+
+
+def _config(p: Preset) -> dict:
+    return {"workers": p.workers, "cr_fanout": list(p.cr_tree.fanout),
+            "cr_stragglers": list(p.cr_tree.stragglers), "gc_stragglers": p.gc_stragglers,
+            "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
+            "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,
+            "deadline_s": p.deadline, "timeout_s": p.timeout, "latency_s": p.latency}
+
+
+def _ms(x) -> str:
+    return "   -   " if x is None else f"{1e3 * x:7.1f} ms"
+
+
+def _spawn_logged(cluster, host: int, argv, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as err:  # the child keeps its own copy of the descriptor
+        return cluster.popen(host, argv, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _wait(procs, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _kill(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_sweep(base: Preset, schemes, workdir: Path, seed: int = 0, log=print) -> list[dict]:
+    """Straggle probability x slowdown: CR's measured and modelled speedups over the ring."""
+    from .presets import sweep_points
+
+    points = []
+    calibrated = None
+    for k, preset in enumerate(sweep_points(base)):
+        log(f"{preset.name}")
+        doc = run_preset(preset, schemes, workdir / f"sweep{k}", seed, log, calibrated)
+        calibrated = doc["calibrated_latency_s"]  # the same cluster shape: calibrate once
+        compute = ComputeModel.parse(preset.compute)
+        cr, cr_model = doc["schemes"]["cr"]["mean_s"], doc["schemes"]["cr"]["model"]["mean_s"]
+        point = {"prob": compute.prob, "factor": compute.factor, "measured": {}, "model": {},
+                 "schemes": doc["schemes"]}
+        for other in schemes:
+            r = doc["schemes"][other]
+            if other != "cr" and cr and r["mean_s"]:
+                point["measured"][other] = r["mean_s"] / cr
+                point["model"][other] = r["model"]["mean_s"] / cr_model
+        points.append(point)
+    return points

@@ -1,0 +1,126 @@
+"""An emulated training process for ``crnet bench`` (one per emulated host).
+
+Compute is emulated: each step the worker sleeps its load x per-sample time x
+straggle factor (``crnet.workload``), so the benchmark measures aggregation, not
+this machine's two cores. The vector is the sum over the worker's batch share of
+per-sample gradients that are all ``(t + 1) * ones``, so every result is checkable:
+it must be ``samples * (t + 1)`` everywhere.
+
+Compute times are independent from step to step (the paper's model): while a
+worker "computes" it also listens for the step's result, and if the tree
+finishes the step without it, it abandons the computation and moves on, as a
+training loop that checks ``Client.tree_step`` between micro-batches would.
+``--persistent-stragglers`` instead makes a slow worker finish its sleep: it
+then misses the next steps too, and stragglers pile up (the benchmark reports
+both; see docs/benchmarks.md).
+
+    python -m crnet.benchmark.worker --socket S --elements E --steps T --compute SPEC \
+        --seed 0 --worker-index I --out result.json [--observer] [--freeze-at K --daemon-pid P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+
+import numpy as np
+
+from ..client import Client
+from ..errors import CrnetError, StepFailed
+from ..workload import ComputeModel
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m crnet.benchmark.worker")
+    p.add_argument("--socket", required=True)
+    p.add_argument("--elements", type=int, required=True)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--compute", default="fixed:0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--worker-index", type=int, default=0)
+    p.add_argument("--persistent-stragglers", action="store_true",
+                   help="finish every emulated computation, even for a step the tree finished")
+    p.add_argument("--observer", action="store_true",
+                   help="the master's client: take every result, compute nothing")
+    p.add_argument("--freeze-at", type=int, default=None)
+    p.add_argument("--daemon-pid", type=int, default=None)
+    p.add_argument("--deadline", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    record = run(a)
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, a.out)
+
+
+def run(a) -> dict:
+    compute = ComputeModel.parse(a.compute)
+    record = {"worker": a.worker_index, "steps_completed": 0, "completion_times": [],
+              "compute_s": [], "skipped_compute": 0, "failed_steps": [], "correct": True,
+              "error": None}
+    try:
+        with Client(a.socket, timeout=a.timeout * 2) as c:
+            load = c.assignment.local_samples
+            weight = sum((b - s) * w for s, b, w in c.assignment.ranges)
+            vec = c.buffer(a.elements, a.dtype)
+            start = time.monotonic()
+            for t in range(a.steps):
+                if time.monotonic() - start > a.deadline:
+                    record["error"] = f"deadline of {a.deadline:g} s reached"
+                    break
+                if t == a.freeze_at:
+                    _freeze(a.daemon_pid)
+                try:
+                    if a.observer or t <= c.tree_step:
+                        result = c.result(t, like=vec, timeout=a.timeout)
+                        record["skipped_compute"] += not a.observer
+                        record["compute_s"].append(0.0)
+                    else:
+                        busy = compute.compute_time(load, a.seed, t, a.worker_index)
+                        result = None if a.persistent_stragglers else _result_within(c, t, vec, busy)
+                        if result is None:
+                            if a.persistent_stragglers:
+                                time.sleep(busy)
+                            vec.fill(weight * (t + 1))
+                            result = c.allreduce(vec, step=t, timeout=a.timeout)
+                            record["compute_s"].append(busy)
+                        else:
+                            record["skipped_compute"] += 1
+                            record["compute_s"].append(0.0)
+                except StepFailed as e:
+                    record["failed_steps"].append([t, e.reason])
+                    record["completion_times"].append(None)
+                    continue
+                record["completion_times"].append(time.time())
+                record["steps_completed"] += 1
+                want = c.assignment.samples * (t + 1)
+                if not (abs(result[0] - want) <= 1e-4 * want and abs(result[-1] - want) <= 1e-4 * want):
+                    record["correct"] = False
+    except (CrnetError, TimeoutError, OSError) as e:
+        record["error"] = f"{type(e).__name__}: {e}"
+    return record
+
+
+def _result_within(c: Client, step: int, like, seconds: float):
+    """The step's result if the tree finishes it within ``seconds`` (we then skip it), else None."""
+    try:
+        return c.result(step, like=like, timeout=seconds)
+    except TimeoutError:
+        return None
+
+
+def _freeze(daemon_pid: int | None) -> None:
+    """Freeze this emulated host: its daemon and this process (the driver thaws and kills)."""
+    if daemon_pid is not None:
+        os.kill(daemon_pid, signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+if __name__ == "__main__":
+    main()
