@@ -341,6 +341,7 @@ def bench(presets, schemes, sweep, steps, seed, out, plot_path, workdir, as_json
             click.echo(f"{name}: {preset.about}", err=True)
             docs.append(run_preset(preset, chosen, Path(workdir) / name, seed,
                                    log=lambda m: click.echo(m, err=True)))
+            Path(out).write_text(json.dumps({"presets": docs, "sweep": None}, indent=1))
         points = None
         if sweep:
             sweep_schemes = [s for s in ("cr", "rar", "gloo") if s in chosen]

@@ -521,11 +521,10 @@ class Daemon:
         up = self._up_for(step, layout)
         if up is None:
             return None
-        if up.layout != layout:
-            return (f"this process's vector is {layout.describe()} but the tree's for step "
-                    f"{step} is {up.layout.describe()}")
-        self._emit(up, up.local_arrived(vector))
-        return None
+        problem = up.layout.mismatch(layout, step)
+        if problem is None:
+            self._emit(up, up.local_arrived(vector))
+        return problem
 
     def _emit(self, up: UpStep, chunks: list[int]) -> None:
         for c in chunks:
@@ -729,11 +728,10 @@ class RingLinks:
         ring = self._step(step, layout)
         if ring is None:
             return None
-        if ring.layout != layout:
-            return (f"this process's vector is {layout.describe()} but the ring's for step "
-                    f"{step} is {ring.layout.describe()}")
-        self._send(ring, ring.local_arrived(vector))
-        return None
+        problem = ring.layout.mismatch(layout, step)
+        if problem is None:
+            self._send(ring, ring.local_arrived(vector))
+        return problem
 
     def dest(self, header: dict, nbytes: int):
         step, dtype, total = header.get("step"), DTYPES.get(header.get("dtype")), header.get("total")
@@ -958,9 +956,9 @@ class ClientLink:
         d = self.d
         if step in d.results:
             result = d.results[step]
-            if result.layout.total != length or result.layout.dtype != dtype:
-                self.mismatch(step, f"this process's vector is {length} x {dtype.name} but the "
-                                    f"tree's for step {step} is {result.layout.describe()}")
+            problem = result.layout.mismatch(ChunkLayout.of(length, dtype, d.chunk_bytes), step)
+            if problem:
+                self.mismatch(step, problem)
                 return
             np.copyto(self.region.output(dtype, length), result.vector)
             self.waiting = None

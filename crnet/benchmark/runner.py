@@ -28,6 +28,7 @@ from ..workload import ComputeModel
 from .presets import Preset
 
 CRNET_SCHEMES = ("cr", "gc", "tree", "rar")
+NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
 
 
 def scheme_tree(preset: Preset, scheme: str) -> Tree:
@@ -186,10 +187,10 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
     draws = np.array([[compute.compute_time(int(load), seed, t, i) for i, load in enumerate(loads)]
                       for t in range(1, preset.steps)])
     if preset.freeze is not None:
-        draws[preset.freeze[1] - 1:, preset.freeze[0]] = np.inf  # that host never answers again
-    with np.errstate(invalid="ignore"):
-        same = model.step_times_from_draws(kind, compute_times=draws, **common)
-    same_mean = float(np.mean(same)) if np.all(np.isfinite(same)) else None
+        draws[preset.freeze[1] - 1:, preset.freeze[0]] = NEVER  # that host never answers again
+    same = model.step_times_from_draws(kind, compute_times=draws, **common)
+    # A scheme that must wait for the frozen host stalls: the model has no finite mean.
+    same_mean = float(np.mean(same)) if np.all(same < NEVER / 2) else None
     return {"mean_s": p.mean, "p50_s": p.p50, "p95_s": p.p95, "same_draws_mean_s": same_mean}
 
 

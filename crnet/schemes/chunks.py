@@ -41,6 +41,13 @@ class ChunkLayout:
     def describe(self) -> str:
         return f"{self.total} x {self.dtype.name}"
 
+    def mismatch(self, local: ChunkLayout, step: int) -> str | None:
+        """Why a training process's vector (``local``) can't join this step, or None."""
+        if local.total == self.total and local.dtype == self.dtype:
+            return None
+        return (f"this process's vector is {local.describe()} but the tree's for step {step} "
+                f"is {self.describe()}")
+
     def check(self, total, dtype_name, chunk, nbytes) -> str | None:
         """Why a chunk header does not fit this layout, or None if it does."""
         if dtype_name != self.dtype.name or total != self.total:
