@@ -30,6 +30,7 @@ class Preset:
     latency: float = 60e-6          # per-message latency for the model until calibrated
     chunk_bytes: int = 1 << 20
     about: str = ""
+    tree_shape: Tree | None = None  # the `tree` scheme's fanout (s = 0); None: the model's best
 
     @property
     def vector_bytes(self) -> int:

@@ -32,14 +32,37 @@ def table(doc: dict) -> str:
                      f"{ratio} {speed}  " + "; ".join(notes))
     lines.append("model: expected over the compute distribution; model*: on this run's own "
                  "compute draws (steps 1..S-1)")
-    auto = doc.get("plan_auto")
-    if auto:
-        line = f"plan --auto picks {auto['scheme']} ({auto['shape']})"
-        if auto.get("vs_best"):
-            line += (f": measured {auto['vs_best']:.2f}x the best measured scheme "
-                     f"({auto['best_measured']})")
-        lines.append(line)
+    verdict = auto_verdict(doc)
+    if verdict:
+        lines.append(verdict)
     return "\n".join(lines)
+
+
+def auto_verdict(doc: dict) -> str | None:
+    """How ``plan --auto``'s pick did against the best crnet scheme measured.
+
+    plan --auto chooses among crnet's schemes, so Gloo is not in the comparison, and
+    a scheme that did not complete every step (it stalled) has no fair mean.
+    """
+    auto = doc.get("plan_auto")
+    if not auto:
+        return None
+    measured = {k: r["mean_s"] for k, r in doc["schemes"].items()
+                if k != "gloo" and r["mean_s"] and r["steps_completed"] == r["steps"]}
+    line = f"plan --auto picks {auto['scheme']} ({auto['shape']})"
+    if not measured:
+        return line
+    best = min(measured, key=measured.get)
+    cfg = doc["config"]
+    measured_shape = auto["tree"] is None or auto["scheme"] == "gc" or (
+        auto["tree"] == [cfg["cr_fanout"], cfg["cr_stragglers"]] if auto["scheme"] == "cr"
+        else auto["tree"][0] == cfg.get("tree_fanout", cfg["cr_fanout"]))
+    if auto["scheme"] in measured and measured_shape:
+        return line + (f": measured {measured[auto['scheme']] / measured[best]:.2f}x the best crnet "
+                       f"scheme that completed every step ({best})")
+    if not measured_shape:
+        return line + f": that shape was not measured (best measured: {best})"
+    return line + f": it did not complete every step (best: {best})"
 
 
 def sweep_table(points: list[dict]) -> str:

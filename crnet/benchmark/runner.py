@@ -32,7 +32,8 @@ NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
 
 
 def scheme_tree(preset: Preset, scheme: str) -> Tree:
-    return model.scheme_tree(scheme, tree=preset.cr_tree, workers=preset.workers,
+    tree = preset.tree_shape if scheme == "tree" and preset.tree_shape else preset.cr_tree
+    return model.scheme_tree(scheme, tree=tree, workers=preset.workers,
                              stragglers=preset.gc_stragglers)
 
 
@@ -130,6 +131,8 @@ def resolve(preset: Preset, seed: int = 0) -> tuple[Preset, dict]:
         best.setdefault(p.scheme, p)
     preset = replace(preset,
                      cr_tree=preset.cr_tree or best["cr"].tree,
+                     tree_shape=preset.tree_shape or (best["tree"].tree if preset.cr_tree is None
+                                                      else preset.cr_tree),
                      gc_stragglers=(preset.gc_stragglers if preset.gc_stragglers is not None
                                     else best["gc"].tree.stragglers[0]))
     pick = ranking[0]
@@ -174,16 +177,14 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
     """
     compute = ComputeModel.parse(preset.compute)
     kind = "rar" if scheme == "gloo" else scheme
-    common = dict(tree=preset.cr_tree, workers=preset.workers, stragglers=preset.gc_stragglers,
+    common = dict(tree=scheme_tree(preset, kind) if kind in ("cr", "tree") else None,
+                  workers=preset.workers, stragglers=preset.gc_stragglers,
                   vector_bytes=preset.vector_bytes, latency=preset.latency,
                   bandwidth=_bandwidth(preset),
                   chunk_bytes=None if kind == "rar" else preset.chunk_bytes)
     p = model.predict(kind, samples=preset.samples, compute=compute, trials=trials, seed=seed,
                       **common)
-    loads = model.worker_loads(model.scheme_tree(kind, tree=preset.cr_tree,
-                                                 workers=preset.workers,
-                                                 stragglers=preset.gc_stragglers),
-                               preset.samples)
+    loads = model.worker_loads(scheme_tree(preset, kind), preset.samples)
     draws = np.array([[compute.compute_time(int(load), seed, t, i) for i, load in enumerate(loads)]
                       for t in range(1, preset.steps)])
     if preset.freeze is not None:
@@ -200,7 +201,8 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
     results = {}
     preset, auto = resolve(preset, seed)
     log(f"  cr shape: fanout {list(preset.cr_tree.fanout)}, s {list(preset.cr_tree.stragglers)}; "
-        f"gc s = {preset.gc_stragglers}; plan --auto picks {auto['scheme']} ({auto['shape']})")
+        f"tree fanout {list(scheme_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
+        f"plan --auto picks {auto['scheme']} ({auto['shape']})")
     with EmulatedCluster(preset.workers + 1, rate=preset.rate) as cluster:
         if calibrated is None:
             calibrated = calibrate(cluster, preset, schemes, workdir)
@@ -220,21 +222,13 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
             log(f"  {scheme:5} {r['steps_completed']:>3}/{preset.steps} steps, mean "
                 f"{_ms(r['mean_s'])}, model {_ms(r['model']['mean_s'])} "
                 f"({time.monotonic() - started:.0f} s)")
-    measured = {k: r["mean_s"] for k, r in results.items() if r["mean_s"]}
-    if auto["scheme"] in measured and measured:
-        same_shape = (auto["tree"] is None or auto["scheme"] == "gc"
-                      or auto["tree"] == [list(preset.cr_tree.fanout),
-                                          list(preset.cr_tree.stragglers)])
-        auto["measured_mean_s"] = measured[auto["scheme"]] if same_shape else None
-        auto["best_measured"] = min(measured, key=measured.get)
-        if same_shape:
-            auto["vs_best"] = measured[auto["scheme"]] / measured[auto["best_measured"]]
     return {"preset": preset.name, "about": preset.about, "config": _config(preset),
             "calibrated_latency_s": calibrated, "plan_auto": auto, "schemes": results}
 
 
 def _config(p: Preset) -> dict:
     return {"workers": p.workers, "cr_fanout": list(p.cr_tree.fanout),
+            "tree_fanout": list(scheme_tree(p, "tree").fanout),
             "cr_stragglers": list(p.cr_tree.stragglers), "gc_stragglers": p.gc_stragglers,
             "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
             "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,
