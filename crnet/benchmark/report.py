@@ -65,15 +65,34 @@ def auto_verdict(doc: dict) -> str | None:
     return line + f": it did not complete every step (best: {best})"
 
 
+def speedups(point: dict) -> dict:
+    """CR's speedup over each other scheme at one sweep point: measured, the model on
+    the run's own draws, and the model's expectation."""
+    s = point["schemes"]
+    cr = s["cr"]
+    out = {}
+    for other, r in s.items():
+        if other == "cr" or not (r["mean_s"] and cr["mean_s"]):
+            continue
+        same, cr_same = r["model"].get("same_draws_mean_s"), cr["model"].get("same_draws_mean_s")
+        out[other] = {"measured": r["mean_s"] / cr["mean_s"],
+                      "model": same / cr_same if same and cr_same else None,
+                      "expected": r["model"]["mean_s"] / cr["model"]["mean_s"]}
+    return out
+
+
 def sweep_table(points: list[dict]) -> str:
-    lines = ["sweep: speedup of CR's mean step time (measured / model)",
-             f"{'p':>5} {'factor':>6} " + " ".join(f"{'CR/' + o:>17}" for o in ("rar", "gloo"))]
+    lines = ["sweep: CR's speedup in mean step time, measured / model on the same draws "
+             "/ model expectation",
+             f"{'p':>5} {'factor':>6} " + " ".join(f"{'CR/' + o:>22}" for o in ("rar", "gloo"))]
     for p in points:
+        sp = speedups(p)
         cells = []
         for other in ("rar", "gloo"):
-            m, mod = p["measured"].get(other), p["model"].get(other)
-            cells.append(f"{m:7.2f} / {mod:7.2f}" if m and mod else f"{'-':>17}")
-        lines.append(f"{p['prob']:>5g} {p['factor']:>6g} " + " ".join(f"{c:>17}" for c in cells))
+            v = sp.get(other)
+            cells.append(f"{v['measured']:6.2f} / {v['model'] or 0:5.2f} / {v['expected']:5.2f}"
+                         if v else f"{'-':>22}")
+        lines.append(f"{p['prob']:>5g} {p['factor']:>6g} " + " ".join(f"{c:>22}" for c in cells))
     return "\n".join(lines)
 
 
@@ -113,16 +132,18 @@ def plot(docs: list[dict], sweep: list[dict] | None, path: Path) -> str | None:
         for factor in sorted({p["factor"] for p in sweep}):
             pts = sorted((p for p in sweep if p["factor"] == factor), key=lambda p: p["prob"])
             for other, style in (("rar", "o"), ("gloo", "s")):
-                xs = [p["prob"] for p in pts if p["measured"].get(other)]
-                if xs:
-                    ax.plot(xs, [p["measured"][other] for p in pts if p["measured"].get(other)],
-                            style + "-", label=f"CR/{other} measured, f={factor:g}")
-                    ax.plot(xs, [p["model"][other] for p in pts if p["measured"].get(other)],
-                            style + ":", label=f"CR/{other} model, f={factor:g}")
+                got = [(p["prob"], speedups(p).get(other)) for p in pts]
+                got = [(x, v) for x, v in got if v]
+                if got:
+                    xs = [x for x, _ in got]
+                    ax.plot(xs, [v["measured"] for _, v in got], style + "-",
+                            label=f"CR/{other} measured, f={factor:g}")
+                    ax.plot(xs, [v["model"] for _, v in got], style + ":",
+                            label=f"CR/{other} model, f={factor:g}")
         ax.axhline(1.0, color="grey", lw=0.5)
         ax.set_xlabel("straggle probability")
         ax.set_ylabel("speedup of CR (mean step time)")
-        ax.set_title("stragglers sweep")
+        ax.set_title("stragglers sweep (dotted: model on the same draws)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -286,13 +286,5 @@ def run_sweep(base: Preset, schemes, workdir: Path, seed: int = 0, log=print) ->
         doc = run_preset(preset, schemes, workdir / f"sweep{k}", seed, log, calibrated)
         calibrated = doc["calibrated_latency_s"]  # the same cluster shape: calibrate once
         compute = ComputeModel.parse(preset.compute)
-        cr, cr_model = doc["schemes"]["cr"]["mean_s"], doc["schemes"]["cr"]["model"]["mean_s"]
-        point = {"prob": compute.prob, "factor": compute.factor, "measured": {}, "model": {},
-                 "schemes": doc["schemes"]}
-        for other in schemes:
-            r = doc["schemes"][other]
-            if other != "cr" and cr and r["mean_s"]:
-                point["measured"][other] = r["mean_s"] / cr
-                point["model"][other] = r["model"]["mean_s"] / cr_model
-        points.append(point)
+        points.append({"prob": compute.prob, "factor": compute.factor, "schemes": doc["schemes"]})
     return points
