@@ -35,6 +35,7 @@ import numpy as np
 from . import __version__, kernels
 from .plan import Tree, plan as make_plan
 from .schemes.chunks import DTYPES, ChunkLayout
+from .schemes.buffers import BufferPool
 from .schemes.coded_reduce import ResultStep, UpStep
 from .schemes.ring_allreduce import RingStep
 from .shm import SharedRegion
@@ -120,6 +121,7 @@ class Daemon:
         self.failed: collections.OrderedDict[int, str] = collections.OrderedDict()
         self.resolved_through = -1
         self._child_buffers: tuple | None = None
+        self.pool = BufferPool()               # outputs and results, reused once unreferenced
         self._timer: tuple[int, asyncio.TimerHandle] | None = None
         self._clock_step = -1                  # the newest step whose clock has started
         self._joined_reported = -1
@@ -411,7 +413,7 @@ class Daemon:
             self._abandon_up()
         code = None if self.is_leaf else self.tree.code_of(self.name, self.code_kind)
         self.up = UpStep(step, layout, code, has_local=not self.is_master,
-                         child_buffers=self._buffers_for(layout, code))
+                         child_buffers=self._buffers_for(layout, code), alloc=self.pool.get)
         self.up.silent.update(k for k, s in enumerate(self.slots) if s.link is None)
         self._step_begins(step)
         return self.up
@@ -566,7 +568,8 @@ class Daemon:
             total = header.get("total")
             if dtype is None or not isinstance(total, int) or total < 1:
                 raise ProtocolError(f"RESULT with bad dtype or total: {header}")
-            result = self.down[step] = ResultStep(step, ChunkLayout.of(total, dtype, self.chunk_bytes))
+            result = self.down[step] = ResultStep(step, ChunkLayout.of(total, dtype, self.chunk_bytes),
+                                                  alloc=self.pool.get)
         problem = result.layout.check(header.get("total"), header.get("dtype"), chunk, nbytes)
         if problem:
             raise ProtocolError(f"RESULT for step {step}: {problem}")
@@ -720,7 +723,8 @@ class RingLinks:
             return None
         ring = self.steps.get(step)
         if ring is None:
-            ring = self.steps[step] = RingStep(step, layout, self.rank, self.size)
+            ring = self.steps[step] = RingStep(step, layout, self.rank, self.size,
+                                               alloc=self.d.pool.get)
             self.d._step_begins(step)
         return ring
 

@@ -92,3 +92,22 @@ def test_ring_rejects_a_wrong_segment():
     ring = RingStep(0, ChunkLayout.of(9, np.float64, 1 << 20), rank=1, size=3)
     assert "expected 0" in ring.check("rs", 0, 2, 24)
     assert "bad ring round" in ring.check("rs", 5, 0, 24)
+
+
+def test_buffer_pool_reuses_only_unreferenced_arrays():
+    from crnet.schemes.buffers import BufferPool
+
+    pool = BufferPool(keep=2)
+    a = pool.get(10, np.float32)
+    b = pool.get(10, np.float32)
+    assert a is not b
+    a_id = id(a)
+    del a
+    c = pool.get(10, np.float32)
+    assert id(c) == a_id  # idle again: reused, no new pages to fault in
+    queued = memoryview(c[2:5]).cast("B")  # like a send still queued in the transport
+    del c
+    d = pool.get(10, np.float32)
+    assert id(d) != a_id
+    assert pool.get(10, np.float64).dtype == np.float64
+    del queued

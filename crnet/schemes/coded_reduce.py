@@ -11,6 +11,7 @@ import numpy as np
 
 from ..codes import GradientCode
 from ..kernels import coded_sum
+from .buffers import fresh
 from .chunks import ChunkLayout
 
 
@@ -25,7 +26,7 @@ class UpStep:
     """
 
     def __init__(self, step: int, layout: ChunkLayout, code: GradientCode | None,
-                 has_local: bool, child_buffers: list[np.ndarray] | None = None):
+                 has_local: bool, child_buffers: list[np.ndarray] | None = None, alloc=fresh):
         self.step = step
         self.layout = layout
         self.code = code
@@ -35,6 +36,7 @@ class UpStep:
         self.used: set[int] = set()            # children some chunk was decoded from
         self.first_byte: float | None = None   # when the first child chunk started (stats)
         self._children = child_buffers
+        self._alloc = alloc
         self._arrived: list[list[int]] = [[] for _ in range(layout.chunks)]
         self._done = [False] * layout.chunks
         self._remaining = layout.chunks
@@ -97,8 +99,8 @@ class UpStep:
             inputs.insert(0, self.local[start:stop])
             weights.insert(0, 1.0)
         if self._out is None:
-            # Fresh per step: the transport may still be sending the last step's.
-            self._out = np.empty(self.layout.total, self.layout.dtype)
+            # Not last step's: the transport may still be sending it (see buffers.py).
+            self._out = self._alloc(self.layout.total, self.layout.dtype)
         out = self._out[start:stop]
         coded_sum(out, weights, inputs)
         return out
@@ -118,10 +120,11 @@ class UpStep:
 class ResultStep:
     """A step's full gradient, assembled chunk by chunk on its way down the tree."""
 
-    def __init__(self, step: int, layout: ChunkLayout, buffer: np.ndarray | None = None):
+    def __init__(self, step: int, layout: ChunkLayout, buffer: np.ndarray | None = None,
+                 alloc=fresh):
         self.step = step
         self.layout = layout
-        self.vector = np.empty(layout.total, layout.dtype) if buffer is None else buffer
+        self.vector = alloc(layout.total, layout.dtype) if buffer is None else buffer
         self._have = [False] * layout.chunks
         self._remaining = layout.chunks
 

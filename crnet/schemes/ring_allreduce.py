@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels import add_into
+from .buffers import fresh
 from .chunks import ChunkLayout
 
 REDUCE, GATHER = "rs", "ag"
@@ -36,16 +37,17 @@ class Send:
 class RingStep:
     """One step of ring allreduce at rank ``rank`` of ``size``."""
 
-    def __init__(self, step: int, layout: ChunkLayout, rank: int, size: int):
+    def __init__(self, step: int, layout: ChunkLayout, rank: int, size: int, alloc=fresh):
         self.step, self.layout, self.rank, self.size = step, layout, rank, size
         edges = np.linspace(0, layout.total, size + 1).round().astype(np.int64)
         self._bounds = list(zip(edges[:-1].tolist(), edges[1:].tolist()))
         # acc is sent segment by segment and each segment is final once sent;
         # all-gather lands in ``result`` so nothing queued for sending is ever
-        # overwritten. Both are fresh per step for the same reason.
+        # overwritten. Neither is last step's, for the same reason (see buffers.py).
+        self._alloc = alloc
         self._acc: np.ndarray | None = None
-        self._incoming = np.empty(layout.total, layout.dtype)   # reduce-scatter arrivals
-        self.result = np.empty(layout.total, layout.dtype)
+        self._incoming = alloc(layout.total, layout.dtype)   # reduce-scatter arrivals
+        self.result = alloc(layout.total, layout.dtype)
         self._early: list[tuple[int, int]] = []                  # arrivals before the local vector
         self._gathered = 0
         self._own_done = size == 1
@@ -73,7 +75,8 @@ class RingStep:
         return memoryview(buf[a:b]).cast("B")
 
     def local_arrived(self, vector: np.ndarray) -> list[Send]:
-        self._acc = vector.copy()
+        self._acc = self._alloc(self.layout.total, self.layout.dtype)
+        np.copyto(self._acc, vector)
         if self.size == 1:
             self.result = self._acc
             return []
