@@ -70,6 +70,65 @@ from crnet.plan import Tree
 MiB = 1 << 20
 
 
+def cpu_busy(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs busy over ``seconds`` (from /proc/stat), before we start anything."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    try:
+        t0, i0 = sample()
+        time.sleep(seconds)
+        t1, i1 = sample()
+    except OSError:
+        return None
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+class ForeignCpu:
+    """How much of the machine processes other than ours used during a window.
+
+    Busy CPU time of the whole machine (/proc/stat) minus that of our own
+    processes (/proc/<pid>/stat), as a share of all CPUs: a run that overlapped
+    someone else's work shows it here. None where /proc is not available.
+    """
+
+    TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    @staticmethod
+    def _machine() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:9]]
+        except OSError:
+            return None
+        # total, busy in processes (user + nice + system: irq/softirq time, much of it
+        # our own loopback traffic, is not charged to any process, so it is left out)
+        return sum(v), v[0] + v[1] + v[2]
+
+    @staticmethod
+    def _proc(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            return 0
+        return int(fields[11]) + int(fields[12])  # utime + stime, in ticks
+
+    def start(self, pids) -> None:
+        self.pids = set(pids) | {os.getpid()}
+        self.m0 = self._machine()
+        self.p0 = {p: self._proc(p) for p in self.pids}
+
+    def stop(self, pids=()) -> float | None:
+        m1 = self._machine()
+        if self.m0 is None or m1 is None:
+            return None
+        ours = sum(self._proc(p) - self.p0.get(p, 0) for p in self.pids | set(pids))
+        total = m1[0] - self.m0[0]
+        return max(0.0, (m1[1] - self.m0[1] - ours) / max(1, total))
+
+
 # --------------------------------------------------------------------------- crnet
 class CrnetHop:
     """A running one-layer tree and its clients; ``round(steps)`` measures once."""
@@ -378,9 +437,11 @@ def main() -> None:
     samples = args.samples or n
     print(f"bench_hop: {n} children -> 1 parent on 127.0.0.1, {nbytes / MiB:g} MiB float32 "
           f"per child per step, chunk {chunk / MiB:g} MiB, {args.steps} steps per round, "
-          f"best of {args.repeat} rounds; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
-    if os.getloadavg()[0] > 0.5:
-        print("  note: the machine was not idle; numbers are noisier")
+          f"best of {args.repeat} rounds")
+    busy = cpu_busy()
+    print(f"{os.cpu_count()} CPUs; before starting, other processes kept "
+          f"{'?' if busy is None else f'{100 * busy:.0f}%'} of them busy"
+          + (" -- numbers will be noisy" if busy is not None and busy > 0.1 else ""))
 
     CRNET = "crnet: master bytes_up / receive_seconds"
     SEL = "baseline: selectors receiver"
@@ -398,6 +459,9 @@ def main() -> None:
         for mode in ("selectors", "threads", "echo"):
             base.transfer(mode)  # warm-up
         for _ in range(args.repeat):
+            foreign = ForeignCpu()
+            ours = [p.pid for p in hop.lt.procs.values()] + [p.pid for p in base.procs]
+            foreign.start(ours)
             recv, client, delta = hop.round(args.steps)
             deltas.append(delta)
             rows[CRNET].append(recv)
@@ -405,6 +469,7 @@ def main() -> None:
             rows[SEL].append(base.round("selectors", args.steps))
             rows[THR].append(base.round("threads", args.steps))
             rows[ECHO].append(base.round("echo", args.steps))
+            delta["foreign"] = foreign.stop()
     finally:
         base.stop()
         hop.stop()
@@ -433,11 +498,14 @@ def main() -> None:
     print()
     print("master counters per round (deltas over the round's steps):")
     print(f"{'round':>5}  {'bytes_up MiB':>12}  {'receive s':>9}  {'decode s':>8}  "
-          f"{'decode/receive':>14}  {'client wall s':>13}")
+          f"{'decode/receive':>14}  {'client wall s':>13}  {'others':>6}")
     for i, d in enumerate(deltas):
+        others = "?" if d["foreign"] is None else f"{100 * d['foreign']:.0f}%"
         print(f"{i:>5}  {d['bytes_up'] / MiB:>12.0f}  {d['receive_seconds']:>9.3f}  "
               f"{d['decode_seconds']:>8.3f}  {100 * d['decode_seconds'] / d['receive_seconds']:>13.0f}%  "
-              f"{d['wall_seconds']:>13.3f}")
+              f"{d['wall_seconds']:>13.3f}  {others:>6}")
+    print("others: share of all CPUs used by processes outside this benchmark during the round")
+    print("        (crnet and baselines together); anything but ~0% means that round was disturbed.")
     print("\n(GB = 1e9 bytes; every crnet result was checked against the exact sum.)")
 
 

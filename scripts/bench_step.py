@@ -109,6 +109,65 @@ def mem_available() -> int:
     return 0
 
 
+def cpu_busy(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs busy over ``seconds`` (from /proc/stat), before we start anything."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    try:
+        t0, i0 = sample()
+        time.sleep(seconds)
+        t1, i1 = sample()
+    except OSError:
+        return None
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+class ForeignCpu:
+    """How much of the machine processes other than ours used during a window.
+
+    Busy CPU time of the whole machine (/proc/stat) minus that of our own
+    processes (/proc/<pid>/stat), as a share of all CPUs: a run that overlapped
+    someone else's work shows it here. None where /proc is not available.
+    """
+
+    TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    @staticmethod
+    def _machine() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:9]]
+        except OSError:
+            return None
+        # total, busy in processes (user + nice + system: irq/softirq time, much of it
+        # our own loopback traffic, is not charged to any process, so it is left out)
+        return sum(v), v[0] + v[1] + v[2]
+
+    @staticmethod
+    def _proc(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            return 0
+        return int(fields[11]) + int(fields[12])  # utime + stime, in ticks
+
+    def start(self, pids) -> None:
+        self.pids = set(pids) | {os.getpid()}
+        self.m0 = self._machine()
+        self.p0 = {p: self._proc(p) for p in self.pids}
+
+    def stop(self, pids=()) -> float | None:
+        m1 = self._machine()
+        if self.m0 is None or m1 is None:
+            return None
+        ours = sum(self._proc(p) - self.p0.get(p, 0) for p in self.pids | set(pids))
+        total = m1[0] - self.m0[0]
+        return max(0.0, (m1[1] - self.m0[1] - ours) / max(1, total))
+
+
 # --------------------------------------------------------------------------- loopback
 def _stream_sender(port: int, nbytes: int, times: int) -> None:
     data = bytearray(nbytes)
@@ -316,13 +375,13 @@ def main() -> None:
                   f"{avail / 2**30:.1f} GiB available")
         else:
             runnable.append(elems)
-    load = os.getloadavg()[0]
+    busy = cpu_busy()
     print(f"bench_step: tree fanout {list(tree.fanout)}, stragglers {list(tree.stragglers)} "
           f"({tree.workers} workers + master), {args.samples} samples, chunk "
-          f"{chunk / MiB:g} MiB, {os.cpu_count()} CPUs, load {load:.2f}, "
-          f"MemAvailable {avail / 2**30:.1f} GiB")
-    if load > 0.5:
-        print(f"  note: the machine was not idle (1-minute load {load:.2f}); times are noisier")
+          f"{chunk / MiB:g} MiB, MemAvailable {avail / 2**30:.1f} GiB")
+    print(f"{os.cpu_count()} CPUs; before starting, other processes kept "
+          f"{'?' if busy is None else f'{100 * busy:.0f}%'} of them busy"
+          + (" -- numbers will be noisy" if busy is not None and busy > 0.1 else ""))
 
     bw_bytes = 16 * MiB if args.quick else 64 * MiB
     bandwidth = loopback_bandwidth(bw_bytes, 3 if args.quick else 5)
@@ -335,7 +394,10 @@ def main() -> None:
         bench.start()
         for elems in runnable:
             steps = args.steps or default_steps(elems)
+            foreign = ForeignCpu()
+            foreign.start(p.pid for p in bench.lt.procs.values())
             r = bench.run_size(elems, steps)
+            r["foreign"] = foreign.stop()
             results.append((elems, steps, r))
             print(f"  {fmt_size(elems):>5}: {steps} steps, median "
                   f"{1e3 * statistics.median(r['times']):.2f} ms", flush=True)
@@ -345,7 +407,7 @@ def main() -> None:
     print()
     hdr = (f"{'size':>5} {'MiB':>7} {'steps':>5} {'median ms':>10} {'min ms':>8} "
            f"{'GB/s':>6} | {'decode ms':>9} {'%':>4} {'transfer ms':>11} {'%':>4} "
-           f"{'other ms':>9} {'%':>4} | {'all links ms':>12} {'master recv ms':>14}")
+           f"{'other ms':>9} {'%':>4} | {'all links ms':>12} {'master recv ms':>14} {'others':>6}")
     print(hdr)
     print("-" * len(hdr))
     for elems, steps, r in results:
@@ -357,11 +419,12 @@ def main() -> None:
         xfer, all_links = transfer_estimate(tree, nbytes, bandwidth)
         other = med - dec - xfer
         recv = statistics.median(row["receive_seconds"] for row in r["per_step"][MASTER])
+        others = "?" if r["foreign"] is None else f"{100 * r['foreign']:.0f}%"
         print(f"{fmt_size(elems):>5} {nbytes / MiB:>7.3f} {steps:>5} {1e3 * med:>10.2f} "
               f"{1e3 * min(r['times']):>8.2f} {nbytes / med / 1e9:>6.3f} | "
               f"{1e3 * dec:>9.2f} {100 * dec / med:>3.0f}% {1e3 * xfer:>11.2f} {100 * xfer / med:>3.0f}% "
               f"{1e3 * other:>9.2f} {100 * other / med:>3.0f}% | "
-              f"{1e3 * all_links:>12.2f} {1e3 * recv:>14.2f}")
+              f"{1e3 * all_links:>12.2f} {1e3 * recv:>14.2f} {others:>6}")
     print()
     print("decode per step by layer, ms (median over steps of the layer's slowest node and of")
     print("its mean; the daemons time decode with a wall clock, so a daemon descheduled")
@@ -386,6 +449,9 @@ def main() -> None:
     print("other: the rest. all links: every link's 2 x vector bytes / loopback GB/s (context).")
     print("master recv: median of the master's receive_seconds per step (first child byte ->")
     print("             its last decode).")
+    print("others: share of all CPUs that processes outside this benchmark used while the size")
+    print("        ran (anything but ~0% means that row was disturbed; counted in clock ticks,")
+    print("        so it is rough for rows that take well under a second).")
     print("(GB = 1e9 bytes; every client's result was checked against the exact sum.)")
 
 

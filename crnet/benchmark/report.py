@@ -60,8 +60,8 @@ def auto_verdict(doc: dict) -> str | None:
     if auto["scheme"] in measured and measured_shape:
         return line + (f": measured {measured[auto['scheme']] / measured[best]:.2f}x the best crnet "
                        f"scheme that completed every step ({best})")
-    if not measured_shape:
-        return line + f": that shape was not measured (best measured: {best})"
+    if auto["scheme"] not in doc["schemes"] or not measured_shape:
+        return line + f": not measured in this run (best measured: {best})"
     return line + f": it did not complete every step (best: {best})"
 
 
