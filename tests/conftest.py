@@ -10,6 +10,18 @@ from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree
 
 
+def pytest_asyncio_loop_factories(config, item):
+    """Every async test (the client side) runs on asyncio's loop and on uvloop's, as
+    training processes may use either; the daemons themselves always run uvloop."""
+    factories = {"asyncio": asyncio.new_event_loop}
+    try:
+        import uvloop
+    except ImportError:
+        return factories
+    factories["uvloop"] = uvloop.new_event_loop
+    return factories
+
+
 @pytest.fixture
 def local_tree(tmp_path):
     """``local_tree(Tree, samples, **options)`` starts a tree; every one is stopped at teardown."""
