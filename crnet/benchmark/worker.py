@@ -26,7 +26,6 @@ import os
 import signal
 import time
 
-import numpy as np
 
 from ..client import Client
 from ..errors import CrnetError, StepFailed
