@@ -228,6 +228,7 @@ class Daemon:
             if self.ring is None:
                 return refuse(f"{self.label} is not in a ring", retry=True)
             self.ring.predecessor = link
+            link.send(MsgType.WELCOME, {"version": VERSION, "ring": True})
             return RING_SLOT
         if self.tree is None:
             return refuse(f"{self.label} has not joined the tree yet", retry=True)

@@ -57,14 +57,20 @@ class RingLinks:
         loop = asyncio.get_running_loop()
         delay = RECONNECT_BACKOFF[0]
         while not self.d.stopping.is_set():
+            outbound, conn = _Outbound(), None
             try:
                 _, conn = await loop.create_connection(
-                    lambda: Connection(_Outbound(), Limits(max_payload=0), f"ring {self.successor}"),
+                    lambda: Connection(outbound, Limits(max_payload=0), f"ring {self.successor}"),
                     host, int(port))
-            except OSError as e:
-                log.info("ring successor %s not reachable (%s); retrying", self.successor, e)
-            else:
                 conn.send(MsgType.HELLO, {"version": VERSION, "role": "ring", "rank": self.rank})
+                # Only an accepted link carries segments: one the successor refuses
+                # (it has no ring yet) would swallow them.
+                await asyncio.wait_for(outbound.accepted, 30)
+            except (OSError, asyncio.TimeoutError, RetryJoin) as e:
+                log.info("ring successor %s not ready (%s); retrying", self.successor, e)
+                if conn is not None:
+                    conn.close()
+            else:
                 self.out = conn
                 for header, payload in self._pending:
                     if header["step"] > self.d.resolved_through:
@@ -147,16 +153,23 @@ class RingLinks:
 class _Outbound:
     """Handler of a connection we only send on (the ring successor)."""
 
+    def __init__(self):
+        self.accepted = asyncio.get_running_loop().create_future()
+
     def frame_header(self, conn, msg_type, header, nbytes):
         raise ProtocolError("unexpected payload from the ring successor")
 
     def frame_received(self, conn, msg_type, header, payload):
-        if msg_type == MsgType.REFUSE:
-            log.warning("ring successor refused: %s", header.get("reason"))
+        if msg_type == MsgType.WELCOME and not self.accepted.done():
+            self.accepted.set_result(None)
+        elif msg_type == MsgType.REFUSE:
+            if not self.accepted.done():
+                self.accepted.set_exception(RetryJoin(str(header.get("reason"))))
             conn.close()
 
     def connection_lost(self, conn, exc):
-        pass
+        if not self.accepted.done():
+            self.accepted.set_exception(ConnectionResetError("the ring successor hung up"))
 
 
 class RetryJoin(Exception):
