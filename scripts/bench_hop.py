@@ -29,7 +29,9 @@ What is measured
 
 crnet and the baselines are interleaved round by round, so drift on the machine
 hits them alike; each row is the best of ``--repeat`` rounds (the median is shown
-too). Rounds start with one unmeasured warm-up step/transfer.
+too). Before the first round come three unmeasured crnet steps (until then the
+daemons are still allocating their result buffers, and on a VM those first-touch
+page faults make a step up to 2x slower) and one transfer per baseline.
 
 How to read it
 --------------
@@ -163,8 +165,8 @@ class CrnetHop:
         if err > tol:
             raise AssertionError(f"result off by {err:.3g} (tolerance {tol:.3g})")
 
-    def warm_up(self) -> None:
-        self._steps(1)
+    def warm_up(self, steps: int = 3) -> None:
+        self._steps(steps)
 
     def round(self, steps: int) -> tuple[float, float, dict]:
         """(receive GB/s, client-view GB/s, counter deltas) over ``steps`` steps."""

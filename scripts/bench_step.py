@@ -6,8 +6,10 @@ What is measured
 A ``Tree.regular(fanout, layers, stragglers)`` tree (default 3, 2, 1: 12 workers and
 the master, 13 crnetd processes) runs on 127.0.0.1 via ``crnet.launch.LocalTree``.
 Every node's training process is a blocking ``Client`` in a thread of this
-process (13 threads); for each float32 vector size (``--sizes``) they run one
-unmeasured warm-up step, then ``steps`` measured steps. In each step all threads
+process (13 threads); for each float32 vector size (``--sizes``) they run
+``--warmup`` unmeasured steps (default keep-results + 1: until then every daemon
+is still growing its ring of kept results, and on a VM first-touch page faults
+make those steps up to 3x slower), then ``steps`` measured steps. In each step all threads
 meet at a barrier, then all submit (``allreduce`` of a vector already in the shared
 input, with ``out=`` a preallocated array); the master's client submits too (its
 share is empty) and receives the result like everyone else. Sample i's gradient is
@@ -97,10 +99,10 @@ def default_steps(elems: int) -> int:
     if elems <= 256 * 1024:
         return 20
     if elems <= 1 << 20:
-        return 10
+        return 12
     if elems <= 4 << 20:
-        return 6
-    return 4
+        return 10
+    return 8
 
 
 def mem_available() -> int:
@@ -205,12 +207,13 @@ class StepBench:
                 pass
         self.lt.stop()
 
-    def run_size(self, elems: int, steps: int) -> dict:
-        """One warm-up step, then ``steps`` measured ones; returns times and counter deltas."""
+    def run_size(self, elems: int, steps: int, warmup: int = 1) -> dict:
+        """``warmup`` unmeasured steps, then ``steps`` measured ones: times and counters."""
         base = (np.arange(elems) % 13 - 6).astype(np.float32)
         names = self.names
         k = len(names)
-        total = 1 + steps
+        warmup = max(1, warmup)
+        total = warmup + steps
         first = self.step
         t_done = {n: [0.0] * total for n in names}
         counters = {n: [None] * total for n in names}  # each daemon's counters after step t
@@ -261,12 +264,12 @@ class StepBench:
             raise errors[0]
         self.step += total
         t_start = stamp.times
-        windows = [(t_start[t], max(t_done[n][t] for n in names)) for t in range(1, total)]
+        windows = [(t_start[t], max(t_done[n][t] for n in names)) for t in range(warmup, total)]
         step_times = [end - start for start, end in windows]
         # per_step[n][i]: daemon n's counter increments during measured step i
         per_step = {n: [{key: counters[n][t][key] - counters[n][t - 1][key]
                          for key in ("decode_seconds", "receive_seconds", "steps_done")}
-                        for t in range(1, total)]
+                        for t in range(warmup, total)]
                     for n in names}
         for n, rows in per_step.items():
             done = sum(row["steps_done"] for row in rows)
@@ -300,6 +303,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None,
                     help="measured steps per size (default: 30 for small .. 4 for 16M)")
     ap.add_argument("--keep-results", type=int, default=2, help="results each daemon keeps")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="unmeasured steps per size (default: keep-results + 1)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: sizes 1K and 64K, 3 steps each (well under 30 s)")
     args = ap.parse_args()
@@ -331,6 +336,7 @@ def main() -> None:
     print(f"single-stream loopback TCP: {bandwidth / 1e9:.2f} GB/s "
           f"(best of {3 if args.quick else 5} x {bw_bytes // MiB} MiB)")
 
+    warmup = args.warmup if args.warmup is not None else args.keep_results + 1
     bench = StepBench(tree, args.samples, chunk, args.keep_results)
     results = []
     try:
@@ -339,16 +345,16 @@ def main() -> None:
             steps = args.steps or default_steps(elems)
             foreign = ForeignCpu()
             foreign.start(p.pid for p in bench.lt.procs.values())
-            r = bench.run_size(elems, steps)
+            r = bench.run_size(elems, steps, warmup)
             r["foreign"] = foreign.stop()
             results.append((elems, steps, r))
-            print(f"  {fmt_size(elems):>5}: {steps} steps, median "
+            print(f"  {fmt_size(elems):>5}: {warmup} warm-up + {steps} steps, median "
                   f"{1e3 * statistics.median(r['times']):.2f} ms", flush=True)
     finally:
         bench.stop()
 
     print()
-    hdr = (f"{'size':>5} {'MiB':>7} {'steps':>5} {'median ms':>10} {'min ms':>8} "
+    hdr = (f"{'size':>5} {'MiB':>7} {'steps':>5} {'median ms':>10} {'min ms':>8} {'max ms':>8} "
            f"{'GB/s':>6} | {'decode ms':>9} {'%':>4} {'transfer ms':>11} {'%':>4} "
            f"{'other ms':>9} {'%':>4} | {'all links ms':>12} {'master recv ms':>14} {'others':>6}")
     print(hdr)
@@ -364,7 +370,7 @@ def main() -> None:
         recv = statistics.median(row["receive_seconds"] for row in r["per_step"][MASTER])
         others = "?" if r["foreign"] is None else f"{100 * r['foreign']:.0f}%"
         print(f"{fmt_size(elems):>5} {nbytes / MiB:>7.3f} {steps:>5} {1e3 * med:>10.2f} "
-              f"{1e3 * min(r['times']):>8.2f} {nbytes / med / 1e9:>6.3f} | "
+              f"{1e3 * min(r['times']):>8.2f} {1e3 * max(r['times']):>8.2f} {nbytes / med / 1e9:>6.3f} | "
               f"{1e3 * dec:>9.2f} {100 * dec / med:>3.0f}% {1e3 * xfer:>11.2f} {100 * xfer / med:>3.0f}% "
               f"{1e3 * other:>9.2f} {100 * other / med:>3.0f}% | "
               f"{1e3 * all_links:>12.2f} {1e3 * recv:>14.2f} {others:>6}")
@@ -385,7 +391,8 @@ def main() -> None:
         worst = max(critical_decode(tree, step_rows(r["per_step"], i)) for i in range(steps))
         print(f"{line} {1e3 * worst:>10.2f}")
     print()
-    print("step time: barrier -> last of all clients (master's included) holding its result.")
+    print("step time: barrier -> last of all clients (master's included) holding its result;")
+    print("           GB/s = vector bytes / median step time.")
     print("decode: median over steps of (sum over decoding layers of the slowest node's")
     print("        decode_seconds increment in that step).")
     print("transfer: 2 x vector bytes (busiest link: one vector up, one down) / loopback GB/s.")
