@@ -40,7 +40,7 @@ from .schemes.coded_reduce import ResultStep, UpStep
 from .transport import Connection, loop_name
 from .links import (MAX_CONTROL_PAYLOAD, RECONNECT_BACKOFF, RING_SLOT, ChildLink, ClientLink,
                     FatalJoinError, ParentLink, RetryJoin, RingLinks)
-from .wire import VERSION, Limits, MsgType, ProtocolError
+from .wire import VERSION, Limits, MsgType, ProtocolError, encode
 
 log = logging.getLogger("crnet.daemon")
 
@@ -118,7 +118,6 @@ class Daemon:
         self._joined_reported = -1
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: list[asyncio.Task] = []
-        self._step_started: dict[int, float] = {}
         if is_master:
             self._welcomed()
 
@@ -426,7 +425,6 @@ class Daemon:
         self._clock_step = step
         self._cancel_timer()
         loop = asyncio.get_running_loop()
-        self._step_started[step] = time.monotonic()
         self._timer = (step, loop.call_later(self.settings.timeout, self._timed_out, step))
 
     def _cancel_timer(self) -> None:
@@ -469,14 +467,16 @@ class Daemon:
         if step <= self.resolved_through:
             self._catch_up(k, step)
             return None  # a straggler's late chunk: dropped unread into scratch
-        dtype = DTYPES.get(header.get("dtype"))
-        total = header.get("total")
-        if dtype is None or not isinstance(total, int) or total < 1:
-            raise ProtocolError(f"CHUNK with bad dtype {header.get('dtype')!r} or total {total!r}")
-        up = self._up_for(step, ChunkLayout.of(total, dtype, self.chunk_bytes))
+        total, dtype_name = header.get("total"), header.get("dtype")
+        up = self.up
+        if up is None or up.step != step:  # the step's first chunk here: its layout
+            dtype = DTYPES.get(dtype_name)
+            if dtype is None or not isinstance(total, int) or total < 1:
+                raise ProtocolError(f"CHUNK with bad dtype {dtype_name!r} or total {total!r}")
+            up = self._up_for(step, ChunkLayout.of(total, dtype, self.chunk_bytes))
         if up is None or k in up.silent:
             return None
-        problem = up.layout.check(total, dtype.name, chunk, nbytes)
+        problem = up.layout.check(total, dtype_name, chunk, nbytes)
         if problem:
             log.warning("step %d: child %d: %s; ignoring it this step", step, k, problem)
             link.send(MsgType.FAIL, {"step": step, "reason": problem, "kind": "mismatch"})
@@ -576,17 +576,18 @@ class Daemon:
     def _result_chunk(self, result: ResultStep, c: int) -> None:
         """Chunk c of a step's full gradient is here: pass it on to every child."""
         result.arrived(c)
-        header = {"step": result.step, "chunk": c, "total": result.layout.total,
-                  "dtype": result.layout.dtype.name}
-        payload = result.chunk(c)
+        frame = encode(MsgType.RESULT, {"step": result.step, "chunk": c,
+                                        "total": result.layout.total,
+                                        "dtype": result.layout.dtype.name}, result.chunk(c))
         cap = max(4 * result.vector.nbytes, 64 << 20)
         for slot in self.slots if self.scheme != "rar" else ():
             if slot.link is None:
                 continue
-            if slot.link.write_buffer_size > cap:
+            if slot.link.writing_paused and slot.link.write_buffer_size > cap:
+                # Results keep coming whether or not it reads: don't hold them forever.
                 slot.link.abort(f"child stopped reading ({slot.link.write_buffer_size} bytes queued)")
                 continue
-            slot.link.send(MsgType.RESULT, header, payload)
+            slot.link.write(frame)
             if result.complete:
                 slot.sent_results.add(result.step)
         if result.complete:
@@ -595,14 +596,10 @@ class Daemon:
     def _resolved(self, result: ResultStep) -> None:
         step = result.step
         self.down.pop(step, None)
-        self.results[step] = result
-        while len(self.results) > self.settings.keep_results:
-            self.results.popitem(last=False)
+        self._keep(self.results, step, result)
         self._mark_resolved(step)
         self.stats.steps_done += 1
-        started = self._step_started.pop(step, None)
-        if started is not None:
-            log.debug("step %d done in %.1f ms", step, 1e3 * (time.monotonic() - started))
+        log.debug("step %d done", step)
         if self.client is not None:
             self.client.result_ready(step)
 
@@ -612,9 +609,7 @@ class Daemon:
             return
         log.error("step %d failed: %s", step, reason)
         self.down.pop(step, None)
-        self.failed[step] = reason
-        while len(self.failed) > self.settings.keep_results:
-            self.failed.popitem(last=False)
+        self._keep(self.failed, step, reason)
         self._mark_resolved(step)
         self.stats.steps_failed += 1
         for slot in self.slots:
@@ -624,9 +619,14 @@ class Daemon:
         if self.client is not None:
             self.client.result_ready(step)
 
+    def _keep(self, outcomes: collections.OrderedDict, step: int, outcome) -> None:
+        """Remember a step's result (or failure) for the last ``keep_results`` steps."""
+        outcomes[step] = outcome
+        while len(outcomes) > self.settings.keep_results:
+            outcomes.popitem(last=False)
+
     def _mark_resolved(self, step: int) -> None:
         self.resolved_through = max(self.resolved_through, step)
-        self._step_started.pop(step, None)
         for old in [s for s in self.down if s < step]:
             del self.down[old]  # superseded: its remaining chunks are never coming
         if self.up is not None and self.up.step <= step:

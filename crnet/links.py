@@ -267,7 +267,7 @@ class ClientLink:
         self.conn: Connection | None = None
         self.region: SharedRegion | None = None
         self.pid = None
-        self.waiting: tuple[int, int, np.dtype, bool] | None = None  # step, length, dtype, submitted
+        self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
 
     def frame_header(self, conn, msg_type, header, nbytes):
         raise ProtocolError("the client link carries no payloads")
@@ -316,7 +316,7 @@ class ClientLink:
         if self.region is None or length * dtype.itemsize > self.region.capacity:
             self.error("vector does not fit the attached shared memory", "request")
             return
-        self.waiting = (step, length, dtype, contribute)
+        self.waiting = (step, length, dtype)
         if step <= self.d.resolved_through:
             self.result_ready(step)
             return
@@ -328,7 +328,7 @@ class ClientLink:
     def result_ready(self, step: int) -> None:
         if self.waiting is None or self.waiting[0] != step:
             return
-        _, length, dtype, contributed = self.waiting
+        _, length, dtype = self.waiting
         d = self.d
         if step in d.results:
             result = d.results[step]

@@ -15,11 +15,7 @@ from .wire import FrameReader, Limits, MsgType, ProtocolError, encode
 
 log = logging.getLogger("crnet.transport")
 
-__all__ = ["Connection", "ConnectionClosed", "loop_name", "run"]
-
-
-class ConnectionClosed(ConnectionError):
-    """The peer went away (or we closed it) while something waited on it."""
+__all__ = ["Connection", "loop_name", "run"]
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -35,8 +31,10 @@ class Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.closed = asyncio.get_running_loop().create_future()
         self._reader = FrameReader(self._frame_header, self._frame_received, limits)
-        self._writable = asyncio.Event()
-        self._writable.set()
+        # The transport's buffer is over its high-water mark. crnet never blocks a
+        # sender on it (a step's buffers are bounded by design); the daemon uses it to
+        # spot a peer that stopped reading (``Daemon._result_chunk``).
+        self.writing_paused = False
 
     # -- asyncio.BufferedProtocol -------------------------------------------------
     def connection_made(self, transport):
@@ -67,7 +65,6 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc):
         if not self._reader.idle:
             log.warning("%s: connection closed mid-frame", self.label)
-        self._writable.set()
         if not self.closed.done():
             self.closed.set_result(exc)
         try:
@@ -76,10 +73,10 @@ class Connection(asyncio.BufferedProtocol):
             log.exception("%s: error in connection_lost handler", self.label)
 
     def pause_writing(self):
-        self._writable.clear()
+        self.writing_paused = True
 
     def resume_writing(self):
-        self._writable.set()
+        self.writing_paused = False
 
     # -- sending ----------------------------------------------------------------
     @property
@@ -93,18 +90,14 @@ class Connection(asyncio.BufferedProtocol):
         sends buffers that are never written again (results, decoded messages).
         Returns False if the connection is already closing.
         """
+        return self.write(encode(msg_type, header, payload))
+
+    def write(self, frame: list) -> bool:
+        """Queue a frame ``wire.encode`` made: one encoding can go to many peers."""
         if self.is_closing:
             return False
-        self.transport.writelines(encode(msg_type, header, payload))
+        self.transport.writelines(frame)
         return True
-
-    async def drain(self) -> None:
-        """Wait until the transport accepts more data (backpressure)."""
-        if self.is_closing:
-            raise ConnectionClosed(f"{self.label}: connection closed")
-        await self._writable.wait()
-        if self.is_closing:
-            raise ConnectionClosed(f"{self.label}: connection closed")
 
     @property
     def write_buffer_size(self) -> int:

@@ -10,15 +10,16 @@ from crnet.schemes.ring_allreduce import RingStep
 
 
 def test_each_chunk_decodes_from_its_own_fastest_children():
-    n, s, total = 4, 1, 10
+    n, s, total = 4, 1, 14
     code = code_for(n, s)
-    layout = ChunkLayout.of(total, np.float64, chunk_bytes=32)  # 4 elements per chunk: 3 chunks
+    layout = ChunkLayout.of(total, np.float64, chunk_bytes=32)  # 4 elements per chunk: 4 chunks
     parts = np.random.default_rng(0).standard_normal((n, total))  # g(P_j) per part
     messages = code.B @ parts
     buffers = [np.empty(total) for _ in range(n)]
     up = UpStep(7, layout, code, has_local=True, child_buffers=buffers)
     local = np.arange(total, dtype=np.float64)
-    arrival = {0: [0, 1, 2], 1: [3, 2, 1], 2: [1, 3, 0]}  # a different quorum per chunk
+    # A different quorum per chunk, and chunk 3 reusing chunk 0's.
+    arrival = {0: [0, 1, 2], 1: [3, 2, 1], 2: [1, 3, 0], 3: [0, 1, 2]}
     ready = []
     for c, order in arrival.items():
         for k in order:
@@ -26,8 +27,8 @@ def test_each_chunk_decodes_from_its_own_fastest_children():
             np.frombuffer(up.child_buffer(k, c), np.float64)[:] = messages[k, a:b]
             ready += up.child_arrived(k, c)
     assert ready == []  # nothing leaves before the local vector is in
-    assert up.local_arrived(local) == [0, 1, 2]
-    out = np.concatenate([up.decode(c) for c in range(3)])
+    assert up.local_arrived(local) == [0, 1, 2, 3]
+    out = np.concatenate([up.decode(c) for c in range(4)])
     np.testing.assert_allclose(out, local + parts.sum(axis=0), rtol=1e-12, atol=1e-12)
     assert up.complete
 

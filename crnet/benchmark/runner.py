@@ -27,7 +27,6 @@ from ..plan import Tree, plan
 from ..workload import ComputeModel
 from .presets import Preset
 
-CRNET_SCHEMES = ("cr", "gc", "tree", "rar")
 NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
 
 

@@ -37,6 +37,9 @@ class UpStep:
         self.first_byte: float | None = None   # when the first child chunk started (stats)
         self._children = child_buffers
         self._alloc = alloc
+        # Quorum -> (children, weights) with the zero coefficients dropped. Chunks of a
+        # step mostly share a quorum; the code's own cache still validates per call.
+        self._weights: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}
         self._arrived: list[list[int]] = [[] for _ in range(layout.chunks)]
         self._done = [False] * layout.chunks
         self._remaining = layout.chunks
@@ -70,9 +73,6 @@ class UpStep:
         self.local = vector
         return self._ready(range(self.layout.chunks))
 
-    def chunks_ready(self) -> list[int]:
-        return self._ready(range(self.layout.chunks))
-
     def waiting_for(self) -> str:
         """What this step still lacks, for the timeout message."""
         missing = []
@@ -90,20 +90,26 @@ class UpStep:
         self._remaining -= 1
         if self.code is None:
             return self.local[start:stop]
-        responders = self._arrived[chunk][: self.needed]
-        coeffs = self.code.decode(responders)
-        inputs = [self._children[k][start:stop] for k, a in zip(responders, coeffs) if a != 0.0]
-        weights = [float(a) for a in coeffs if a != 0.0]
-        self.used.update(k for k, a in zip(responders, coeffs) if a != 0.0)
-        if self.has_local:
-            inputs.insert(0, self.local[start:stop])
-            weights.insert(0, 1.0)
+        children, weights = self._decoder(tuple(self._arrived[chunk][: self.needed]))
+        inputs = [self._children[k][start:stop] for k in children]
+        self.used.update(children)
+        if self.has_local:  # new lists: the cached ones serve the step's other chunks
+            inputs, weights = [self.local[start:stop], *inputs], [1.0, *weights]
         if self._out is None:
             # Not last step's: the transport may still be sending it (see buffers.py).
             self._out = self._alloc(self.layout.total, self.layout.dtype)
         out = self._out[start:stop]
         coded_sum(out, weights, inputs)
         return out
+
+    def _decoder(self, responders: tuple[int, ...]) -> tuple[list[int], list[float]]:
+        found = self._weights.get(responders)
+        if found is None:
+            coeffs = self.code.decode(responders)
+            found = ([k for k, a in zip(responders, coeffs) if a != 0.0],
+                     [float(a) for a in coeffs if a != 0.0])
+            self._weights[responders] = found
+        return found
 
     @property
     def output(self) -> np.ndarray | None:
