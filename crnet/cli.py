@@ -9,7 +9,7 @@ import json
 
 import click
 
-from .plan import Tree, plan as make_plan
+from .plan import SCHEMES, Tree, plan as make_plan, scheme_tree
 
 
 class IntList(click.ParamType):
@@ -46,9 +46,6 @@ def tree_options(f):
     return f
 
 
-SCHEMES = ("cr", "gc", "rar", "tree")
-
-
 def scheme_options(f):
     """--scheme and --workers (the host count for the star-shaped schemes gc and rar)."""
     f = click.option("--workers", "-N", type=click.IntRange(min=1), default=None,
@@ -59,15 +56,8 @@ def scheme_options(f):
     return f
 
 
-def scheme_tree(scheme, workers, fanout, layers, stragglers) -> Tree:
-    """The tree a scheme joins and allocates on (``crnet.model.scheme_tree``), from options.
-
-    gc is CodedReduce on a one-layer tree (the master decodes any N-s of N), tree is
-    CodedReduce with s = 0, and rar joins as a star (the master only coordinates;
-    the data moves around the ring of workers).
-    """
-    from .model import scheme_tree as shape
-
+def tree_for_scheme(scheme, workers, fanout, layers, stragglers) -> Tree:
+    """The tree ``plan.scheme_tree`` gives for the options, or a usage error."""
     tree = None
     if scheme in ("cr", "tree") or workers is None:
         s = stragglers if scheme != "tree" else [0]
@@ -75,7 +65,7 @@ def scheme_tree(scheme, workers, fanout, layers, stragglers) -> Tree:
     if scheme == "cr" and workers is not None and workers != tree.workers:
         raise click.UsageError(f"--workers {workers} but the cr tree has {tree.workers} workers")
     try:
-        return shape(scheme, tree=tree, workers=workers, stragglers=stragglers[0])
+        return scheme_tree(scheme, tree=tree, workers=workers, stragglers=stragglers[0])
     except ValueError as e:
         raise click.UsageError(str(e)) from None
 
@@ -258,7 +248,7 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
     """Train logistic regression on a local tree of real crnetd processes, with stragglers."""
     from .demo import DemoConfig, run_demo
 
-    tree = scheme_tree(scheme, workers, fanout, layers, stragglers)
+    tree = tree_for_scheme(scheme, workers, fanout, layers, stragglers)
     cfg = DemoConfig(fanout=tree.fanout, stragglers=tree.stragglers, scheme=scheme, steps=steps,
                      samples=samples,
                      features=features, straggle_prob=straggle_prob,
@@ -421,7 +411,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
             raise click.UsageError("--role master needs --listen and --samples")
         if parent is not None or name is not None:
             raise click.UsageError("--parent and --name are for --role node")
-        tree = scheme_tree(scheme, workers, fanout, layers, stragglers)
+        tree = tree_for_scheme(scheme, workers, fanout, layers, stragglers)
     else:
         if parent is None:
             raise click.UsageError("--role node needs --parent HOST:PORT")
@@ -445,7 +435,7 @@ main.add_command(crnetd, name="daemon")
 
 
 @main.command("model")
-@click.option("--scheme", type=click.Choice(["all", "cr", "gc", "tree", "rar"]), default="all",
+@click.option("--scheme", type=click.Choice(["all", *SCHEMES]), default="all",
               show_default=True,
               help="all: cr on the tree, gc on its N workers with layer 1's s, tree, rar.")
 @click.option("--workers", "-N", type=click.IntRange(min=1), default=None,

@@ -36,7 +36,7 @@ class DemoConfig:
     lr: float = 1.0
     seed: int = 0
     timeout: float = 30.0
-    scheme: str = "cr"          # the join tree above is already the scheme's (see cli.scheme_tree)
+    scheme: str = "cr"          # the join tree above is already the scheme's (see plan.scheme_tree)
 
 
 def synthetic_data(samples: int, features: int, seed: int):

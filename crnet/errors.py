@@ -1,14 +1,58 @@
-"""Exceptions a training process sees; each says what went wrong and what to do."""
+"""crnet's one error tree: every error crnet raises is a ``CrnetError``.
+
+::
+
+    CrnetError
+    +-- ProtocolError       a peer sent something that is not a valid crnet message
+    +-- JoinRefused         a parent would not take this node (``retry``: try again later)
+    +-- DaemonNotRunning    no crnetd on the client socket, or it went away (ConnectionError)
+    +-- DaemonBusy          another training process holds this daemon
+    +-- RequestRejected     the daemon refused a malformed request or shared memory
+    +-- StepFailed          the tree could not complete a step; the same on every client
+    +-- StepLost            the daemon no longer holds the result of a step this process missed
+    +-- MismatchError       this process's vector differs from the tree's (ValueError)
+    +-- CrnetTimeout        no answer within the caller's timeout (TimeoutError)
+
+A daemon tells its training process which one with an ``ErrorKind`` in its ERROR
+message; ``ErrorKind.exception`` turns that back into the exception.
+"""
 
 from __future__ import annotations
+
+import enum
 
 
 class CrnetError(Exception):
     """Base class of crnet's errors."""
 
 
+class ProtocolError(CrnetError):
+    """The peer sent something that is not a valid crnet frame or message.
+
+    The connection it came on is closed; the daemon keeps serving everyone else.
+    """
+
+
+class JoinRefused(CrnetError):
+    """The parent refused this node: for good (wrong tree, no free slot, a leaf), or
+    for now (``retry``: the parent has not joined yet, the slot is still held)."""
+
+    def __init__(self, reason: str, retry: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry = retry
+
+
 class DaemonNotRunning(CrnetError, ConnectionError):
     """No crnetd answers on the client socket (or it went away)."""
+
+
+class DaemonBusy(CrnetError):
+    """Another training process is attached to this daemon."""
+
+
+class RequestRejected(CrnetError):
+    """The daemon refused a request: malformed, or shared memory it could not map."""
 
 
 class StepFailed(CrnetError):
@@ -24,9 +68,36 @@ class StepFailed(CrnetError):
         self.reason = reason
 
 
+class StepLost(CrnetError):
+    """The result of a step this process fell behind on is no longer held by its daemon."""
+
+
 class MismatchError(CrnetError, ValueError):
     """This process's vector does not match the rest of the tree (length or dtype)."""
 
 
-class StepLost(CrnetError):
-    """The result of a step this process fell behind on is no longer held by its daemon."""
+class CrnetTimeout(CrnetError, TimeoutError):
+    """No answer from crnetd within the timeout the caller gave."""
+
+
+class ErrorKind(str, enum.Enum):
+    """Why a daemon answered a training process's request with ERROR (on the wire: the value)."""
+
+    FAILED = "failed"        # StepFailed
+    LOST = "lost"            # StepLost
+    MISMATCH = "mismatch"    # MismatchError
+    BUSY = "busy"            # DaemonBusy
+    REQUEST = "request"      # RequestRejected: a malformed request
+    SHM = "shm"              # RequestRejected: shared memory the daemon cannot map
+
+    def exception(self, reason: str, step: int | None = None) -> CrnetError:
+        """The exception a training process raises for this kind of ERROR."""
+        if self is ErrorKind.FAILED:
+            return StepFailed(-1 if step is None else step, reason)
+        if self is ErrorKind.LOST:
+            return StepLost(reason)
+        if self is ErrorKind.MISMATCH:
+            return MismatchError(reason)
+        if self is ErrorKind.BUSY:
+            return DaemonBusy(reason)
+        return RequestRejected(reason)

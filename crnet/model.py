@@ -79,7 +79,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import Tree, plan
+from .plan import SCHEMES, Tree, plan, scheme_tree
 from .workload import ComputeModel
 
 __all__ = [
@@ -98,7 +98,6 @@ __all__ = [
     "worker_loads",
 ]
 
-SCHEMES = ("cr", "gc", "tree", "rar")
 
 
 def step_times(
@@ -276,29 +275,6 @@ def summary(times: np.ndarray) -> dict[str, float]:
     times = np.asarray(times, dtype=np.float64)
     return {"mean": float(times.mean()), "p50": float(np.percentile(times, 50)),
             "p95": float(np.percentile(times, 95))}
-
-
-def scheme_tree(scheme: str, *, tree: Tree | None = None, workers: int | None = None,
-                stragglers: int = 0) -> Tree:
-    """The tree a scheme runs on (``rar``: its N workers as a one-layer tree without stragglers)."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
-    if scheme in ("cr", "tree"):
-        if tree is None:
-            raise ValueError(f"scheme {scheme} needs a tree")
-        return tree if scheme == "cr" else Tree(tree.fanout, (0,) * tree.layers)
-    if workers is None:
-        if tree is None:
-            raise ValueError(f"scheme {scheme} needs workers (or a tree to take N from)")
-        workers = tree.workers
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if scheme == "rar":
-        return Tree((workers,), (0,))
-    if not 0 <= stragglers < workers:
-        raise ValueError(f"gc: stragglers must be in 0..{workers - 1} for {workers} workers, "
-                         f"got {stragglers}")
-    return Tree((workers,), (stragglers,))
 
 
 def worker_loads(tree: Tree, samples: int) -> np.ndarray:

@@ -25,13 +25,18 @@ WeightedRange = tuple[int, int, float]
 __all__ = [
     "Assignment",
     "Plan",
+    "SCHEMES",
     "Tree",
     "WeightedRange",
     "optimal_load",
     "plan",
     "plan_gc",
     "plan_uncoded",
+    "scheme_tree",
 ]
+
+# Aggregation schemes crnetd runs (``crnet.schemes`` has their drivers).
+SCHEMES = ("cr", "gc", "tree", "rar")
 
 
 @dataclass(frozen=True)
@@ -346,3 +351,32 @@ def _merge(ranges: Sequence[WeightedRange]) -> list[WeightedRange]:
         else:
             out.append((start, stop, weight))
     return out
+
+
+def scheme_tree(scheme: str, *, tree: Tree | None = None, workers: int | None = None,
+                stragglers: int = 0) -> Tree:
+    """The tree a scheme joins and allocates on.
+
+    ``cr`` runs on ``tree``; ``tree`` is CodedReduce on the same shape with s = 0;
+    ``gc`` is CodedReduce on a one-layer tree (the master decodes any N-s of N);
+    ``rar`` joins as a star without stragglers (the master only coordinates, the
+    data moves around the ring of workers).
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    if scheme in ("cr", "tree"):
+        if tree is None:
+            raise ValueError(f"scheme {scheme} needs a tree")
+        return tree if scheme == "cr" else Tree(tree.fanout, (0,) * tree.layers)
+    if workers is None:
+        if tree is None:
+            raise ValueError(f"scheme {scheme} needs workers (or a tree to take N from)")
+        workers = tree.workers
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if scheme == "rar":
+        return Tree((workers,), (0,))
+    if not 0 <= stragglers < workers:
+        raise ValueError(f"gc: stragglers must be in 0..{workers - 1} for {workers} workers, "
+                         f"got {stragglers}")
+    return Tree((workers,), (stragglers,))

@@ -23,15 +23,13 @@ from dataclasses import dataclass
 
 import msgpack
 
+from .errors import ProtocolError
+
 MAGIC = b"CRNT"
 VERSION = 1
 PREFIX = struct.Struct("!4sBBIQ")
 
-__all__ = ["Limits", "MsgType", "ProtocolError", "FrameReader", "encode", "PREFIX", "VERSION"]
-
-
-class ProtocolError(Exception):
-    """The peer sent something that is not a valid crnet frame; close its connection."""
+__all__ = ["Limits", "MsgType", "FrameReader", "encode", "PREFIX", "VERSION"]
 
 
 class MsgType(enum.IntEnum):

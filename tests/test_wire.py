@@ -6,7 +6,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from crnet.wire import PREFIX, FrameReader, Limits, MsgType, ProtocolError, encode
+from crnet.errors import ProtocolError
+from crnet.wire import PREFIX, FrameReader, Limits, MsgType, encode
 
 
 class Sink:

@@ -1,0 +1,21 @@
+"""Defaults shared by crnetd, the client, the launcher and the CLI: one place each.
+
+Change a default here and every user of it follows; the CLI shows these values
+in ``--help``.
+"""
+
+from __future__ import annotations
+
+CHUNK_BYTES = 1 << 20              # the pipelining unit; the whole tree uses the master's
+TIMEOUT = 30.0                     # seconds a step may wait for its quorum at one node
+KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for stragglers
+CLIENT_SOCKET = "/run/crnet/client.sock"
+CLIENT_CONNECT_TIMEOUT = 120.0     # a training process waits this long for the tree's assignment
+RECONNECT_BACKOFF = (0.1, 2.0)     # first and longest pause between attempts to reach a peer
+SHUTDOWN_GRACE = 5.0               # seconds an orderly shutdown may take before it is cut short
+# Control payloads (ASSIGN) are small next to gradients; cap what a peer can make us hold.
+MAX_CONTROL_PAYLOAD = 64 << 20
+# A child that stops reading is cut off once this much is queued for it and more than
+# SEND_QUEUE_VECTORS of the step's vectors (results keep coming whether or not it reads).
+SEND_QUEUE_BYTES = 64 << 20
+SEND_QUEUE_VECTORS = 4
