@@ -1,16 +1,21 @@
 """crnet: CodedReduce gradient aggregation (Reisizadeh et al., IEEE/ACM ToN 2021).
 
 The math (``codes``, ``plan``) is pure; the kernels (``kernels``) do the coded sums;
-``daemon`` and ``client`` move the bytes.
+``schemes`` say what a node does with a step's vectors; ``node`` is crnetd, which
+moves the bytes; ``client`` is the training process's API.
 """
 
 __version__ = "0.1.0"
 
 from .client import Assignment, AsyncClient, Client  # noqa: E402
 from .batches import BatchSampler  # noqa: E402
-from .errors import CrnetError, DaemonNotRunning, MismatchError, StepFailed, StepLost  # noqa: E402
+from .errors import (  # noqa: E402
+    CrnetError, CrnetTimeout, DaemonBusy, DaemonNotRunning, MismatchError, ProtocolError,
+    RequestRejected, StepFailed, StepLost,
+)
 
 __all__ = [
-    "Assignment", "AsyncClient", "BatchSampler", "Client", "CrnetError", "DaemonNotRunning", "MismatchError",
+    "Assignment", "AsyncClient", "BatchSampler", "Client", "CrnetError", "CrnetTimeout",
+    "DaemonBusy", "DaemonNotRunning", "MismatchError", "ProtocolError", "RequestRejected",
     "StepFailed", "StepLost", "__version__",
 ]

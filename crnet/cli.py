@@ -9,7 +9,9 @@ import json
 
 import click
 
+from . import defaults
 from .plan import SCHEMES, Tree, plan as make_plan, scheme_tree
+from .units import parse_bandwidth, parse_bytes, parse_seconds
 
 
 class IntList(click.ParamType):
@@ -116,8 +118,6 @@ class ComputeSpec(click.ParamType):
 
 def model_options(f):
     """The run-time model's inputs (``crnet.model``): ``crnet model`` and ``crnet plan --auto``."""
-    from .units import parse_bandwidth, parse_bytes, parse_seconds
-
     size = UnitValue("SIZE", parse_bytes)
     options = [
         click.option("--vector-bytes", type=size, default="4MB", show_default=True,
@@ -384,16 +384,25 @@ class Address(click.ParamType):
               show_default=True, help="Master: gradient code at every parent.")
 @click.option("--client-socket", type=click.Path(dir_okay=False), default=None,
               help="Unix socket for the local training process.")
-@click.option("--chunk-bytes", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
-              help="Pipelining unit (master; the tree uses the master's).")
-@click.option("--timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True,
+@click.option("--chunk-bytes", type=click.IntRange(min=1024), default=defaults.CHUNK_BYTES,
+              show_default=True, help="Pipelining unit (master; the tree uses the master's).")
+@click.option("--timeout", type=click.FloatRange(min=0.01), default=defaults.TIMEOUT,
+              show_default=True,
               help="Seconds a step may wait for its quorum at a node before it fails there.")
-@click.option("--keep-results", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--keep-results", type=click.IntRange(min=1), default=defaults.KEEP_RESULTS,
+              show_default=True,
               help="Finished steps' results kept for training processes that fell behind.")
+@click.option("--max-send-queue", type=UnitValue("SIZE", parse_bytes), default=None,
+              help="Cut off a child that stopped reading once this much is queued for it "
+                   "(default: the larger of 64MiB and 4 vectors).")
+@click.option("--strict", is_flag=True,
+              help="Exit with code 70 on any internal error instead of dropping the "
+                   "connection it happened on (the tests run this way).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
-           code_kind, client_socket, chunk_bytes, timeout, keep_results, log_level):
+           code_kind, client_socket, chunk_bytes, timeout, keep_results, max_send_queue, strict,
+           log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -404,7 +413,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
     """
     import logging
 
-    from .daemon import Settings, run_daemon
+    from .node import Settings, run_node
 
     if role == "master":
         if listen is None or samples is None:
@@ -420,9 +429,11 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
                         format="%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s")
     settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
                         samples=samples, code_kind=code_kind, chunk_bytes=chunk_bytes,
-                        client_socket=client_socket, timeout=timeout, keep_results=keep_results)
+                        client_socket=client_socket, timeout=timeout, keep_results=keep_results,
+                        send_queue_bytes=None if max_send_queue is None else int(max_send_queue),
+                        strict=strict)
     try:
-        code = run_daemon(settings)
+        code = run_node(settings)
     except OSError as e:
         raise click.ClickException(f"cannot start: {e}") from None
     raise SystemExit(code)

@@ -21,15 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CrnetError, DaemonNotRunning, MismatchError, StepFailed, StepLost
+from . import defaults
+from .errors import CrnetTimeout, DaemonNotRunning, ProtocolError
+from .messages import (Attach, Attached, ClientError, ClientHello, ClientWelcome, Done, Fetch,
+                       Message, StatsReply, StatsRequest, Submit)
 from .schemes.chunks import DTYPES
 from .shm import SharedRegion
 from .transport import Connection
-from .wire import VERSION, Limits, MsgType
+from .wire import Limits
 
-__all__ = ["Assignment", "AsyncClient", "Client", "DEFAULT_SOCKET"]
-
-DEFAULT_SOCKET = "/run/crnet/client.sock"
+__all__ = ["Assignment", "AsyncClient", "Client"]
 
 
 @dataclass(frozen=True)
@@ -66,19 +67,7 @@ class Assignment:
 
 
 def _socket_path(path) -> str:
-    return str(path or os.environ.get("CRNET_CLIENT_SOCKET") or DEFAULT_SOCKET)
-
-
-def raise_error(header: dict):
-    """The exception a daemon's ERROR reply stands for."""
-    kind, reason, step = header.get("kind"), str(header.get("reason")), header.get("step")
-    if kind == "failed":
-        raise StepFailed(step, reason)
-    if kind == "mismatch":
-        raise MismatchError(reason)
-    if kind == "lost":
-        raise StepLost(reason)
-    raise CrnetError(reason)
+    return str(path or os.environ.get("CRNET_CLIENT_SOCKET") or defaults.CLIENT_SOCKET)
 
 
 class AsyncClient:
@@ -94,10 +83,11 @@ class AsyncClient:
         self._tree_step = -1
         self._region: SharedRegion | None = None
         self._conn: Connection | None = None
-        self._frames: asyncio.Queue = asyncio.Queue()
+        self._messages: asyncio.Queue[Message | None] = asyncio.Queue()
 
     @classmethod
-    async def connect(cls, socket_path=None, timeout: float | None = 120.0) -> AsyncClient:
+    async def connect(cls, socket_path=None,
+                      timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT) -> AsyncClient:
         self = cls(_socket_path(socket_path))
         loop = asyncio.get_running_loop()
         try:
@@ -106,12 +96,10 @@ class AsyncClient:
         except OSError as e:
             raise DaemonNotRunning(f"no crnetd at {self.path}: {e.strerror or e}") from None
         try:
-            self._conn.send(MsgType.HELLO, {"version": VERSION, "role": "client", "pid": os.getpid()})
-            msg_type, header = await self._recv(timeout, "the tree's assignment")
-            if msg_type == MsgType.ERROR:
-                raise_error(header)
-            self.assignment = Assignment.from_wire(header["assignment"])
-            self._tree_step = header.get("tree_step", -1)
+            self._conn.send(ClientHello(os.getpid()))
+            welcome = await self._reply(ClientWelcome, timeout, "the tree's assignment")
+            self.assignment = Assignment.from_wire(welcome.assignment)
+            self._tree_step = welcome.tree_step
         except BaseException:
             self.close()
             raise
@@ -145,22 +133,24 @@ class AsyncClient:
         staged = self._region.input(vec.dtype, vec.size)
         if not np.shares_memory(staged, vec):
             np.copyto(staged, vec)
-        return await self._request(MsgType.SUBMIT, step, vec, out, timeout)
+        return await self._request(Submit, step, vec, out, timeout)
 
     async def result(self, step: int, like, out: np.ndarray | None = None,
                      timeout: float | None = None) -> np.ndarray:
         """A step's full gradient without contributing (``like`` gives length and dtype)."""
         like = np.asarray(like).reshape(-1)
         await self._ensure(like.nbytes)
-        return await self._request(MsgType.FETCH, step, like, out, timeout)
+        return await self._request(Fetch, step, like, out, timeout)
 
     async def stats(self) -> dict:
-        """The daemon's counters (steps done and failed, children skipped, bytes, times)."""
-        self._conn.send(MsgType.STATS, {})
-        while True:
-            msg_type, header = await self._recv(10.0, "stats")
-            if msg_type == MsgType.STATS:
-                return header
+        """The daemon's counters (``stats``: steps done and failed, children skipped, bytes,
+        times) and where it stands (``name``, join ``state``, ``resolved_through``,
+        ``open_steps``, and which ``links`` are up)."""
+        self._conn.send(StatsRequest())
+        reply = await self._reply(StatsReply, 10.0, "stats")
+        return {"stats": reply.stats, "name": reply.name, "state": reply.state,
+                "resolved_through": reply.resolved_through, "open_steps": list(reply.open_steps),
+                "links": reply.links}
 
     def close(self) -> None:
         if self._conn is not None:
@@ -172,22 +162,18 @@ class AsyncClient:
     async def __aexit__(self, *exc):
         self.close()
 
-    async def _request(self, msg_type, step, like, out, timeout) -> np.ndarray:
-        self._conn.send(msg_type, {"step": step, "length": like.size, "dtype": like.dtype.name})
+    async def _request(self, kind, step, like, out, timeout) -> np.ndarray:
+        self._conn.send(kind(step, like.size, like.dtype.name))
         while True:
-            reply, header = await self._recv(timeout, f"step {step}")
-            if header.get("step") not in (None, step):
-                continue  # a late reply for a step we gave up waiting on
-            if reply == MsgType.ERROR:
-                raise_error(header)
-            if reply != MsgType.DONE:
-                raise CrnetError(f"unexpected {reply.name} from the daemon")
-            self._tree_step = max(self._tree_step, header.get("tree_step", -1))
-            result = self._region.output(like.dtype, like.size)
-            if out is None:
-                return result.copy()
-            np.copyto(out.reshape(-1), result)
-            return out
+            done = await self._reply(Done, timeout, f"step {step}")
+            if done.step == step:
+                break  # else: a late reply for a step we gave up waiting on
+        self._tree_step = max(self._tree_step, done.tree_step)
+        result = self._region.output(like.dtype, like.size)
+        if out is None:
+            return result.copy()
+        np.copyto(out.reshape(-1), result)
+        return out
 
     async def _ensure(self, nbytes: int) -> None:
         """Shared memory of at least ``nbytes`` per half, mapped by the daemon."""
@@ -195,36 +181,36 @@ class AsyncClient:
             return
         region = SharedRegion.create(max(nbytes, 1 << 16))
         try:
-            self._conn.send(MsgType.ATTACH, {"path": region.path, "capacity": region.capacity})
-            while True:
-                msg_type, header = await self._recv(30.0, "shared memory")
-                if msg_type == MsgType.ERROR:
-                    raise_error(header)
-                if msg_type == MsgType.DONE and header.get("attached"):
-                    break
+            self._conn.send(Attach(region.path, region.capacity))
+            await self._reply(Attached, 30.0, "shared memory")
         finally:
             region.unlink()  # both sides have it mapped: nothing to leak if either dies
         self._region = region
 
-    async def _recv(self, timeout, what):
+    async def _reply(self, kind: type[Message], timeout, what):
+        """The daemon's next message, which must be a ``kind``; an ERROR raises its exception."""
         try:
-            item = await asyncio.wait_for(self._frames.get(), timeout)
+            msg = await asyncio.wait_for(self._messages.get(), timeout)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"no answer from crnetd for {what} within {timeout} s") from None
-        if item is None:
-            self._frames.put_nowait(None)  # every later call fails the same way
+            raise CrnetTimeout(f"no answer from crnetd for {what} within {timeout} s") from None
+        if msg is None:
+            self._messages.put_nowait(None)  # every later call fails the same way
             raise DaemonNotRunning(f"crnetd at {self.path} closed the connection")
-        return item
+        if isinstance(msg, ClientError):
+            raise msg.kind.exception(msg.reason, msg.step)
+        if not isinstance(msg, kind):
+            raise ProtocolError(f"crnetd answered {msg.TYPE.name} to a request for {what}")
+        return msg
 
-    # -- Connection handler --------------------------------------------------------
-    def frame_header(self, conn, msg_type, header, nbytes):
-        raise CrnetError(f"unexpected payload on {msg_type.name}")
+    # -- transport.Handler ---------------------------------------------------------
+    def payload_dest(self, conn, msg, nbytes):
+        raise ProtocolError(f"unexpected payload on {msg.TYPE.name} from crnetd")
 
-    def frame_received(self, conn, msg_type, header, payload):
-        self._frames.put_nowait((msg_type, header))
+    def received(self, conn, msg, payload):
+        self._messages.put_nowait(msg)
 
-    def connection_lost(self, conn, exc):
-        self._frames.put_nowait(None)
+    def lost(self, conn, exc):
+        self._messages.put_nowait(None)
 
 
 class Client:
@@ -234,7 +220,8 @@ class Client:
     from inside a running event loop (use ``AsyncClient`` there).
     """
 
-    def __init__(self, socket_path: str | os.PathLike | None = None, timeout: float | None = 120.0):
+    def __init__(self, socket_path: str | os.PathLike | None = None,
+                 timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT):
         """Connect and wait (up to ``timeout``) until the tree has assigned this host its data."""
         self._loop = asyncio.new_event_loop()
         try:

@@ -45,7 +45,7 @@ class LocalTree:
                  timeout: float = 30.0, chunk_bytes: int = 1 << 20, code_kind: str = "auto",
                  log_level: str = "info", keep_results: int = 4, scheme: str = "cr",
                  addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
-                 port: int = 7070):
+                 port: int = 7070, strict: bool = False, send_queue_bytes: int | None = None):
         self.tree = tree
         self.scheme = scheme
         self.samples = samples
@@ -59,13 +59,17 @@ class LocalTree:
         # fixed port), or 127.0.0.1 for all (then each listener needs its own port).
         self.addresses = addresses or {name: "127.0.0.1" for name in tree.names()}
         self.spawn = spawn
-        self.options = {"--timeout": timeout, "--log-level": log_level,
-                        "--keep-results": keep_results}
+        self.options: dict[str, object] = {"--timeout": timeout, "--log-level": log_level,
+                                           "--keep-results": keep_results}
+        if send_queue_bytes is not None:
+            self.options["--max-send-queue"] = send_queue_bytes
+        self.strict = strict
         self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind, "--scheme": scheme}
         # Parents listen for children; in a ring every worker listens for its predecessor.
         self.ports = {name: port if addresses else free_port() for name in tree.names()
                       if tree.children(name) or scheme == "rar"}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.killed: set[str] = set()   # daemons stopped on purpose (signal()): any exit code
 
     @staticmethod
     def filename(name: str) -> str:
@@ -94,6 +98,8 @@ class LocalTree:
             cmd += ["--listen", f"{self.addresses[name]}:{self.ports[name]}"]
         for k, v in self.options.items():
             cmd += [k, str(v)]
+        if self.strict:
+            cmd.append("--strict")
         return cmd
 
     def start_node(self, name: str) -> subprocess.Popen:
@@ -108,6 +114,7 @@ class LocalTree:
             start_new_session=True))
         log.close()
         self.procs[name] = proc
+        self.killed.discard(name)
         return proc
 
     def start(self, wait: float = 30.0) -> LocalTree:
@@ -134,6 +141,8 @@ class LocalTree:
                 time.sleep(0.02)
 
     def signal(self, name: str, sig: int = signal.SIGKILL) -> None:
+        if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            self.killed.add(name)
         proc = self.procs[name]
         if proc.poll() is None:
             os.kill(proc.pid, sig)
@@ -164,6 +173,20 @@ class LocalTree:
             self._tmp.cleanup()
             self._tmp = None
         return codes
+
+    def problems(self) -> list[str]:
+        """What went wrong inside the daemons: a non-zero exit (other than the ones
+        ``signal`` stopped on purpose) or a traceback in a log. Call after ``stop``."""
+        found = []
+        for name, proc in self.procs.items():
+            label = self.filename(name)
+            if proc.returncode not in (0, None) and name not in self.killed:
+                found.append(f"crnetd {label} exited with {proc.returncode}")
+            log = self.log_path(name)
+            if log.exists() and "Traceback" in log.read_text(errors="replace"):
+                found.append(f"crnetd {label} logged a traceback:\n"
+                             + log.read_text(errors="replace")[-3000:])
+        return found
 
     def __enter__(self):
         return self.start()

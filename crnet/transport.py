@@ -1,8 +1,17 @@
-"""One connection as a BufferedProtocol: frames in (zero-copy), frames out (writelines).
+"""One connection as a BufferedProtocol: typed messages in (payloads zero-copy), frames out.
 
-The protocol owns no policy: a ``handler`` (the daemon's ChildLink, ParentLink,
-ClientLink, or the client library) says where each payload goes and what a frame
-means. A malformed frame closes this connection only, and the reason is logged.
+The protocol owns no policy. Bytes go through ``wire.FrameReader``; each frame's
+header becomes a typed message (``crnet.messages.parse``); a ``Handler`` (the
+daemon's links, or the client library) says where a payload goes and what a
+message means. Sending is ``transport.writelines`` of the frame's parts, so a
+gradient is never copied on its way out.
+
+A message that is not valid closes this connection only (``ProtocolError``, logged
+as a warning). Any other exception out of a handler is a bug in crnet: the
+connection is aborted and the event loop's exception handler is told, which in
+crnetd logs the traceback and, in strict mode (``CRNET_STRICT=1``, the tests), stops
+the daemon with a non-zero exit code, so a broken handler cannot hide behind a
+straggler.
 """
 
 from __future__ import annotations
@@ -10,30 +19,44 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from typing import Protocol
 
-from .wire import FrameReader, Limits, MsgType, ProtocolError, encode
+from .errors import ProtocolError
+from .messages import Message, parse
+from .wire import FrameReader, Limits, MsgType
 
 log = logging.getLogger("crnet.transport")
 
-__all__ = ["Connection", "loop_name", "run"]
+__all__ = ["Connection", "Handler", "loop_name", "run"]
+
+
+class Handler(Protocol):
+    """What a Connection asks of its owner."""
+
+    def payload_dest(self, conn: Connection, msg: Message, nbytes: int) -> memoryview | None:
+        """Where ``msg``'s payload of ``nbytes`` goes (exactly that many bytes), or None
+        to read and drop it (then ``received`` is not called for it)."""
+
+    def received(self, conn: Connection, msg: Message, payload: memoryview | None) -> None:
+        """A whole message; ``payload`` is the view ``payload_dest`` returned."""
+
+    def lost(self, conn: Connection, exc: Exception | None) -> None:
+        """The connection is closed (by either side)."""
 
 
 class Connection(asyncio.BufferedProtocol):
-    """Frames over one stream transport (TCP or Unix).
+    """Frames over one stream transport (TCP or Unix)."""
 
-    ``handler`` provides ``frame_header(conn, type, header, nbytes) -> memoryview|None``,
-    ``frame_received(conn, type, header, payload)`` and ``connection_lost(conn, exc)``.
-    """
-
-    def __init__(self, handler, limits: Limits = Limits(), label: str = "peer"):
+    def __init__(self, handler: Handler, limits: Limits = Limits(), label: str = "peer"):
         self.handler = handler
         self.label = label
         self.transport: asyncio.Transport | None = None
-        self.closed = asyncio.get_running_loop().create_future()
+        self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         self._reader = FrameReader(self._frame_header, self._frame_received, limits)
+        self._msg: Message | None = None     # the message whose payload is being received
         # The transport's buffer is over its high-water mark. crnet never blocks a
-        # sender on it (a step's buffers are bounded by design); the daemon uses it to
-        # spot a peer that stopped reading (``Daemon._result_chunk``).
+        # sender on it (a step's buffers are bounded by design); the step engine uses
+        # it to spot a child that stopped reading.
         self.writing_paused = False
 
     # -- asyncio.BufferedProtocol -------------------------------------------------
@@ -55,9 +78,11 @@ class Connection(asyncio.BufferedProtocol):
             self._reader.buffer_updated(nbytes)
         except ProtocolError as e:
             self.abort(f"protocol error: {e}")
-        except Exception:  # a handler bug must not take the event loop down with it
-            log.exception("%s: error handling a frame; closing the connection", self.label)
-            self.abort("internal error")
+        except Exception as e:  # a bug in a handler: don't take the event loop down with it
+            self.abort(f"internal error: {type(e).__name__}: {e}")
+            asyncio.get_running_loop().call_exception_handler({
+                "message": f"{self.label}: error handling a frame", "exception": e,
+                "protocol": self})
 
     def eof_received(self):
         return False  # close our side too
@@ -68,9 +93,11 @@ class Connection(asyncio.BufferedProtocol):
         if not self.closed.done():
             self.closed.set_result(exc)
         try:
-            self.handler.connection_lost(self, exc)
-        except Exception:
-            log.exception("%s: error in connection_lost handler", self.label)
+            self.handler.lost(self, exc)
+        except Exception as e:
+            asyncio.get_running_loop().call_exception_handler({
+                "message": f"{self.label}: error in the connection-lost handler",
+                "exception": e, "protocol": self})
 
     def pause_writing(self):
         self.writing_paused = True
@@ -83,18 +110,18 @@ class Connection(asyncio.BufferedProtocol):
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()
 
-    def send(self, msg_type: MsgType, header: dict, payload=None) -> bool:
-        """Queue one frame; the payload buffer is referenced, not copied.
+    def send(self, msg: Message, payload=None) -> bool:
+        """Queue one message; the payload buffer is referenced, not copied.
 
         The caller must not modify the payload's memory until it is sent: crnet only
         sends buffers that are never written again (results, decoded messages).
         Returns False if the connection is already closing.
         """
-        return self.write(encode(msg_type, header, payload))
+        return self.write(msg.frame(payload))
 
     def write(self, frame: list) -> bool:
-        """Queue a frame ``wire.encode`` made: one encoding can go to many peers."""
-        if self.is_closing:
+        """Queue a frame ``Message.frame`` made: one encoding can go to many peers."""
+        if self.transport is None or self.transport.is_closing():
             return False
         self.transport.writelines(frame)
         return True
@@ -113,11 +140,16 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.abort()
 
     # -- reader callbacks -------------------------------------------------------
-    def _frame_header(self, msg_type, header, nbytes):
-        return self.handler.frame_header(self, msg_type, header, nbytes)
+    def _frame_header(self, msg_type: MsgType, header: dict, nbytes: int):
+        self._msg = msg = parse(msg_type, header, nbytes)
+        return self.handler.payload_dest(self, msg, nbytes)
 
-    def _frame_received(self, msg_type, header, payload):
-        self.handler.frame_received(self, msg_type, header, payload)
+    def _frame_received(self, msg_type: MsgType, header: dict, payload):
+        msg, self._msg = self._msg, None
+        if payload is None:  # no payload: _frame_header was not called for this frame
+            msg = parse(msg_type, header, 0)
+        assert msg is not None
+        self.handler.received(self, msg, payload)
 
 
 def _format_peer(peer) -> str:

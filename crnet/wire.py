@@ -26,29 +26,39 @@ import msgpack
 from .errors import ProtocolError
 
 MAGIC = b"CRNT"
-VERSION = 1
+VERSION = 2
 PREFIX = struct.Struct("!4sBBIQ")
 
 __all__ = ["Limits", "MsgType", "FrameReader", "encode", "PREFIX", "VERSION"]
 
 
 class MsgType(enum.IntEnum):
-    # Tree links (TCP).
-    HELLO = 1       # first frame both ways: version, role, name
-    WELCOME = 2     # parent -> child: your name, layer, the tree and settings
-    REFUSE = 3      # parent -> child: why you can't join; then close
-    JOINED = 4      # child -> parent: my whole subtree has joined
-    ASSIGN = 5      # parent -> child: payload = msgpack of the subtree's assignments
-    CHUNK = 6       # child -> parent: a coded chunk of my message for a step
-    RESULT = 7      # parent -> child: a chunk of the step's full gradient
-    FAIL = 8        # either way: a step failed here (reason)
-    # Local client link (Unix socket).
-    SUBMIT = 20     # client -> daemon: my local gradient for a step is in shared memory
-    DONE = 21       # daemon -> client: the step's result is in shared memory
-    FETCH = 22      # client -> daemon: give me a finished step's result, I contribute nothing
-    ATTACH = 23     # client -> daemon: map this shared-memory file
-    ERROR = 24      # daemon -> client: a request failed (reason, kind)
-    STATS = 25      # client -> daemon: counters please; daemon -> client: the counters
+    """Frame types; ``crnet.messages`` has the typed message of each."""
+
+    # Tree links (TCP), child <-> parent.
+    HELLO = 1           # child -> parent: join (the slot it wants, where it listens)
+    WELCOME = 2         # parent -> child: your name, layer, the tree and its settings
+    REFUSE = 3          # parent -> child: why you can't join; then close
+    JOINED = 4          # child -> parent: workers of my subtree that have joined
+    ASSIGN = 5          # parent -> child: payload = the subtree's allocation
+    CHUNK = 6           # child -> parent: a coded chunk of my message for a step
+    RESULT = 7          # parent -> child: a chunk of the step's full gradient
+    FAIL = 8            # either way: a step failed here (reason)
+    # Ring links (TCP, --scheme rar), predecessor -> successor.
+    PEER_HELLO = 10     # I am your predecessor, rank r
+    PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow
+    SEGMENT = 12        # a ring segment of a step (phase, round, segment)
+    # The local training process (Unix socket).
+    CLIENT_HELLO = 20   # client -> daemon: first frame (pid)
+    CLIENT_WELCOME = 21  # daemon -> client: this host's assignment
+    ATTACH = 22         # client -> daemon: map this shared-memory file
+    ATTACHED = 23       # daemon -> client: mapped
+    SUBMIT = 24         # client -> daemon: my local gradient for a step is in shared memory
+    FETCH = 25          # client -> daemon: give me a finished step's result, I contribute nothing
+    DONE = 26           # daemon -> client: the step's result is in shared memory
+    ERROR = 27          # daemon -> client: a request failed (reason, kind)
+    STATS = 28          # client -> daemon: counters please
+    STATS_REPLY = 29    # daemon -> client: the counters
 
 
 @dataclass(frozen=True)

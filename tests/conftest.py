@@ -24,17 +24,25 @@ def pytest_asyncio_loop_factories(config, item):
 
 @pytest.fixture
 def local_tree(tmp_path):
-    """``local_tree(Tree, samples, **options)`` starts a tree; every one is stopped at teardown."""
+    """``local_tree(Tree, samples, **options)`` starts a tree of strict daemons; every one
+    is stopped at teardown, and the test fails if a daemon exited non-zero (other than
+    the ones it killed) or logged a traceback: a bug inside a daemon never hides
+    behind a straggler."""
     trees = []
 
     def start(tree: Tree, samples: int, **options) -> LocalTree:
+        options.setdefault("strict", True)
         lt = LocalTree(tree, samples, workdir=tmp_path / f"tree{len(trees)}", **options)
         trees.append(lt)
         return lt.start()
 
     yield start
+    problems = []
     for lt in trees:
         lt.stop()
+        problems += lt.problems()
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
 
 
 def local_gradient(assignment, grads: np.ndarray) -> np.ndarray:
@@ -51,6 +59,28 @@ def workers(tree: Tree) -> list[str]:
 
 def rel_error(got, want) -> float:
     return float(np.max(np.abs(np.asarray(got, np.float64) - want)) / max(1.0, np.max(np.abs(want))))
+
+
+async def wait_until(check, what: str, timeout: float = 30.0, every: float = 0.02):
+    """Poll ``await check()`` (or ``check()``) until it is true: ordering by state, not by sleeps."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        ok = check()
+        if asyncio.iscoroutine(ok):
+            ok = await ok
+        if ok:
+            return ok
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+async def wait_for_log(lt: LocalTree, name: str, text: str, timeout: float = 30.0) -> str:
+    """Wait until daemon ``name``'s log contains ``text``; returns the log."""
+    def check():
+        log = lt.log_path(name).read_text(errors="replace")
+        return log if text in log else None
+    return await wait_until(check, f"{text!r} in the log of {lt.filename(name)}", timeout)
 
 
 async def gather_or_cancel(*aws):

@@ -11,12 +11,14 @@ import time
 import numpy as np
 import pytest
 
-from crnet import AsyncClient, Client, DaemonNotRunning, MismatchError, StepFailed
+from crnet import AsyncClient, Client, DaemonBusy, DaemonNotRunning, MismatchError, StepFailed
 from crnet.launch import MASTER
+from crnet.messages import Chunk, Hello
 from crnet.plan import Tree
-from crnet.wire import PREFIX, MsgType, encode
+from crnet.wire import PREFIX, VERSION, MsgType
 
-from .conftest import KILL, gather_or_cancel, local_gradient, rel_error, workers
+from .conftest import (KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log,
+                       workers)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -190,11 +192,12 @@ async def test_vector_sizes(local_tree, dim):
 BAD_FRAMES = {
     "bad magic": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(20),
     "bad version": PREFIX.pack(b"CRNT", 99, MsgType.HELLO, 1, 0) + b"\x80",
-    "unknown type": PREFIX.pack(b"CRNT", 1, 77, 1, 0) + b"\x80",
-    "oversized header": PREFIX.pack(b"CRNT", 1, MsgType.HELLO, 1 << 31, 0),
-    "oversized payload": PREFIX.pack(b"CRNT", 1, MsgType.CHUNK, 1, 1 << 50) + b"\x80",
-    "chunk before hello": b"".join(encode(MsgType.CHUNK, {"step": 0}, b"12345678")),
-    "header not a map": PREFIX.pack(b"CRNT", 1, MsgType.HELLO, 4, 0) + b"\x93\x01\x02\x03",
+    "unknown type": PREFIX.pack(b"CRNT", VERSION, 77, 1, 0) + b"\x80",
+    "oversized header": PREFIX.pack(b"CRNT", VERSION, MsgType.HELLO, 1 << 31, 0),
+    "oversized payload": PREFIX.pack(b"CRNT", VERSION, MsgType.CHUNK, 1, 1 << 50) + b"\x80",
+    "chunk before hello": b"".join(Chunk(0, 0, 1, "float64").frame(b"12345678")),
+    "header not a map": PREFIX.pack(b"CRNT", VERSION, MsgType.HELLO, 4, 0) + b"\x93\x01\x02\x03",
+    "bad field": b"".join(bytes(p) for p in Hello(name=None).frame()).replace(b"\xc0", b"\x07", 1),
 }
 
 
@@ -209,14 +212,14 @@ async def test_malformed_frames_close_one_connection_and_the_daemon_keeps_servin
         assert await asyncio.wait_for(reader.read(), 5) == b"", what
         writer.close()
     # A truncated frame: half a HELLO, then we hang up.
-    hello = b"".join(encode(MsgType.HELLO, {"version": 1, "role": "node", "name": None}))
+    hello = b"".join(bytes(p) for p in Hello(name=None).frame())
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(hello[: len(hello) // 2])
-    await asyncio.sleep(0.3)
-    log = lt.log_path(MASTER).read_text()
+    log = await wait_for_log(lt, MASTER, "closed mid-frame")
     for reason in ("bad magic", "protocol version 99", "unknown message type 77",
                    "header of 2147483648 bytes exceeds", "exceeds the limit",
-                   "CHUNK before HELLO", "not a map", "closed mid-frame"):
+                   "unexpected CHUNK from a peer before HELLO", "not a map",
+                   "HELLO: field 'name' must be a string"):
         assert reason in log, reason
     assert lt.alive(MASTER)
     grads = np.arange(10 * 3, dtype=np.float64).reshape(10, 3)
@@ -231,21 +234,81 @@ async def test_malformed_frames_close_one_connection_and_the_daemon_keeps_servin
         np.testing.assert_array_equal(r, grads.sum(axis=0))
 
 
-async def test_mismatched_vector_raises_on_that_client_only(local_tree):
+async def test_garbage_on_the_client_socket_closes_that_connection_only(local_tree):
+    tree = Tree.regular(2, 1, 0)
+    lt = local_tree(tree, 4)
+    path = lt.socket_path("0")
+    for data in (b"garbage that is not a frame" * 3,
+                 b"".join(bytes(p) for p in Hello(name="0").frame())):  # a tree message
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(data)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+    log = await wait_for_log(lt, "0", "HELLO before CLIENT_HELLO")
+    assert "bad magic" in log
+    clients = [await AsyncClient.connect(lt.socket_path(n), timeout=30) for n in workers(tree)]
+    try:
+        got = await gather_or_cancel(*(c.allreduce(np.full(3, 1.0 + i), step=0, timeout=30)
+                                       for i, c in enumerate(clients)))
+    finally:
+        for c in clients:
+            c.close()
+    for r in got:
+        np.testing.assert_array_equal(r, np.full(3, 3.0))
+
+
+async def test_a_late_mismatched_vector_raises_on_that_client_only(local_tree):
     tree = Tree.regular(2, 1, 1)
     lt = local_tree(tree, 10, timeout=5)
     a = await AsyncClient.connect(lt.socket_path("0"), timeout=30)
     b = await AsyncClient.connect(lt.socket_path("1"), timeout=30)
     try:
-        good = asyncio.ensure_future(a.allreduce(np.ones(10), step=0, timeout=30))
-        await asyncio.sleep(0.3)
+        result = await a.allreduce(np.ones(10), step=0, timeout=30)  # s = 1: a alone decodes
         with pytest.raises(MismatchError, match=r"12 x float64.*10 x float64"):
             await b.allreduce(np.ones(12), step=0, timeout=30)
-        result = await good
+        both = await gather_or_cancel(a.allreduce(np.ones(10), step=1, timeout=30),
+                                      b.allreduce(np.ones(10), step=1, timeout=30))
     finally:
         a.close()
         b.close()
     assert result.shape == (10,)
+    for r in both:
+        assert r.shape == (10,) and 1.0 <= r[0] <= 2.0  # one or both, by which child decoded
+
+
+async def test_a_mismatched_chunk_is_refused_by_the_parent_and_fails_the_step(local_tree):
+    tree = Tree.regular(2, 1, 0)  # s = 0: the master needs both children
+    lt = local_tree(tree, 10, timeout=30)
+    a = await AsyncClient.connect(lt.socket_path("0"), timeout=30)
+    b = await AsyncClient.connect(lt.socket_path("1"), timeout=30)
+    observer = await AsyncClient.connect(lt.socket_path(MASTER), timeout=30)
+    try:
+        good = asyncio.ensure_future(a.allreduce(np.ones(10), step=0, timeout=30))
+        await wait_until_open(observer, 0)  # a's chunk has reached the master
+        started = time.monotonic()
+        with pytest.raises(MismatchError, match=r"vector is 12 x float64 but the step's is 10"):
+            await b.allreduce(np.ones(12), step=0, timeout=30)
+        with pytest.raises(StepFailed, match="child 1: its vector does not fit"):
+            await good
+        elapsed = time.monotonic() - started
+        both = await gather_or_cancel(a.allreduce(np.ones(10), step=1, timeout=30),
+                                      b.allreduce(np.ones(10), step=1, timeout=30))
+    finally:
+        for c in (a, b, observer):
+            c.close()
+    assert elapsed < 5, "the step fails as soon as it cannot be decoded, not at --timeout"
+    for r in both:
+        np.testing.assert_array_equal(r, np.full(10, 2.0))
+
+
+async def wait_until_open(client: AsyncClient, step: int, timeout: float = 30.0) -> None:
+    """Until ``step`` has begun at the client's daemon."""
+    from .conftest import wait_until
+
+    async def is_open():
+        return step in (await client.stats())["open_steps"]
+    await wait_until(is_open, f"step {step} to open", timeout)
 
 
 def test_blocking_client_errors(tmp_path, local_tree):
@@ -268,7 +331,7 @@ def test_blocking_client_errors(tmp_path, local_tree):
             got = c.allreduce(buf, step=0, timeout=30)
             th.join(30)
         np.testing.assert_array_equal(got, np.full(5, 5.0))
-        with pytest.raises(Exception, match="another training process"):
+        with pytest.raises(DaemonBusy, match="another training process"):
             Client(lt.socket_path("0"), timeout=5)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from crnet.errors import ProtocolError
-from crnet.wire import PREFIX, FrameReader, Limits, MsgType, encode
+from crnet.wire import PREFIX, VERSION, FrameReader, Limits, MsgType, encode
 
 
 class Sink:
@@ -77,7 +77,7 @@ def test_encode_does_not_copy_payload():
     assert (magic, msg_type, plen) == (b"CRNT", MsgType.RESULT, 80)
 
 
-def raw(magic=b"CRNT", version=1, msg_type=1, header=b"\x80", plen=0):
+def raw(magic=b"CRNT", version=VERSION, msg_type=1, header=b"\x80", plen=0):
     return PREFIX.pack(magic, version, msg_type, len(header), plen) + header
 
 
@@ -87,8 +87,8 @@ def raw(magic=b"CRNT", version=1, msg_type=1, header=b"\x80", plen=0):
         (raw(magic=b"HTTP"), "bad magic"),
         (raw(version=9), "protocol version 9"),
         (raw(msg_type=99), "unknown message type 99"),
-        (PREFIX.pack(b"CRNT", 1, 1, 1 << 30, 0), "header of 1073741824 bytes exceeds"),
-        (PREFIX.pack(b"CRNT", 1, 6, 2, 1 << 40), "payload of 1099511627776 bytes exceeds"),
+        (PREFIX.pack(b"CRNT", VERSION, 1, 1 << 30, 0), "header of 1073741824 bytes exceeds"),
+        (PREFIX.pack(b"CRNT", VERSION, 6, 2, 1 << 40), "payload of 1099511627776 bytes exceeds"),
         (raw(header=b"\xc1\xc1"), "undecodable HELLO header"),
         (raw(header=msgpack.packb([1, 2])), "not a map"),
         (raw(header=msgpack.packb({"s": "x" * 100})), "undecodable"),
@@ -131,4 +131,4 @@ def test_destination_of_wrong_size_is_a_protocol_error():
 def test_prefix_layout_is_stable():
     # Network order, 18 bytes: other implementations will speak this.
     assert PREFIX.size == 18
-    assert raw()[:10] == b"CRNT" + struct.pack("!BBI", 1, 1, 1)
+    assert raw()[:10] == b"CRNT" + struct.pack("!BBI", VERSION, 1, 1)

@@ -1,5 +1,29 @@
-"""Aggregation schedules: what a node does with chunks, free of sockets.
+"""Aggregation schemes: what a node does with a step's vectors, free of sockets.
 
-A schedule decides where each incoming chunk goes and when a chunk is ready to
-leave; the daemon moves the bytes.
+One file per algorithm (``coded_reduce.py``, ``ring_allreduce.py``), each with its
+pure step state and its driver, a ``Scheme`` (``base.py``) that the node's step
+engine drives. Adding a scheme: one file, one entry below, one name in
+``plan.SCHEMES`` with its tree shape in ``plan.scheme_tree``.
 """
+
+from __future__ import annotations
+
+from ..plan import SCHEMES
+from .base import Place, Ports, Scheme, Stall
+from .coded_reduce import CodedReduce
+from .ring_allreduce import RingAllreduce
+
+__all__ = ["DRIVERS", "Place", "Ports", "Scheme", "Stall", "driver"]
+
+DRIVERS: dict[str, type[Scheme]] = {
+    "cr": CodedReduce,
+    "gc": CodedReduce,      # CodedReduce on a one-layer tree
+    "tree": CodedReduce,    # CodedReduce with s = 0
+    "rar": RingAllreduce,
+}
+assert set(DRIVERS) == set(SCHEMES), "every scheme crnetd accepts needs a driver"
+
+
+def driver(place: Place, ports: Ports) -> Scheme:
+    """The scheme ``place.scheme`` at this node."""
+    return DRIVERS[place.scheme](place, ports)

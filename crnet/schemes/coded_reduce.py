@@ -1,18 +1,30 @@
-"""CodedReduce at one node: decode a step chunk by chunk from the fastest children.
+"""CodedReduce at one node (schemes cr, gc and tree): decode each chunk from the fastest children.
 
-Free of sockets: the daemon says where bytes arrived, this module says where the
-next chunk goes and which chunks are ready to leave, and computes them with one
-``coded_sum`` pass each (``../shared/codedreduce.md``, "One step, end to end").
+Up: a node's message is its local weighted gradient plus the decode of any n-s of
+its children's coded messages, chunk by chunk (``UpStep``); it goes to the parent,
+or at the master it is the step's full gradient. Down: the full gradient flows to
+every child as RESULT chunks, each forwarded the moment it arrives (``ResultStep``).
+``CodedReduce`` drives both over the engine's ``Ports``; gc is CodedReduce on a
+one-layer tree and tree is CodedReduce with s = 0 (``plan.scheme_tree``).
+(``../shared/codedreduce.md``, "One step, end to end".)
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 
 from ..codes import GradientCode
+from ..errors import ProtocolError
 from ..kernels import coded_sum
+from ..messages import Chunk, Fail, Result
+from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
 from .chunks import ChunkLayout
+
+log = logging.getLogger("crnet.schemes")
 
 
 class UpStep:
@@ -32,7 +44,7 @@ class UpStep:
         self.code = code
         self.has_local = has_local
         self.local: np.ndarray | None = None
-        self.silent: set[int] = set()          # children that won't answer this step
+        self.silent: dict[int, str] = {}       # children that won't answer this step, and why
         self.used: set[int] = set()            # children some chunk was decoded from
         self.first_byte: float | None = None   # when the first child chunk started (stats)
         self._children = child_buffers
@@ -55,6 +67,11 @@ class UpStep:
     @property
     def complete(self) -> bool:
         return self._remaining == 0
+
+    @property
+    def decodable(self) -> bool:
+        """Enough children may still answer for every chunk to be decoded."""
+        return self.code is None or self.code.n - len(self.silent) >= self.needed
 
     def child_buffer(self, child: int, chunk: int) -> memoryview:
         """Where child ``child``'s copy of ``chunk`` is received (a byte view)."""
@@ -80,7 +97,8 @@ class UpStep:
             missing.append("the local training process's gradient")
         if self.code is not None:
             worst = min(len(a) for a in self._arrived)
-            missing.append(f"{self.needed} of {self.code.n} children (got {worst})")
+            if worst < self.needed:
+                missing.append(f"{self.needed} of {self.code.n} children (got {worst})")
         return " and ".join(missing) or "nothing"
 
     def decode(self, chunk: int) -> np.ndarray:
@@ -153,3 +171,175 @@ class ResultStep:
         if not self._have[chunk]:
             self._have[chunk] = True
             self._remaining -= 1
+
+
+class CodedReduce(Scheme):
+    """cr, gc and tree at one node: one step up at a time, results down as they come."""
+
+    def __init__(self, place: Place, ports: Ports):
+        super().__init__(place, ports)
+        self.code = place.code()
+        self.up: UpStep | None = None
+        self.down: dict[int, ResultStep] = {}
+        self._silent_ahead: dict[int, dict[int, str]] = {}   # step -> children out of it
+        self._child_buffers: tuple | None = None
+
+    # -- up: the local vector and the children's chunks --------------------------------
+    def local(self, step: int, vector: np.ndarray) -> str | None:
+        if self.place.is_master:  # the master computes nothing; its process only waits
+            self.ports.open(step)
+            return None
+        layout = self.place.layout(vector.size, vector.dtype)
+        up = self._up_for(step, layout)
+        if up is None:
+            return None
+        problem = up.layout.mismatch(layout, step)
+        if problem is None:
+            self._emit(up, up.local_arrived(vector))
+        return problem
+
+    def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
+        up = self.up
+        if up is None or up.step != msg.step:  # the step's first chunk here: its layout
+            up = self._up_for(msg.step, self.place.layout(msg.total, msg.dtype))
+        if up is None or k in up.silent:
+            return None
+        problem = up.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
+        if problem:
+            log.warning("step %d: child %d: %s; ignoring it this step", msg.step, k, problem)
+            self.ports.to_child(k, Fail(msg.step, problem, mismatch=True))
+            self.child_silent(k, msg.step, f"its vector does not fit: {problem}")
+            return None
+        if up.first_byte is None:
+            up.first_byte = time.perf_counter()
+        return up.child_buffer(k, msg.chunk)
+
+    def child_chunk(self, k: int, msg: Chunk) -> None:
+        up = self.up
+        if up is None or up.step != msg.step:
+            return
+        self.ports.stats.bytes_up += up.layout.nbytes(msg.chunk)
+        self._emit(up, up.child_arrived(k, msg.chunk))
+
+    def child_silent(self, k: int, step: int | None, why: str) -> None:
+        if self.code is None:
+            return
+        up = self.up
+        if step is not None and (up is None or step > up.step):
+            # A step not begun here yet (the child gave up before anything else came):
+            # remember, and fail it now if too many children are already out.
+            ahead = self._silent_ahead.setdefault(step, {})
+            ahead[k] = why
+            self.ports.open(step)
+            if len(ahead) > self.code.s:
+                self._stall(step, ahead)
+            return
+        if up is None or step not in (None, up.step) or k in up.silent:
+            return
+        up.silent[k] = why
+        self._check_quorum(up)
+
+    def _up_for(self, step: int, layout: ChunkLayout) -> UpStep | None:
+        """The UpStep for ``step``, started if new; None if the step is older."""
+        if self.up is not None:
+            if self.up.step == step:
+                return self.up
+            if self.up.step > step:
+                return None
+            self._abandon_up()
+        up = self.up = UpStep(step, layout, self.code, has_local=not self.place.is_master,
+                              child_buffers=self._buffers_for(layout), alloc=self.ports.alloc)
+        self.ports.open(step)
+        if self.code is not None:
+            up.silent.update(self.ports.absent_children())
+            up.silent.update(self._silent_ahead.pop(step, {}))
+            self._check_quorum(up)
+        return self.up
+
+    def _check_quorum(self, up: UpStep) -> None:
+        if not (up.decodable or up.complete):
+            self._stall(up.step, up.silent)
+
+    def _stall(self, step: int, silent: dict[int, str]) -> None:
+        """More than s children are out of ``step``: it cannot be decoded here."""
+        assert self.code is not None
+        gone = "; ".join(f"child {k}: {why}" for k, why in sorted(silent.items()))
+        n = len(silent)
+        self.ports.stall(step, f"{self.place.label} did not get {self.code.n - self.code.s} of "
+                               f"{self.code.n} children: {n} of them {'is' if n == 1 else 'are'} "
+                               f"gone or failed ({gone})")
+
+    def _buffers_for(self, layout: ChunkLayout) -> list[np.ndarray] | None:
+        """Per-child receive arrays, reused from step to step (nothing else holds them)."""
+        if self.code is None:
+            return None
+        key = (layout.total, layout.dtype, self.code.n)
+        if self._child_buffers is None or self._child_buffers[0] != key:
+            self._child_buffers = (key, [np.empty(layout.total, layout.dtype)
+                                         for _ in range(self.code.n)])
+        return self._child_buffers[1]
+
+    def _emit(self, up: UpStep, chunks: list[int]) -> None:
+        """Decode the chunks that are ready; each goes up, or down from the master."""
+        stats = self.ports.stats
+        for c in chunks:
+            t0 = time.perf_counter()
+            message = up.decode(c)
+            stats.decode_seconds += time.perf_counter() - t0
+            if self.place.is_master:
+                result = self.down.get(up.step)
+                if result is None:
+                    result = self.down[up.step] = ResultStep(up.step, up.layout, up.output)
+                self._down(result, c)
+            else:
+                self.ports.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype.name), message)
+        if chunks and up.complete and up.code is not None:
+            stats.children_skipped += up.code.n - len(up.used)
+            if up.first_byte is not None:
+                stats.receive_seconds += time.perf_counter() - up.first_byte
+
+    def _abandon_up(self) -> None:
+        up, self.up = self.up, None
+        if up is not None and not up.complete and not self.place.is_master:
+            self.ports.stats.times_skipped += 1
+            log.info("step %d finished without this node (%s missing)", up.step, up.waiting_for())
+
+    def stalled(self, step: int) -> Stall | None:
+        up = self.up if self.up is not None and self.up.step == step else None
+        if up is not None and up.complete:
+            return None  # our part is done; the parent decides
+        return Stall(up.waiting_for() if up is not None else "any message for this step")
+
+    # -- down: the full gradient ------------------------------------------------------
+    def result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
+        result = self.down.get(msg.step)
+        if result is None:
+            result = self.down[msg.step] = ResultStep(
+                msg.step, self.place.layout(msg.total, msg.dtype), alloc=self.ports.alloc)
+        problem = result.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
+        if problem:
+            raise ProtocolError(f"RESULT for step {msg.step}: {problem}")
+        return result.dest(msg.chunk)
+
+    def result(self, msg: Result) -> None:
+        result = self.down.get(msg.step)
+        if result is not None:
+            self.ports.stats.bytes_down += result.layout.nbytes(msg.chunk)
+            self._down(result, msg.chunk)
+
+    def _down(self, result: ResultStep, c: int) -> None:
+        """Chunk c of a step's full gradient is here: pass it on to every child."""
+        result.arrived(c)
+        layout = result.layout
+        self.ports.to_children(Result(result.step, c, layout.total, layout.dtype.name),
+                               result.chunk(c))
+        if result.complete:
+            del self.down[result.step]
+            self.ports.resolved(result.step, layout, result.vector)
+
+    def forget(self, step: int) -> None:
+        for table in (self.down, self._silent_ahead):
+            for old in [s for s in table if s <= step]:
+                del table[old]  # superseded: its remaining chunks are never coming
+        if self.up is not None and self.up.step <= step:
+            self._abandon_up()

@@ -9,26 +9,37 @@ what it sends in round r+1, so the schedule is driven by arrivals alone.
 
 Every rank must take part in every round: one straggler stalls the whole ring,
 which is the point of the comparison with CodedReduce.
+
+``RingAllreduce`` drives a worker's ``RingStep`` over the engine's ``Ports``: segments
+go to the ring successor; rank 0 also reports each step's result to the master,
+which only coordinates (it joins the workers as a star and relays failures).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ProtocolError
 from ..kernels import add_into
+from ..messages import Phase, Result, Segment
+from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
 from .chunks import ChunkLayout
+from .coded_reduce import ResultStep
 
-REDUCE, GATHER = "rs", "ag"
+log = logging.getLogger("crnet.schemes")
+
+REDUCE, GATHER = Phase.REDUCE, Phase.GATHER
 
 
 @dataclass(frozen=True)
 class Send:
     """Pass ``payload`` (segment ``segment`` of phase/round) to the successor."""
 
-    phase: str
+    phase: Phase
     round: int
     segment: int
     payload: np.ndarray
@@ -117,3 +128,111 @@ class RingStep:
         if phase == REDUCE:
             return (pred - rnd) % self.size
         return (pred + 1 - rnd) % self.size
+
+
+class RingAllreduce(Scheme):
+    """rar: a worker runs one RingStep per step; the master collects rank 0's result."""
+
+    def __init__(self, place: Place, ports: Ports):
+        super().__init__(place, ports)
+        if not place.is_master and place.ring is None:
+            raise ValueError(f"{place.label}: a ring worker needs its ring place (rank, successor)")
+        self.steps: dict[int, RingStep] = {}
+        self.results: dict[int, ResultStep] = {}     # the master: rank 0's copies
+
+    # -- a worker -----------------------------------------------------------------------
+    def local(self, step: int, vector: np.ndarray) -> str | None:
+        if self.place.is_master:
+            self.ports.open(step)
+            return None
+        layout = self.place.layout(vector.size, vector.dtype)
+        ring = self._step(step, layout)
+        if ring is None:
+            return None
+        problem = ring.layout.mismatch(layout, step)
+        if problem is None:
+            self._send(ring, ring.local_arrived(vector))
+        return problem
+
+    def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
+        if self.place.is_master:
+            return super().segment_dest(msg, nbytes)
+        ring = self._step(msg.step, self.place.layout(msg.total, msg.dtype))
+        if ring is None:
+            return None
+        problem = ring.check(msg.phase, msg.round, msg.segment, nbytes)
+        if problem or ring.layout.total != msg.total or ring.layout.dtype.name != msg.dtype:
+            raise ProtocolError(f"ring step {msg.step}: {problem or 'vector shape differs'}")
+        self.ports.stats.bytes_up += nbytes
+        return ring.dest(msg.phase, msg.segment)
+
+    def segment(self, msg: Segment) -> None:
+        ring = self.steps.get(msg.step)
+        if ring is not None:
+            self._send(ring, ring.received(msg.phase, msg.round, msg.segment))
+
+    def _step(self, step: int, layout: ChunkLayout) -> RingStep | None:
+        if step <= self.ports.resolved_through:
+            return None
+        ring = self.steps.get(step)
+        if ring is None:
+            assert self.place.ring is not None
+            ring = self.steps[step] = RingStep(step, layout, self.place.ring.rank,
+                                               self.place.ring.size, alloc=self.ports.alloc)
+            self.ports.open(step)
+        return ring
+
+    def _send(self, ring: RingStep, sends: list[Send]) -> None:
+        layout = ring.layout
+        for send in sends:
+            self.ports.to_successor(ring.step, Segment(ring.step, send.phase, send.round, send.segment,
+                                                       layout.total, layout.dtype.name), send.payload)
+        if not ring.complete:
+            return
+        del self.steps[ring.step]
+        assert self.place.ring is not None
+        if self.place.ring.rank == 0:  # the master's copy
+            for c in range(layout.chunks):
+                start, stop = layout.bounds(c)
+                self.ports.to_parent(Result(ring.step, c, layout.total, layout.dtype.name),
+                                     ring.result[start:stop])
+        self.ports.resolved(ring.step, layout, ring.result)
+
+    # -- the master -----------------------------------------------------------------------
+    def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
+        if not self.place.is_master or k != 0:
+            return super().child_result_dest(k, msg, nbytes)
+        result = self.results.get(msg.step)
+        if result is None:
+            self.ports.open(msg.step)
+            result = self.results[msg.step] = ResultStep(
+                msg.step, self.place.layout(msg.total, msg.dtype), alloc=self.ports.alloc)
+        problem = result.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
+        if problem:
+            raise ProtocolError(f"RESULT for step {msg.step} from rank 0: {problem}")
+        return result.dest(msg.chunk)
+
+    def child_result(self, k: int, msg: Result) -> None:
+        result = self.results.get(msg.step)
+        if result is None:
+            return
+        self.ports.stats.bytes_up += result.layout.nbytes(msg.chunk)
+        result.arrived(msg.chunk)
+        if result.complete:
+            del self.results[msg.step]
+            self.ports.resolved(msg.step, result.layout, result.vector)
+
+    def child_silent(self, k: int, step: int | None, why: str) -> None:
+        if self.place.is_master and step is not None:
+            self.ports.stall(step, f"ring allreduce failed at worker {k}: {why}", here=True)
+
+    def stalled(self, step: int) -> Stall | None:
+        if self.place.is_master:
+            return Stall("the ring's result (a ring waits for every worker)", here=True)
+        waiting = "its local vector" if step not in self.steps else "the ring's segments"
+        return Stall(f"{waiting} (a ring waits for every worker)", here=True)
+
+    def forget(self, step: int) -> None:
+        for table in (self.steps, self.results):
+            for old in [s for s in table if s <= step]:
+                del table[old]

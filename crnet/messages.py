@@ -1,0 +1,544 @@
+"""Every crnet message as a small typed object: built here, parsed and validated here.
+
+``wire`` moves frames (prefix, msgpack header, raw payload); this module gives each
+header a meaning. ``parse`` turns a frame's header into one of the classes below,
+checking every field's type and range first: a bad field raises ``ProtocolError``
+naming the message and the field, and the connection it came on is closed. A
+message's ``frame(payload)`` is the only way a header is built.
+
+Tree links (TCP) carry HELLO .. FAIL between a child and its parent, and PEER_HELLO,
+PEER_WELCOME and SEGMENT between ring neighbours (``--scheme rar``). The Unix socket
+between a daemon and its training process carries the CLIENT_* messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import msgpack
+
+from .errors import ErrorKind, ProtocolError
+from .plan import SCHEMES, Tree
+from .wire import MsgType, encode
+
+__all__ = [
+    "Assign", "Attach", "Attached", "Chunk", "ClientError", "ClientHello", "ClientWelcome",
+    "Done", "Fail", "Fetch", "Hello", "Joined", "Message", "NodeShare", "PeerHello",
+    "PeerWelcome", "Phase", "Refuse", "Result", "RingPlace", "Segment", "StatsReply", "StatsRequest",
+    "Submit", "Welcome", "parse", "parse_allocation",
+]
+
+MAX_STEP = (1 << 63) - 1        # steps are non-negative int64s
+DTYPE_NAMES = ("float32", "float64")
+CODE_KINDS = ("auto", "frc", "crc")
+MAX_REASON = 4096               # characters of a failure reason we keep
+
+
+class Message:
+    """Base of every message: ``TYPE`` is its wire type, ``PAYLOAD`` whether a frame
+    of this type must carry raw bytes after the header (and may not otherwise)."""
+
+    TYPE: ClassVar[MsgType]
+    PAYLOAD: ClassVar[bool] = False
+
+    def header(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+    def frame(self, payload=None) -> list:
+        """The frame for ``transport.writelines``; the payload is referenced, not copied."""
+        return encode(self.TYPE, self.header(), payload)
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Message:
+        raise NotImplementedError
+
+
+def _plain(value):
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "header"):
+        return value.header()
+    return value
+
+
+class _Fields:
+    """A header map being validated: each accessor names the message and the field."""
+
+    def __init__(self, what: str, header: dict):
+        self.what, self.h = what, header
+
+    def _bad(self, name: str, want: str) -> ProtocolError:
+        value = self.h.get(name, "<missing>")
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return ProtocolError(f"{self.what}: field {name!r} must be {want}, got {shown}")
+
+    def int(self, name: str, lo: int = 0, hi: int = MAX_STEP) -> int:
+        v = self.h.get(name)
+        if type(v) is not int or not lo <= v <= hi:
+            raise self._bad(name, f"an integer in {lo}..{hi}")
+        return v
+
+    def opt_int(self, name: str, lo: int = 0, hi: int = MAX_STEP) -> int | None:
+        return None if self.h.get(name) is None else self.int(name, lo, hi)
+
+    def str(self, name: str, limit: int = 256, choices: tuple[str, ...] | None = None) -> str:
+        v = self.h.get(name)
+        if not isinstance(v, str) or len(v) > limit:
+            raise self._bad(name, f"a string of at most {limit} characters")
+        if choices is not None and v not in choices:
+            raise self._bad(name, "one of " + ", ".join(choices))
+        return v
+
+    def opt_str(self, name: str, limit: int = 256) -> str | None:
+        return None if self.h.get(name) is None else self.str(name, limit)
+
+    def reason(self, name: str = "reason") -> str:
+        v = self.h.get(name)
+        if not isinstance(v, str):
+            raise self._bad(name, "a string")
+        return v[:MAX_REASON]
+
+    def bool(self, name: str) -> bool:
+        v = self.h.get(name, False)
+        if not isinstance(v, bool):
+            raise self._bad(name, "true or false")
+        return v
+
+    def ints(self, name: str, lo: int, hi: int, max_len: int = 16) -> tuple[int, ...]:
+        v = self.h.get(name)
+        if (not isinstance(v, list) or not 1 <= len(v) <= max_len
+                or any(type(x) is not int or not lo <= x <= hi for x in v)):
+            raise self._bad(name, f"a list of 1..{max_len} integers in {lo}..{hi}")
+        return tuple(v)
+
+    def map(self, name: str) -> dict:
+        v = self.h.get(name)
+        if not isinstance(v, dict):
+            raise self._bad(name, "a map")
+        return v
+
+
+# ---------------------------------------------------------------- join (tree links)
+
+@dataclass(frozen=True, slots=True)
+class Hello(Message):
+    """child -> parent, first frame: the slot it wants (``name``; None: any free one)
+    and where it listens for its own children and ring predecessor (``listen``)."""
+
+    TYPE = MsgType.HELLO
+    name: str | None = None
+    listen: str | None = None
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Hello:
+        return cls(h.opt_str("name"), h.opt_str("listen"))
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome(Message):
+    """parent -> child: its place in the tree and the tree's settings."""
+
+    TYPE = MsgType.WELCOME
+    name: str
+    layer: int
+    fanout: tuple[int, ...]
+    stragglers: tuple[int, ...]
+    code: str
+    chunk_bytes: int
+    scheme: str
+
+    @property
+    def tree(self) -> Tree:
+        return Tree(self.fanout, self.stragglers)
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Welcome:
+        msg = cls(h.str("name"), h.int("layer", 1, 16), h.ints("fanout", 1, 1 << 16),
+                  h.ints("stragglers", 0, 1 << 16), h.str("code", choices=CODE_KINDS),
+                  h.int("chunk_bytes", 1, 1 << 31), h.str("scheme", choices=SCHEMES))
+        try:
+            tree = msg.tree
+        except ValueError as e:
+            raise ProtocolError(f"WELCOME: fields 'fanout'/'stragglers': {e}") from None
+        if msg.layer > tree.layers or msg.name not in tree or tree.layer(msg.name) != msg.layer:
+            raise ProtocolError(f"WELCOME: field 'name' {msg.name!r} is not a layer-{msg.layer} "
+                                f"node of the tree {tree}")
+        return msg
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse(Message):
+    """parent -> child (or ring successor -> predecessor): why not; then it closes.
+    ``retry``: the refusal is temporary (the parent has not joined yet, ...)."""
+
+    TYPE = MsgType.REFUSE
+    reason: str
+    retry: bool = False
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Refuse:
+        return cls(h.reason(), h.bool("retry"))
+
+
+@dataclass(frozen=True, slots=True)
+class Joined(Message):
+    """child -> parent: how many workers of its subtree (itself included) have joined."""
+
+    TYPE = MsgType.JOINED
+    workers: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Joined:
+        return cls(h.int("workers", 0, 1 << 31))
+
+
+@dataclass(frozen=True, slots=True)
+class RingPlace:
+    """Part of ASSIGN (rar): a worker's rank, the ring's size, where its successor listens."""
+
+    rank: int
+    size: int
+    successor: str | None
+
+    def header(self) -> dict[str, Any]:
+        return {"rank": self.rank, "size": self.size, "successor": self.successor}
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> RingPlace:
+        size = h.int("size", 1, 1 << 16)
+        return cls(h.int("rank", 0, size - 1), size, h.opt_str("successor"))
+
+
+@dataclass(frozen=True, slots=True)
+class Assign(Message):
+    """parent -> child: the batch size, the ring place (rar), and in the payload the
+    allocation of the child's whole subtree (``parse_allocation``)."""
+
+    TYPE = MsgType.ASSIGN
+    PAYLOAD = True
+    samples: int
+    ring: RingPlace | None = None
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Assign:
+        ring = h.h.get("ring")
+        if ring is not None:
+            ring = RingPlace.from_header(_Fields("ASSIGN ring", h.map("ring")))
+        return cls(h.int("samples", 1, 1 << 40), ring)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShare:
+    """One node's part of the allocation: its layer, the weighted ranges it computes
+    (``local``) and the ones its subtree answers for (``responsibility``)."""
+
+    layer: int
+    local: tuple[tuple[int, int, float], ...]
+    responsibility: tuple[tuple[int, int, float], ...]
+
+    def to_wire(self) -> list:
+        return [self.layer, [list(r) for r in self.local], [list(r) for r in self.responsibility]]
+
+
+def pack_allocation(shares: dict[str, NodeShare]) -> bytes:
+    """ASSIGN's payload."""
+    return msgpack.packb({name: share.to_wire() for name, share in shares.items()})
+
+
+def parse_allocation(payload, samples: int) -> dict[str, NodeShare]:
+    """ASSIGN's payload, checked: node name -> NodeShare with ranges inside the batch."""
+    try:
+        doc = msgpack.unpackb(payload, max_array_len=1 << 24, max_map_len=1 << 24,
+                              max_str_len=1 << 10, max_bin_len=0, max_ext_len=0)
+    except Exception as e:  # msgpack raises several types for bad input
+        raise ProtocolError(f"ASSIGN: undecodable allocation: {e}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError("ASSIGN: the allocation must be a map of node names")
+    out = {}
+    for name, share in doc.items():
+        if (not isinstance(name, str) or not isinstance(share, list) or len(share) != 3
+                or type(share[0]) is not int):
+            raise ProtocolError(f"ASSIGN: allocation entry {name!r} must be [layer, local, responsibility]")
+        out[name] = NodeShare(share[0], _ranges(name, share[1], samples),
+                              _ranges(name, share[2], samples))
+    return out
+
+
+def _ranges(name, value, samples: int) -> tuple[tuple[int, int, float], ...]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"ASSIGN: ranges of {name!r} must be a list")
+    out = []
+    for r in value:
+        if (not isinstance(r, list) or len(r) != 3 or type(r[0]) is not int
+                or type(r[1]) is not int or not isinstance(r[2], (int, float))
+                or not 0 <= r[0] <= r[1] <= samples):
+            raise ProtocolError(f"ASSIGN: range {r!r} of {name!r} is not [start, stop, weight] "
+                                f"within 0..{samples}")
+        out.append((r[0], r[1], float(r[2])))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- steps (tree links)
+
+@dataclass(frozen=True, slots=True)
+class _Piece(Message):
+    """Fields every piece of a step's vector carries: which step, which chunk, and the
+    whole vector's length and dtype (so a receiver can check it against the step's)."""
+
+    step: int
+    chunk: int
+    total: int
+    dtype: str
+
+    PAYLOAD = True
+
+    @classmethod
+    def from_header(cls, h: _Fields):
+        return cls(h.int("step"), h.int("chunk", 0, 1 << 40), h.int("total", 1, 1 << 40),
+                   h.str("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk(_Piece):
+    """child -> parent: chunk ``chunk`` of the child's coded message for ``step``."""
+
+    TYPE = MsgType.CHUNK
+
+
+@dataclass(frozen=True, slots=True)
+class Result(_Piece):
+    """parent -> child: chunk ``chunk`` of the step's full gradient."""
+
+    TYPE = MsgType.RESULT
+
+
+@dataclass(frozen=True, slots=True)
+class Fail(Message):
+    """either way: ``step`` failed here. Down the tree, ``mismatch`` says the child's own
+    vector was the problem (its training process gets MismatchError)."""
+
+    TYPE = MsgType.FAIL
+    step: int
+    reason: str
+    mismatch: bool = False
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Fail:
+        return cls(h.int("step"), h.reason(), h.bool("mismatch"))
+
+
+class Phase(str, enum.Enum):
+    """The two halves of ring allreduce."""
+
+    REDUCE = "rs"    # reduce-scatter
+    GATHER = "ag"    # all-gather
+
+
+@dataclass(frozen=True, slots=True)
+class PeerHello(Message):
+    """ring predecessor -> successor, first frame: I am rank ``rank``."""
+
+    TYPE = MsgType.PEER_HELLO
+    rank: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> PeerHello:
+        return cls(h.int("rank", 0, 1 << 16))
+
+
+@dataclass(frozen=True, slots=True)
+class PeerWelcome(Message):
+    """ring successor -> predecessor: segments may flow."""
+
+    TYPE = MsgType.PEER_WELCOME
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> PeerWelcome:
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class Segment(Message):
+    """ring predecessor -> successor: segment ``segment`` of ``phase``, round ``round``."""
+
+    TYPE = MsgType.SEGMENT
+    PAYLOAD = True
+    step: int
+    phase: Phase
+    round: int
+    segment: int
+    total: int
+    dtype: str
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Segment:
+        return cls(h.int("step"), Phase(h.str("phase", choices=("rs", "ag"))),
+                   h.int("round", 0, 1 << 16), h.int("segment", 0, 1 << 16),
+                   h.int("total", 1, 1 << 40), h.str("dtype", choices=DTYPE_NAMES))
+
+
+# ---------------------------------------------------------------- the local client (Unix socket)
+
+@dataclass(frozen=True, slots=True)
+class ClientHello(Message):
+    """training process -> daemon, first frame."""
+
+    TYPE = MsgType.CLIENT_HELLO
+    pid: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> ClientHello:
+        return cls(h.int("pid", 0, 1 << 31))
+
+
+@dataclass(frozen=True, slots=True)
+class ClientWelcome(Message):
+    """daemon -> training process, once the tree has assigned this host its share."""
+
+    TYPE = MsgType.CLIENT_WELCOME
+    assignment: dict
+    tree_step: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> ClientWelcome:
+        a = _Fields("CLIENT_WELCOME assignment", h.map("assignment"))
+        samples = a.int("samples", 1, 1 << 40)
+        assignment = {"name": a.str("name"), "layer": a.int("layer", 0, 16), "samples": samples,
+                      "workers": a.int("workers", 1, 1 << 31),
+                      "ranges": _ranges("assignment", a.h.get("ranges"), samples)}
+        return cls(assignment, h.int("tree_step", -1))
+
+
+@dataclass(frozen=True, slots=True)
+class Attach(Message):
+    """training process -> daemon: map this shared-memory file (two halves of ``capacity``)."""
+
+    TYPE = MsgType.ATTACH
+    path: str
+    capacity: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Attach:
+        return cls(h.str("path", 4096), h.int("capacity", 1, 1 << 40))
+
+
+@dataclass(frozen=True, slots=True)
+class Attached(Message):
+    """daemon -> training process: the shared memory is mapped."""
+
+    TYPE = MsgType.ATTACHED
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Attached:
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class Submit(Message):
+    """training process -> daemon: my local gradient for ``step`` is in shared memory."""
+
+    TYPE = MsgType.SUBMIT
+    step: int
+    length: int
+    dtype: str
+
+    @classmethod
+    def from_header(cls, h: _Fields):
+        return cls(h.int("step"), h.int("length", 1, 1 << 40), h.str("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch(Submit):
+    """training process -> daemon: the result of ``step``; I contribute nothing to it."""
+
+    TYPE = MsgType.FETCH
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Message):
+    """daemon -> training process: the result of ``step`` is in shared memory."""
+
+    TYPE = MsgType.DONE
+    step: int
+    tree_step: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Done:
+        return cls(h.int("step"), h.int("tree_step", -1))
+
+
+@dataclass(frozen=True, slots=True)
+class ClientError(Message):
+    """daemon -> training process: a request failed; ``kind`` says which exception."""
+
+    TYPE = MsgType.ERROR
+    reason: str
+    kind: ErrorKind
+    step: int | None = None
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> ClientError:
+        kind = h.str("kind", choices=tuple(k.value for k in ErrorKind))
+        return cls(h.reason(), ErrorKind(kind), h.opt_int("step"))
+
+
+@dataclass(frozen=True, slots=True)
+class StatsRequest(Message):
+    """training process -> daemon: the counters, please."""
+
+    TYPE = MsgType.STATS
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> StatsRequest:
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class StatsReply(Message):
+    """daemon -> training process: counters and where the node stands."""
+
+    TYPE = MsgType.STATS_REPLY
+    stats: dict
+    name: str | None
+    state: str
+    resolved_through: int
+    open_steps: tuple[int, ...]
+    links: dict              # parent: up?, children: [up? per slot], successor/predecessor: up?
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> StatsReply:
+        steps = h.h.get("open_steps")
+        if not isinstance(steps, list) or any(type(s) is not int for s in steps):
+            raise ProtocolError("STATS_REPLY: field 'open_steps' must be a list of integers")
+        return cls(h.map("stats"), h.opt_str("name"), h.str("state"),
+                   h.int("resolved_through", -1), tuple(steps), h.map("links"))
+
+
+# ---------------------------------------------------------------- parsing
+
+_CLASSES: dict[MsgType, type[Message]] = {
+    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, Joined, Assign, Chunk, Result, Fail,
+                              PeerHello, PeerWelcome, Segment, ClientHello, ClientWelcome,
+                              Attach, Attached, Submit, Fetch, Done, ClientError, StatsRequest,
+                              StatsReply)
+}
+
+
+def parse(msg_type: MsgType, header: dict, nbytes: int) -> Message:
+    """The typed message a frame holds; ProtocolError (naming the field) if it is not one."""
+    cls = _CLASSES[msg_type]
+    if cls.PAYLOAD and nbytes == 0:
+        raise ProtocolError(f"{msg_type.name} without a payload")
+    if not cls.PAYLOAD and nbytes:
+        raise ProtocolError(f"{msg_type.name} with a payload of {nbytes} bytes")
+    return cls.from_header(_Fields(msg_type.name, header))
+
+
+Parser = Callable[[MsgType, dict, int], Message]

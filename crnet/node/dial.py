@@ -1,0 +1,72 @@
+"""Stay connected to a peer we dial (the parent, the ring successor): one loop for both.
+
+Connect, say hello, wait for the peer's welcome; while the link is up, nothing to
+do; when it drops, say so and try again with exponential backoff. A refusal the
+peer marks temporary is retried the same way; any other refusal ends the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from .. import defaults
+from ..errors import JoinRefused
+from ..messages import Message
+from ..transport import Connection
+
+log = logging.getLogger("crnet.node")
+
+# Opens the TCP connection; returns it and a future that resolves when the peer
+# welcomes us (or fails with JoinRefused / ConnectionError).
+Dialer = Callable[[], Awaitable[tuple[Connection, "asyncio.Future[None]"]]]
+
+WELCOME_TIMEOUT = 30.0
+
+
+def supervised(coro, name: str) -> asyncio.Task:
+    """A task whose unexpected death is reported to the loop's exception handler at
+    once (crnetd logs it and, in strict mode, exits), not when it is collected."""
+    task = asyncio.create_task(coro, name=name)
+
+    def report(t: asyncio.Task) -> None:
+        if not t.cancelled() and t.exception() is not None:
+            t.get_loop().call_exception_handler({
+                "message": f"task {name} died", "exception": t.exception(), "task": t})
+
+    task.add_done_callback(report)
+    return task
+
+
+async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message],
+                         up: Callable[[Connection], None], down: Callable[[str], None],
+                         refused: Callable[[JoinRefused], None],
+                         backoff: tuple[float, float] = defaults.RECONNECT_BACKOFF) -> None:
+    delay = backoff[0]
+    while True:
+        conn = None
+        try:
+            conn, welcomed = await dial()
+            conn.send(hello())
+            await asyncio.wait_for(welcomed, WELCOME_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as e:
+            log.info("%s not reachable (%s); retrying in %.1f s", what,
+                     getattr(e, "strerror", None) or e or "no welcome", delay)
+        except JoinRefused as e:
+            if not e.retry:
+                refused(e)
+                if conn is not None:
+                    conn.close()
+                return
+            log.info("%s asks to retry: %s", what, e.reason)
+        else:
+            delay = backoff[0]
+            up(conn)
+            await conn.closed
+            down(what)
+            conn = None
+        if conn is not None:
+            conn.close()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, backoff[1])

@@ -1,0 +1,194 @@
+"""The lifecycle of one crnetd: listeners, signals, and an orderly, time-limited shutdown.
+
+``Node`` builds the rooms (``Neighbours``, ``StepEngine``, ``Membership``), opens
+the listeners whose connections get the right link (``links.py``), and on stop
+(a signal, or a fatal join error) shuts down in order, as aiohttp's runner does:
+stop accepting, stop dialing, close every link, wait at most ``SHUTDOWN_GRACE``.
+
+Anything unexpected (a handler that raised, a task that died) reaches the event
+loop's exception handler: it is logged with its traceback, and in strict mode
+(``CRNET_STRICT=1``, set by the tests) the daemon stops with exit code 70.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import weakref
+from dataclasses import dataclass
+
+from .. import __version__, defaults, kernels
+from ..plan import Tree
+from ..schemes import Place
+from ..stats import Stats
+from ..transport import Connection, Handler, loop_name, run
+from ..wire import Limits
+from .engine import EngineSettings, StepEngine
+from .links import ChildLink, ClientLink, ClientSeat, ParentLink, SuccessorLink
+from .membership import Membership
+from .neighbours import Neighbours
+
+log = logging.getLogger("crnet.node")
+
+STRICT_ENV = "CRNET_STRICT"
+EXIT_BUG = 70   # EX_SOFTWARE: strict mode caught an internal error
+
+
+@dataclass
+class Settings:
+    role: str                                  # "master" or "node"
+    scheme: str = "cr"                         # master only: cr, gc, tree or rar
+    listen: tuple[str, int] | None = None
+    parent: tuple[str, int] | None = None
+    name: str | None = None                    # node: the slot to ask the parent for
+    tree: Tree | None = None                   # master only
+    samples: int | None = None                 # master only
+    code_kind: str = "auto"                    # master only
+    chunk_bytes: int = defaults.CHUNK_BYTES    # master only: the tree uses the master's
+    client_socket: str | None = None
+    timeout: float = defaults.TIMEOUT
+    keep_results: int = defaults.KEEP_RESULTS
+    send_queue_bytes: int | None = None        # None: max(64 MiB, 4 vectors)
+    strict: bool = False                       # an internal error stops the daemon (tests)
+
+    @property
+    def is_master(self) -> bool:
+        return self.role == "master"
+
+
+class Node:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.stats = Stats()
+        self.neighbours = Neighbours()
+        self.engine = StepEngine(EngineSettings(settings.timeout, settings.keep_results,
+                                                settings.send_queue_bytes),
+                                 self.stats, self.neighbours)
+        place = None
+        if settings.is_master:
+            assert settings.tree is not None and settings.samples is not None
+            place = Place("", 0, settings.tree, settings.scheme, settings.code_kind,
+                          settings.chunk_bytes)
+        self.membership = Membership(
+            self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
+            name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
+            dial_successor=self._dialer)
+        self.seat = ClientSeat()
+        self.stopping = asyncio.Event()
+        self.exit_code = 0
+        self._servers: list[asyncio.AbstractServer] = []
+        # Every connection made or accepted (weak: a dial that failed leaves a protocol
+        # object that never connected, and it must not pile up while a parent is away).
+        self._conns: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+    async def serve(self) -> int:
+        """Run until stopped; then shut down in order. Returns the exit code."""
+        await self.start()
+        await self.stopping.wait()
+        await self.shutdown()
+        return self.exit_code
+
+    def stop(self, code: int = 0) -> None:
+        self.exit_code = self.exit_code or code
+        self.stopping.set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        log.info("crnetd %s starting as %s; event loop %s; kernels %s%s", __version__, s.role,
+                 loop_name(), "cython" if kernels.HAVE_CYTHON else "numpy reference (slow)",
+                 "; strict mode" if s.strict else "")
+        if s.listen is not None:
+            server = await loop.create_server(
+                lambda: self._connection(ChildLink(self.membership, self.engine)), *s.listen)
+            self._servers.append(server)
+            host, port = server.sockets[0].getsockname()[:2]
+            self.membership.listen_address = f"{host}:{port}"
+            log.info("listening for children on %s:%d", host, port)
+        if s.client_socket:
+            if os.path.exists(s.client_socket):
+                os.unlink(s.client_socket)  # a stale socket from a previous run
+            server = await loop.create_unix_server(
+                lambda: self._connection(ClientLink(self.seat, self.membership, self.engine,
+                                                    self.stats), Limits(max_payload=0), "client"),
+                s.client_socket)
+            self._servers.append(server)
+            log.info("training processes connect to %s", s.client_socket)
+        if s.is_master:
+            assert s.tree is not None
+            log.info("master: tree fanout %s, stragglers %s: waiting for %d workers",
+                     list(s.tree.fanout), list(s.tree.stragglers), s.tree.workers)
+        self.membership.start()
+
+    async def shutdown(self) -> None:
+        for server in self._servers:
+            server.close()                      # stop accepting
+        self.membership.close()                 # stop dialing
+        self.engine.close()                     # stop the step clocks
+        live = [c for c in self._conns if c.transport is not None]
+        for conn in live:
+            conn.close()
+        try:
+            await asyncio.wait_for(asyncio.gather(
+                self.membership.wait_closed(), *(c.closed for c in live),
+                return_exceptions=True), defaults.SHUTDOWN_GRACE)
+        except asyncio.TimeoutError:
+            log.warning("shutdown took longer than %g s; stopping anyway", defaults.SHUTDOWN_GRACE)
+        if self.settings.client_socket and os.path.exists(self.settings.client_socket):
+            os.unlink(self.settings.client_socket)
+        log.info("%s stopped", self.membership.label)
+
+    def loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        """Anything unexpected: log it with its traceback; in strict mode, stop with 70."""
+        exc = context.get("exception")
+        log.error("internal error: %s", context.get("message", "unexpected error"),
+                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+        if self.settings.strict:
+            self.stop(EXIT_BUG)
+
+    # -- connections -----------------------------------------------------------------
+    def _limits(self) -> Limits:
+        place = self.membership.place
+        chunk = self.settings.chunk_bytes if place is None else place.chunk_bytes
+        return Limits(max_payload=max(chunk, defaults.MAX_CONTROL_PAYLOAD))
+
+    def _connection(self, handler: Handler, limits: Limits | None = None,
+                    label: str = "peer") -> Connection:
+        """Every connection this node makes or accepts: tracked until it closes."""
+        conn = Connection(handler, limits or self._limits(), label)
+        self._conns.add(conn)
+        return conn
+
+    async def _dial_parent(self):
+        assert self.settings.parent is not None
+        host, port = self.settings.parent
+        link = ParentLink(self.membership, self.engine)
+        _, conn = await asyncio.get_running_loop().create_connection(
+            lambda: self._connection(link, label=f"parent {host}:{port}"), host, port)
+        return conn, link.welcome
+
+    def _dialer(self, address: str):
+        host, _, port = address.rpartition(":")
+
+        async def dial():
+            link = SuccessorLink()
+            _, conn = await asyncio.get_running_loop().create_connection(
+                lambda: self._connection(link, Limits(max_payload=0), f"ring {address}"),
+                host.strip("[]"), int(port))
+            return conn, link.welcome
+        return dial
+
+
+def run_node(settings: Settings) -> int:
+    """Run a daemon until SIGINT/SIGTERM; returns the process exit code."""
+    async def main() -> int:
+        node = Node(settings)
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(node.loop_error)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, node.stop)
+        return await node.serve()
+
+    return run(main())

@@ -1,0 +1,279 @@
+"""A node's links: what each kind of peer may send, and who handles it.
+
+Each class is a ``transport.Handler``: the connection gives it typed, validated
+messages (``crnet.messages``); it checks that the message is one this peer may
+send at this point and hands it to membership (joining) or the step engine
+(steps). A message out of place is a ``ProtocolError``: that connection closes.
+
+- ``ChildLink``: accepted on ``--listen``. Starts with HELLO (a child joining) or
+  PEER_HELLO (a ring predecessor, rar); then CHUNK/JOINED/FAIL, or SEGMENTs.
+- ``ParentLink``: dialed to the parent. WELCOME or REFUSE, then ASSIGN, RESULT, FAIL.
+- ``SuccessorLink``: dialed to the ring successor; we only send on it.
+- ``ClientLink``: the local training process on the Unix socket; its vectors are in
+  shared memory, the socket carries step numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from ..errors import ErrorKind, JoinRefused, ProtocolError
+from ..messages import (Assign, Attach, Attached, Chunk, ClientError, ClientHello, ClientWelcome,
+                        Done, Fail, Fetch, Hello, Joined, Message, PeerHello, PeerWelcome, Refuse,
+                        Result, Segment, StatsReply, StatsRequest, Submit, Welcome)
+from ..schemes.chunks import DTYPES, ChunkLayout
+from ..shm import SharedRegion
+from ..stats import Stats
+from ..transport import Connection
+from .engine import Failed, Lost, Mismatched, Outcome, Resolved, StepEngine
+from .membership import Membership
+
+log = logging.getLogger("crnet.node")
+
+
+class ChildLink:
+    """A connection accepted on ``--listen``: a child, or (rar) the ring predecessor."""
+
+    def __init__(self, membership: Membership, engine: StepEngine):
+        self.membership = membership
+        self.engine = engine
+        self.slot: int | None = None     # the child's slot, once it said HELLO
+        self.peer = False                # the ring predecessor, once it said PEER_HELLO
+
+    def payload_dest(self, conn, msg, nbytes):
+        if self.slot is not None:
+            if isinstance(msg, Chunk):
+                return self.engine.child_chunk_dest(self.slot, msg, nbytes)
+            if isinstance(msg, Result):  # rar: rank 0 reports the ring's result to the master
+                return self.engine.child_result_dest(self.slot, msg, nbytes)
+        elif self.peer and isinstance(msg, Segment):
+            return self.engine.segment_dest(msg, nbytes)
+        raise ProtocolError(self._unexpected(msg))
+
+    def received(self, conn, msg, payload):
+        if self.slot is not None:
+            if isinstance(msg, Chunk):
+                self.engine.child_chunk(self.slot, msg)
+            elif isinstance(msg, Joined):
+                self.membership.child_joined(self.slot, msg)
+            elif isinstance(msg, Fail):
+                self.engine.child_failed(self.slot, msg)
+            elif isinstance(msg, Result):
+                self.engine.child_result(self.slot, msg)
+            else:
+                raise ProtocolError(self._unexpected(msg))
+        elif self.peer:
+            if not isinstance(msg, Segment):
+                raise ProtocolError(self._unexpected(msg))
+            self.engine.segment(msg)
+        elif isinstance(msg, Hello):
+            try:
+                self.slot = self.membership.child_hello(conn, msg)
+            except JoinRefused as e:
+                _refuse(conn, e)
+        elif isinstance(msg, PeerHello):
+            try:
+                self.membership.peer_hello(conn, msg)
+                self.peer = True
+            except JoinRefused as e:
+                _refuse(conn, e)
+        else:
+            raise ProtocolError(self._unexpected(msg))
+
+    def lost(self, conn, exc):
+        if self.peer:
+            log.warning("ring predecessor disconnected")
+        elif self.slot is not None:
+            self.membership.child_lost(self.slot, conn)
+
+    def _unexpected(self, msg: Message) -> str:
+        who = ("a child" if self.slot is not None else "the ring predecessor" if self.peer
+               else "a peer before HELLO")
+        return f"unexpected {msg.TYPE.name} from {who}"
+
+
+def _refuse(conn: Connection, e: JoinRefused) -> None:
+    log.warning("refusing %s: %s", conn.label, e.reason)
+    conn.send(Refuse(e.reason, e.retry))
+    conn.close()
+
+
+class ParentLink:
+    """This node's connection to its parent."""
+
+    def __init__(self, membership: Membership, engine: StepEngine):
+        self.membership = membership
+        self.engine = engine
+        self.welcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def payload_dest(self, conn, msg, nbytes):
+        if self.welcome.done():
+            if isinstance(msg, Result):
+                return self.engine.parent_result_dest(msg, nbytes)
+            if isinstance(msg, Assign):
+                return memoryview(bytearray(nbytes))  # Limits capped it at MAX_CONTROL_PAYLOAD
+        raise ProtocolError(f"unexpected {msg.TYPE.name} from the parent")
+
+    def received(self, conn, msg, payload):
+        if not self.welcome.done():
+            if isinstance(msg, Welcome):
+                try:
+                    self.membership.welcomed(msg)
+                    self.welcome.set_result(None)
+                except JoinRefused as e:
+                    self.welcome.set_exception(e)
+            elif isinstance(msg, Refuse):
+                self.welcome.set_exception(JoinRefused(msg.reason, msg.retry))
+            else:
+                raise ProtocolError(f"{msg.TYPE.name} from the parent before WELCOME")
+        elif isinstance(msg, Result):
+            self.engine.parent_result(msg)
+        elif isinstance(msg, Fail):
+            self.engine.parent_failed(msg)
+        elif isinstance(msg, Assign):
+            self.membership.assigned(msg, payload)
+        else:
+            raise ProtocolError(f"unexpected {msg.TYPE.name} from the parent")
+
+    def lost(self, conn, exc):
+        if not self.welcome.done():
+            self.welcome.set_exception(ConnectionResetError("the parent closed the connection"))
+
+
+class SuccessorLink:
+    """A ring worker's link to its successor: segments go out, only the welcome comes in."""
+
+    def __init__(self) -> None:
+        self.welcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def payload_dest(self, conn, msg, nbytes):
+        raise ProtocolError(f"unexpected {msg.TYPE.name} from the ring successor")
+
+    def received(self, conn, msg, payload):
+        if isinstance(msg, PeerWelcome) and not self.welcome.done():
+            self.welcome.set_result(None)
+        elif isinstance(msg, Refuse) and not self.welcome.done():
+            self.welcome.set_exception(JoinRefused(msg.reason, msg.retry))
+        else:
+            raise ProtocolError(f"unexpected {msg.TYPE.name} from the ring successor")
+
+    def lost(self, conn, exc):
+        if not self.welcome.done():
+            self.welcome.set_exception(ConnectionResetError("the ring successor hung up"))
+
+
+class ClientSeat:
+    """The one training process a daemon serves at a time."""
+
+    def __init__(self) -> None:
+        self.holder: ClientLink | None = None
+
+
+class ClientLink:
+    """The local training process: control messages on a Unix socket, vectors in shm."""
+
+    def __init__(self, seat: ClientSeat, membership: Membership, engine: StepEngine, stats: Stats):
+        self.seat = seat
+        self.membership = membership
+        self.engine = engine
+        self.stats = stats
+        self.conn: Connection | None = None
+        self.region: SharedRegion | None = None
+        self.pid: int | None = None
+        self.welcomed = False
+        self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
+
+    def payload_dest(self, conn, msg, nbytes):
+        raise ProtocolError("the client link carries no payloads")
+
+    def received(self, conn, msg, payload):
+        if self.conn is None:
+            if not isinstance(msg, ClientHello):
+                raise ProtocolError(f"{msg.TYPE.name} before CLIENT_HELLO")
+            self._hello(conn, msg)
+        elif isinstance(msg, Attach):
+            try:
+                self.region = SharedRegion.attach(msg.path, msg.capacity)
+            except (OSError, ValueError) as e:
+                self._error(f"cannot map shared memory: {e}", ErrorKind.SHM)
+                return
+            conn.send(Attached())
+        elif isinstance(msg, Submit):  # Fetch too: a Submit that contributes nothing
+            self._request(msg, contribute=not isinstance(msg, Fetch))
+        elif isinstance(msg, StatsRequest):
+            m = self.membership
+            conn.send(StatsReply(self.stats.as_dict(), None if m.place is None else m.place.name,
+                                 m.state.value, self.engine.resolved_through,
+                                 tuple(self.engine.open_steps), m.neighbours.summary()))
+        else:
+            raise ProtocolError(f"unexpected {msg.TYPE.name} from the training process")
+
+    def _hello(self, conn: Connection, msg: ClientHello) -> None:
+        other = self.seat.holder
+        if other is not None and other.conn is not None and not other.conn.is_closing:
+            conn.send(ClientError("another training process is attached to this daemon "
+                                  f"(pid {other.pid})", ErrorKind.BUSY))
+            conn.close()
+            return
+        self.conn, self.pid = conn, msg.pid
+        self.seat.holder = self
+        log.info("training process %s attached", self.pid)
+        self.membership.on_assigned.append(self._welcome)
+        self._welcome()
+
+    def _welcome(self) -> None:
+        """Once: this host's share (the process waits for it before its first step)."""
+        assignment = self.membership.assignment()
+        if self.conn is not None and assignment is not None and not self.welcomed:
+            self.welcomed = True
+            self.conn.send(ClientWelcome(assignment, self.engine.resolved_through))
+
+    def _request(self, msg: Submit, contribute: bool) -> None:
+        dtype = DTYPES[msg.dtype]
+        if self.region is None or msg.length * dtype.itemsize > self.region.capacity:
+            self._error("vector does not fit the attached shared memory", ErrorKind.REQUEST)
+            return
+        self.waiting = (msg.step, msg.length, dtype)
+        if contribute:
+            problem = self.engine.submit(msg.step, self.region.input(dtype, msg.length))
+            if problem:
+                self._error(problem, ErrorKind.MISMATCH, msg.step)
+                return
+        self.engine.watch(msg.step, self._answer)
+
+    def _answer(self, outcome: Outcome) -> None:
+        if self.waiting is None or self.waiting[0] != outcome.step or self.conn is None:
+            return
+        step, length, dtype = self.waiting
+        if isinstance(outcome, Resolved):
+            # Only length and dtype are compared: the chunk size does not matter here.
+            problem = outcome.layout.mismatch(ChunkLayout.of(length, dtype, 1), step)
+            if problem:
+                self._error(problem, ErrorKind.MISMATCH, step)
+                return
+            assert self.region is not None
+            np.copyto(self.region.output(dtype, length), outcome.vector)
+            self.waiting = None
+            self.conn.send(Done(step, self.engine.resolved_through))
+        elif isinstance(outcome, Failed):
+            self._error(outcome.reason, ErrorKind.FAILED, step)
+        elif isinstance(outcome, Mismatched):
+            self._error(outcome.reason, ErrorKind.MISMATCH, step)
+        else:
+            assert isinstance(outcome, Lost)
+            self._error(outcome.reason, ErrorKind.LOST, step)
+
+    def _error(self, reason: str, kind: ErrorKind, step: int | None = None) -> None:
+        self.waiting = None
+        if self.conn is not None:
+            self.conn.send(ClientError(reason, kind, step))
+
+    def lost(self, conn, exc):
+        if self.seat.holder is self:
+            self.seat.holder = None
+            log.info("training process %s detached", self.pid)
+        if self._welcome in self.membership.on_assigned:
+            self.membership.on_assigned.remove(self._welcome)

@@ -1,0 +1,282 @@
+"""Membership: a node's place in the tree, its child slots, its share of the data.
+
+Join, as the parent sees it: a child says HELLO; it gets a free slot (or the slot
+its ``--name`` held before, so a restarted host gets its share back) and WELCOME
+with the tree; it reports how many workers of its subtree have JOINED. Once all N
+have, the master computes ``crnet.plan`` and ASSIGNs every subtree its allocation,
+down the tree.
+
+Join, as the child sees it (``keep_parent``): connect, HELLO, WELCOME, then ASSIGN;
+when the parent goes away, the steps under way here fail and the node reconnects
+with backoff (``dial.py``) until the parent is back. A ring worker (``--scheme
+rar``) also keeps a link to its ring successor the same way.
+
+The state is explicit (``JoinState``); the step engine is told when the node has
+its share (``engine.start``) and when children or the parent come and go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+from collections.abc import Callable
+
+from ..errors import JoinRefused, ProtocolError
+from ..messages import (Assign, Hello, Joined, NodeShare, PeerHello, PeerWelcome, RingPlace,
+                        Welcome, pack_allocation, parse_allocation)
+from ..plan import plan as make_plan
+from ..schemes import Place
+from ..transport import Connection
+from .dial import Dialer, keep_connected, supervised
+from .engine import StepEngine
+from .neighbours import ChildSlot, Neighbours
+
+log = logging.getLogger("crnet.node")
+
+
+class JoinState(enum.Enum):
+    JOINING = "joining"        # connecting to the parent, or waiting for its WELCOME
+    WELCOMED = "welcomed"      # has its place in the tree; waiting for its share (ASSIGN)
+    ASSIGNED = "assigned"      # has its share: steps run
+
+
+class Membership:
+    def __init__(self, engine: StepEngine, neighbours: Neighbours, *, stop: Callable[[int], None],
+                 place: Place | None = None, samples: int | None = None,
+                 name: str | None = None, dial_parent: Dialer | None = None,
+                 dial_successor: Callable[[str], Dialer] | None = None):
+        """The master passes its ``place`` and ``samples`` (it knows the tree from its
+        options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
+        learns both from its parent. ``dial_successor(address)`` dials a ring successor."""
+        self.engine = engine
+        self.neighbours = neighbours
+        self.place = place
+        self.samples = samples
+        self.state = JoinState.WELCOMED if place is not None else JoinState.JOINING
+        self.allocation: dict[str, NodeShare] | None = None   # this subtree's shares
+        self.listen_address: str | None = None                 # where this node accepts children
+        self.on_assigned: list[Callable[[], None]] = []       # e.g. the training process's link
+        self._stop = stop
+        self._name = name
+        self._dial_parent = dial_parent
+        self._dial_successor = dial_successor
+        self._joined_reported = -1
+        self._tasks: list[asyncio.Task] = []
+        if place is not None:
+            self._size_slots()
+
+    @property
+    def label(self) -> str:
+        return "node (joining)" if self.place is None else self.place.label
+
+    def assignment(self) -> dict | None:
+        """This node's share, as its training process sees it (``Client.assignment``)."""
+        if self.allocation is None or self.place is None or self.samples is None:
+            return None
+        share = self.allocation[self.place.name]
+        return {"name": self.place.name, "layer": share.layer, "samples": self.samples,
+                "workers": self.place.tree.workers, "ranges": [list(r) for r in share.local]}
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---------------------------------------------------------------- parent side
+    def child_hello(self, conn: Connection, hello: Hello) -> int:
+        """Admit a child: its slot index. ``JoinRefused`` says why not (the link
+        sends REFUSE and closes)."""
+        place = self.place
+        if place is None:
+            raise JoinRefused(f"{self.label} has not joined the tree yet", retry=True)
+        if place.is_leaf:
+            raise JoinRefused(f"{place.label} is a leaf (layer {place.layer} of "
+                              f"{place.tree.layers}): it accepts no children")
+        slots = self.neighbours.slots
+        children = place.tree.children(place.name)
+        if hello.name is not None:
+            if hello.name not in children:
+                raise JoinRefused(f"{hello.name!r} is not a child of {place.label} "
+                                  f"(its children are {children[0]}..{children[-1]})")
+            k = children.index(hello.name)
+            if slots[k].link is not None:
+                raise JoinRefused(f"slot {hello.name} of {place.label} is held by a live "
+                                  "connection", retry=True)
+        else:
+            free = [k for k, slot in enumerate(slots) if slot.link is None]
+            if not free:
+                raise JoinRefused(f"{place.label} has all {len(slots)} child slots taken")
+            k = free[0]
+        listen = hello.listen
+        if listen is not None and listen.startswith("0.0.0.0:"):
+            # It listens everywhere: reach it at the address it connected from.
+            listen = f"{conn.label.rpartition(':')[0]}:{listen.rpartition(':')[2]}"
+        slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.newest_step)
+        conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
+                          place.code_kind, place.chunk_bytes, place.scheme))
+        log.info("child %s joined from %s", children[k], conn.label)
+        return k
+
+    def child_joined(self, k: int, msg: Joined) -> None:
+        slot = self.neighbours.slots[k]
+        slot.workers = msg.workers
+        self._report_joined()
+        if self.allocation is not None and not slot.assigned and msg.workers:
+            self._assign_child(k)
+
+    def child_lost(self, k: int, conn: Connection) -> None:
+        slot = self.neighbours.slots[k]
+        if slot.link is not conn:
+            return
+        self.neighbours.slots[k] = ChildSlot(address=slot.address)
+        assert self.place is not None
+        log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
+        self.engine.child_lost(k)
+        self._report_joined()
+
+    def peer_hello(self, conn: Connection, hello: PeerHello) -> None:
+        """A ring predecessor (rar): accept it if this node is in a ring."""
+        ring = None if self.place is None else self.place.ring
+        if ring is None:
+            raise JoinRefused(f"{self.label} is not in a ring (yet)", retry=True)
+        if hello.rank != (ring.rank - 1) % ring.size:
+            raise JoinRefused(f"rank {hello.rank} is not the ring predecessor of rank {ring.rank}")
+        if self.neighbours.predecessor is not None:
+            self.neighbours.predecessor.close()  # it reconnected: the old link is dead
+        self.neighbours.predecessor = conn
+        conn.send(PeerWelcome())
+
+    def _report_joined(self) -> None:
+        place = self.place
+        assert place is not None
+        slots = self.neighbours.slots
+        count = (0 if place.is_master else 1) + sum(s.workers for s in slots if s.link)
+        if count == self._joined_reported:
+            return
+        self._joined_reported = count
+        if not place.is_master:
+            self.neighbours.to_parent(Joined(count))
+            return
+        log.info("%d/%d workers joined", count, place.tree.workers)
+        if count == place.tree.workers and self.allocation is None:
+            assert self.samples is not None
+            p = make_plan(place.tree, self.samples, place.code_kind)
+            self.allocation = {a.name: NodeShare(a.layer, tuple(a.local), tuple(a.responsibility))
+                               for a in p.nodes.values()}
+            log.info("all workers joined: plan for %d samples, d* = %.6g, max local %d",
+                     self.samples, p.optimal_load, p.max_local_samples)
+            self._assigned()
+
+    def _assigned(self) -> None:
+        assert self.place is not None
+        self.state = JoinState.ASSIGNED
+        self.engine.start(self.place)
+        for k, slot in enumerate(self.neighbours.slots):
+            if slot.link is not None and slot.workers and not slot.assigned:
+                self._assign_child(k)
+        for callback in self.on_assigned:
+            callback()
+
+    def _assign_child(self, k: int) -> None:
+        assert self.place is not None and self.allocation is not None and self.samples is not None
+        slots = self.neighbours.slots
+        child = self.place.tree.children(self.place.name)[k]
+        prefix = child + "."
+        sub = {n: v for n, v in self.allocation.items() if n == child or n.startswith(prefix)}
+        ring = None
+        if self.place.scheme == "rar":
+            ring = RingPlace(k, len(slots), slots[(k + 1) % len(slots)].address)
+        link = slots[k].link
+        assert link is not None
+        slots[k].assigned = link.send(Assign(self.samples, ring), pack_allocation(sub))
+
+    def _size_slots(self) -> None:
+        """This node knows its place: one slot per child it will have."""
+        assert self.place is not None
+        if len(self.neighbours.slots) != self.place.fanout:
+            self.neighbours.slots = [ChildSlot() for _ in range(self.place.fanout)]
+
+    # ---------------------------------------------------------------- child side
+    def start(self) -> None:
+        """A node: join through the parent and stay joined (the master has no parent)."""
+        if self._dial_parent is not None:
+            self._tasks.append(supervised(keep_connected(
+                "parent", self._dial_parent, hello=self._hello, up=self._parent_up,
+                down=self._parent_down, refused=self._refused), "parent"))
+
+    def _hello(self) -> Hello:
+        name = self._name if self.place is None else self.place.name
+        return Hello(name, self.listen_address)
+
+    def _parent_up(self, conn: Connection) -> None:
+        self.neighbours.parent = conn
+        self._joined_reported = -1
+        self._report_joined()
+
+    def _parent_down(self, what: str) -> None:
+        self.neighbours.parent = None
+        self.engine.parent_lost(f"lost the connection to its {what}")
+        log.warning("%s lost its %s; reconnecting", self.label, what)
+
+    def _refused(self, e: JoinRefused) -> None:
+        log.error("%s: the parent refused this node: %s", self.label, e.reason)
+        self._stop(2)
+
+    def welcomed(self, msg: Welcome) -> None:
+        """The parent's WELCOME: this node's place. JoinRefused if it cannot take it."""
+        tree = msg.tree
+        if self.place is not None and tree != self.place.tree:
+            raise JoinRefused(f"the parent's tree {tree} differs from the one this node joined")
+        if self.place is not None and msg.name != self.place.name:
+            raise JoinRefused(f"the parent gave this node slot {msg.name}, but it is "
+                              f"{self.place.name}")
+        ring = None if self.place is None else self.place.ring
+        place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes, ring)
+        listening = self.listen_address is not None
+        if place.scheme == "rar" and not listening:
+            raise JoinRefused(f"{place.label} is in a ring (--scheme rar) and must accept its "
+                              "predecessor: start it with --listen")
+        if place.fanout and not listening:
+            raise JoinRefused(f"{place.label} is at layer {place.layer} of {tree.layers} and must "
+                              "accept children: start it with --listen")
+        self.place = place
+        if self.state is JoinState.JOINING:
+            self.state = JoinState.WELCOMED
+        self._size_slots()
+        log.info("joined as %s (layer %d of %d)", place.name, place.layer, tree.layers)
+
+    def assigned(self, msg: Assign, payload: memoryview) -> None:
+        """The parent's ASSIGN: this subtree's shares (and the ring place, rar)."""
+        assert self.place is not None
+        allocation = parse_allocation(payload, msg.samples)
+        if self.place.name not in allocation:
+            raise ProtocolError(f"ASSIGN: the allocation has no share for {self.place.label}")
+        self.allocation, self.samples = allocation, msg.samples
+        share = allocation[self.place.name]
+        log.info("assignment: %d local samples of %d", sum(b - a for a, b, _ in share.local),
+                 msg.samples)
+        if msg.ring is not None and self.place.ring is None:
+            self.place = dataclasses.replace(self.place, ring=msg.ring)
+            self._keep_successor(msg.ring)
+        self._assigned()
+
+    def _keep_successor(self, ring: RingPlace) -> None:
+        if ring.size == 1:
+            return
+        if ring.successor is None or self._dial_successor is None:
+            log.error("rar: the master did not know rank %d's successor", ring.rank)
+            return
+        dial = self._dial_successor(ring.successor)
+        self._tasks.append(supervised(keep_connected(
+            f"ring successor {ring.successor}", dial, hello=lambda: PeerHello(ring.rank),
+            up=self.neighbours.successor_up, down=self._successor_down,
+            refused=lambda e: log.error("the ring successor refused this node: %s", e.reason)),
+            "successor"))
+
+    def _successor_down(self, what: str) -> None:
+        self.neighbours.successor = None
+        log.warning("lost the %s; reconnecting", what)

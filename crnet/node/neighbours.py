@@ -1,0 +1,87 @@
+"""A node's links to its neighbours: the parent, the children by slot, the ring.
+
+Membership (``membership.py``) fills these in as peers join and leave; the step
+engine (``engine.py``) only sends through them. Nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..messages import Message
+from ..transport import Connection
+
+log = logging.getLogger("crnet.node")
+
+
+@dataclass
+class ChildSlot:
+    """One of a parent's child places, and the connection that holds it (if any)."""
+
+    link: Connection | None = None
+    address: str | None = None      # where the child listens (a ring successor's address)
+    workers: int = 0                # joined workers in the child's subtree
+    assigned: bool = False          # ASSIGN sent on this link
+    # Steps up to this one may not have reached this link in full (they were under way
+    # when it joined): a late chunk of one of them gets the outcome sent once.
+    missed_through: int = -1
+    caught_up: set[int] = field(default_factory=set)
+
+
+class Neighbours:
+    def __init__(self) -> None:
+        self.parent: Connection | None = None
+        self.slots: list[ChildSlot] = []
+        self.successor: Connection | None = None     # rar: where this worker's segments go
+        self.predecessor: Connection | None = None   # rar: where they come from
+        self._successor_queue: list[tuple[int, list]] = []   # (step, frame) while reconnecting
+
+    def child(self, k: int) -> Connection | None:
+        return self.slots[k].link if 0 <= k < len(self.slots) else None
+
+    def absent_children(self) -> dict[int, str]:
+        return {k: "disconnected" for k, slot in enumerate(self.slots) if slot.link is None}
+
+    def summary(self) -> dict:
+        """Which links are up (for ``Client.stats()`` and operators)."""
+        return {"parent": self.parent is not None,
+                "children": [slot.link is not None for slot in self.slots],
+                "successor": self.successor is not None,
+                "predecessor": self.predecessor is not None}
+
+    def to_parent(self, msg: Message, payload=None) -> bool:
+        return self.parent is not None and self.parent.send(msg, payload)
+
+    def to_children(self, frame: list, queue_limit: int) -> None:
+        """One encoded frame to every connected child. Results keep coming whether or
+        not a child reads them: one with more than ``queue_limit`` bytes queued while
+        its socket is full is cut off (it reconnects and catches up, or straggles)."""
+        for slot in self.slots:
+            link = slot.link
+            if link is None:
+                continue
+            if link.writing_paused and link.write_buffer_size > queue_limit:
+                link.abort(f"child stopped reading ({link.write_buffer_size} bytes queued)")
+                continue
+            link.write(frame)
+
+    def to_successor(self, step: int, frame: list) -> None:
+        if self.successor is None or not self.successor.write(frame):
+            self._successor_queue.append((step, frame))  # sent once the link is (back) up
+
+    def successor_up(self, conn: Connection) -> None:
+        self.successor = conn
+        for _, frame in self._successor_queue:
+            conn.write(frame)
+        self._successor_queue.clear()
+
+    def forget(self, step: int) -> None:
+        """Steps up to ``step`` are resolved: queued ring segments of them are moot."""
+        self._successor_queue = [(s, f) for s, f in self._successor_queue if s > step]
+
+    def close(self) -> None:
+        for conn in (self.parent, self.successor, self.predecessor,
+                     *(slot.link for slot in self.slots)):
+            if conn is not None:
+                conn.close()

@@ -1,0 +1,163 @@
+"""What an aggregation scheme is to the node that runs it, and what the node offers it.
+
+A scheme (one file each: ``coded_reduce.py``, ``ring_allreduce.py``) moves one
+step's vectors at one node: it says where each incoming piece lands, combines
+them, and sends pieces on through ``Ports``. It never touches a socket. The step
+engine (``crnet.node.engine``) drives it: it hands the scheme only messages of
+steps still open, and owns what every scheme shares: per-step deadlines, the
+result cache, failures, and the training processes waiting for results.
+
+A scheme that does not expect a message leaves the default, which rejects it as a
+protocol error (the connection it came on is closed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..codes import GradientCode
+from ..errors import ProtocolError
+from ..messages import Chunk, Message, Result, RingPlace, Segment
+from ..plan import Tree
+from ..stats import Stats
+from .chunks import ChunkLayout
+
+__all__ = ["Place", "Ports", "Scheme", "Stall"]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a node sits and what the tree runs: all a scheme knows of its node."""
+
+    name: str                   # "" for the master
+    layer: int
+    tree: Tree
+    scheme: str
+    code_kind: str
+    chunk_bytes: int
+    ring: RingPlace | None = None
+
+    @property
+    def is_master(self) -> bool:
+        return self.layer == 0
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.layer == self.tree.layers
+
+    @property
+    def fanout(self) -> int:
+        return 0 if self.is_leaf else self.tree.fanout[self.layer]
+
+    @property
+    def label(self) -> str:
+        return "master" if self.is_master else f"node {self.name}"
+
+    def code(self) -> GradientCode | None:
+        """The gradient code over this node's children (None for a leaf)."""
+        return None if self.is_leaf else self.tree.code_of(self.name, self.code_kind)
+
+    def layout(self, total: int, dtype) -> ChunkLayout:
+        return ChunkLayout.of(total, dtype, self.chunk_bytes)
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Why a step cannot finish at this node yet: what it lacks, and whether the step
+    fails here too (a ring cannot continue without a member) or only the parent is told."""
+
+    lacking: str
+    here: bool = False
+
+
+class Ports(Protocol):
+    """What a scheme may do at its node; the step engine provides it."""
+
+    stats: Stats
+
+    @property
+    def resolved_through(self) -> int:
+        """Every step up to this one has a result or failed at this node."""
+
+    def open(self, step: int) -> None:
+        """``step`` started at this node: its deadline runs from now (once per step)."""
+
+    def stall(self, step: int, reason: str, here: bool = False) -> None:
+        """``step`` can no longer finish here (not enough children left): say so now
+        instead of at its deadline."""
+
+    def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
+        """``vector`` is the step's full result at this node; it is never written again."""
+
+    def fail(self, step: int, reason: str) -> None:
+        """The step failed here (the engine tells the subtree and the training process)."""
+
+    def to_parent(self, msg: Message, payload=None) -> bool: ...
+
+    def to_child(self, k: int, msg: Message, payload=None) -> bool: ...
+
+    def to_children(self, msg: Message, payload) -> None:
+        """One encoding to every connected child; one that stopped reading is cut off."""
+
+    def to_successor(self, step: int, msg: Message, payload) -> None:
+        """To the ring successor; queued while it is (re)connecting."""
+
+    def absent_children(self) -> dict[int, str]:
+        """Children without a live link, with why."""
+
+    def alloc(self, total: int, dtype) -> np.ndarray:
+        """A vector-sized array from the node's pool (see buffers.py)."""
+
+
+class Scheme:
+    """One aggregation algorithm at one node, driven by the step engine."""
+
+    def __init__(self, place: Place, ports: Ports):
+        self.place = place
+        self.ports = ports
+
+    # -- the local training process's vector
+    def local(self, step: int, vector: np.ndarray) -> str | None:
+        """This node's local vector for ``step``; returns why it does not fit, or None."""
+        raise NotImplementedError
+
+    # -- pieces from children, the parent and the ring predecessor
+    def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
+        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no CHUNK from children")
+
+    def child_chunk(self, k: int, msg: Chunk) -> None:
+        pass
+
+    def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
+        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no RESULT from children")
+
+    def child_result(self, k: int, msg: Result) -> None:
+        pass
+
+    def result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
+        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no RESULT from its parent")
+
+    def result(self, msg: Result) -> None:
+        pass
+
+    def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
+        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) is not in a ring")
+
+    def segment(self, msg: Segment) -> None:
+        pass
+
+    # -- what the engine tells the scheme
+    def child_silent(self, k: int, step: int | None, why: str) -> None:
+        """Child ``k`` won't answer ``step`` (it reported a failure), or any open step
+        (``step`` None: its link is gone)."""
+
+    def stalled(self, step: int) -> Stall | None:
+        """``step``'s deadline passed at this node: what is missing, or None if this
+        node's part is done (the parent decides)."""
+        raise NotImplementedError
+
+    def forget(self, step: int) -> None:
+        """Every step up to ``step`` is resolved: drop their state."""
