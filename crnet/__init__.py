@@ -7,11 +7,18 @@ moves the bytes; ``client`` is the training process's API.
 
 __version__ = "0.1.0"
 
-from .client import Assignment, AsyncClient, Client  # noqa: E402
-from .batches import BatchSampler  # noqa: E402
-from .errors import (  # noqa: E402
-    CrnetError, CrnetTimeout, DaemonBusy, DaemonNotRunning, MismatchError, ProtocolError,
-    RequestRejected, StepFailed, StepLost,
+from .batches import BatchSampler
+from .client import Assignment, AsyncClient, Client
+from .errors import (
+    CrnetError,
+    CrnetTimeout,
+    DaemonBusy,
+    DaemonNotRunning,
+    MismatchError,
+    ProtocolError,
+    RequestRejected,
+    StepFailed,
+    StepLost,
 )
 
 __all__ = [

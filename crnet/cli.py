@@ -10,7 +10,8 @@ import json
 import click
 
 from . import defaults
-from .plan import SCHEMES, Tree, plan as make_plan, scheme_tree
+from .plan import SCHEMES, Tree, scheme_tree
+from .plan import plan as make_plan
 from .units import parse_bandwidth, parse_bytes, parse_seconds
 
 
@@ -64,7 +65,7 @@ def tree_for_scheme(scheme, workers, fanout, layers, stragglers) -> Tree:
     if scheme in ("cr", "tree") or workers is None:
         s = stragglers if scheme != "tree" else [0]
         tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), s)
-    if scheme == "cr" and workers is not None and workers != tree.workers:
+    if scheme == "cr" and tree is not None and workers not in (None, tree.workers):
         raise click.UsageError(f"--workers {workers} but the cr tree has {tree.workers} workers")
     try:
         return scheme_tree(scheme, tree=tree, workers=workers, stragglers=stragglers[0])
@@ -211,7 +212,9 @@ def plan(ctx, fanout, layers, stragglers, samples, code_kind, as_json, auto, hos
 
 def _code_name(tree: Tree, layer: int, code_kind: str) -> str:
     first_parent_of_layer = ".".join(["0"] * (layer - 1))
-    return tree.code_of(first_parent_of_layer, code_kind).kind
+    code = tree.code_of(first_parent_of_layer, code_kind)
+    assert code is not None  # layer <= tree.layers: its parents have children
+    return code.kind
 
 
 def _csv(values) -> str:
@@ -243,8 +246,8 @@ def _ranges(ranges, limit: int = 4) -> str:
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="End with the summary as one JSON line.")
-def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, straggle_prob, straggle_factor,
-         compute_ms, timeout, seed, as_json):
+def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, straggle_prob,
+         straggle_factor, compute_ms, timeout, seed, as_json):
     """Train logistic regression on a local tree of real crnetd processes, with stragglers."""
     from .demo import DemoConfig, run_demo
 
@@ -463,9 +466,9 @@ def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json,
     names = ["cr", "gc", "tree", "rar"] if scheme == "all" else [scheme]
     # gc and rar given --workers need no tree (so --stragglers may exceed the default fanout).
     tree = None
-    if scheme != "gc" and scheme != "rar" or workers is None:
+    if (scheme != "gc" and scheme != "rar") or workers is None:
         tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), stragglers)
-    if scheme == "all" and workers not in (None, tree.workers):
+    if scheme == "all" and tree is not None and workers not in (None, tree.workers):
         raise click.UsageError(f"--scheme all compares every scheme on the tree's "
                                f"{tree.workers} workers: drop --workers {workers}")
     predictions = []
@@ -488,7 +491,7 @@ def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json,
 
 def _plan_auto(ctx, auto, hosts, samples, top, max_layers, as_json, inputs) -> None:
     """``crnet plan --auto``: the best schemes and shapes for ``hosts`` workers."""
-    from .model import candidates, rank
+    from .model import Prediction, candidates, rank
 
     if not auto:
         raise click.UsageError("--hosts is for --auto")
@@ -503,7 +506,7 @@ def _plan_auto(ctx, auto, hosts, samples, top, max_layers, as_json, inputs) -> N
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     count = len(candidates(hosts, max_layers))
-    best_of = {}
+    best_of: dict[str, Prediction] = {}
     for p in ranked:
         best_of.setdefault(p.scheme, p)
     if as_json:
@@ -555,13 +558,14 @@ def _prediction_table(predictions, numbered: bool = False, header: bool = True,
                       ranks=None) -> None:
     from .units import format_seconds
 
-    rows = [(p.scheme, p.shape, str(p.max_load), format_seconds(p.mean),
-             format_seconds(p.p50), format_seconds(p.p95)) for p in predictions]
-    head = ("scheme", "shape", "load", "mean", "p50", "p95")
+    rows: list[tuple[str, ...]] = [
+        (p.scheme, p.shape, str(p.max_load), format_seconds(p.mean), format_seconds(p.p50),
+         format_seconds(p.p95)) for p in predictions]
+    head: tuple[str, ...] = ("scheme", "shape", "load", "mean", "p50", "p95")
     if numbered or ranks:
         labels = [str(r) for r in (ranks or range(1, len(rows) + 1))]
-        rows = [(label,) + row for label, row in zip(labels, rows)]
-        head = ("rank",) + head
+        rows = [(label, *row) for label, row in zip(labels, rows)]
+        head = ("rank", *head)
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     right = {"load", "mean", "p50", "p95", "rank"}
     for row in ([head] if header else []) + rows:

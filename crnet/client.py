@@ -18,13 +18,25 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from . import defaults
 from .errors import CrnetTimeout, DaemonNotRunning, ProtocolError
-from .messages import (Attach, Attached, ClientError, ClientHello, ClientWelcome, Done, Fetch,
-                       Message, StatsReply, StatsRequest, Submit)
+from .messages import (
+    Attach,
+    Attached,
+    ClientError,
+    ClientHello,
+    ClientWelcome,
+    Done,
+    Fetch,
+    Message,
+    StatsReply,
+    StatsRequest,
+    Submit,
+)
 from .schemes.chunks import DTYPES
 from .shm import SharedRegion
 from .transport import Connection
@@ -70,6 +82,41 @@ def _socket_path(path) -> str:
     return str(path or os.environ.get("CRNET_CLIENT_SOCKET") or defaults.CLIENT_SOCKET)
 
 
+M = TypeVar("M", bound=Message)
+
+
+class _Replies:
+    """The protocol side of a client (a ``transport.Handler``): the daemon's messages, in order."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._queue: asyncio.Queue[Message | None] = asyncio.Queue()
+
+    async def next(self, kind: type[M], timeout: float | None, what: str) -> M:
+        """The daemon's next message, which must be a ``kind``; an ERROR raises its exception."""
+        try:
+            msg = await asyncio.wait_for(self._queue.get(), timeout)
+        except asyncio.TimeoutError:
+            raise CrnetTimeout(f"no answer from crnetd for {what} within {timeout} s") from None
+        if msg is None:
+            self._queue.put_nowait(None)  # every later call fails the same way
+            raise DaemonNotRunning(f"crnetd at {self.path} closed the connection")
+        if isinstance(msg, ClientError):
+            raise msg.kind.exception(msg.reason, msg.step)
+        if not isinstance(msg, kind):
+            raise ProtocolError(f"crnetd answered {msg.TYPE.name} to a request for {what}")
+        return msg
+
+    def payload_dest(self, conn, msg, nbytes):
+        raise ProtocolError(f"unexpected payload on {msg.TYPE.name} from crnetd")
+
+    def received(self, conn, msg, payload):
+        self._queue.put_nowait(msg)
+
+    def lost(self, conn, exc):
+        self._queue.put_nowait(None)
+
+
 class AsyncClient:
     """A training process's connection to its host's crnetd (asyncio).
 
@@ -77,33 +124,34 @@ class AsyncClient:
     host its share of the data. ``Client`` is the blocking twin.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, conn: Connection, replies: _Replies, assignment: Assignment,
+                 tree_step: int):
+        """Use ``connect``."""
         self.path = path
-        self.assignment: Assignment | None = None
-        self._tree_step = -1
+        self.assignment = assignment
+        self._tree_step = tree_step
+        self._conn = conn
+        self._replies = replies
         self._region: SharedRegion | None = None
-        self._conn: Connection | None = None
-        self._messages: asyncio.Queue[Message | None] = asyncio.Queue()
 
     @classmethod
     async def connect(cls, socket_path=None,
                       timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT) -> AsyncClient:
-        self = cls(_socket_path(socket_path))
+        path = _socket_path(socket_path)
+        replies = _Replies(path)
         loop = asyncio.get_running_loop()
         try:
-            _, self._conn = await loop.create_unix_connection(
-                lambda: Connection(self, Limits(max_payload=0), "crnetd"), self.path)
+            _, conn = await loop.create_unix_connection(
+                lambda: Connection(replies, Limits(max_payload=0), "crnetd"), path)
         except OSError as e:
-            raise DaemonNotRunning(f"no crnetd at {self.path}: {e.strerror or e}") from None
+            raise DaemonNotRunning(f"no crnetd at {path}: {e.strerror or e}") from None
         try:
-            self._conn.send(ClientHello(os.getpid()))
-            welcome = await self._reply(ClientWelcome, timeout, "the tree's assignment")
-            self.assignment = Assignment.from_wire(welcome.assignment)
-            self._tree_step = welcome.tree_step
+            conn.send(ClientHello(os.getpid()))
+            welcome = await replies.next(ClientWelcome, timeout, "the tree's assignment")
         except BaseException:
-            self.close()
+            conn.close()
             raise
-        return self
+        return cls(path, conn, replies, Assignment.from_wire(welcome.assignment), welcome.tree_step)
 
     @property
     def tree_step(self) -> int:
@@ -117,8 +165,8 @@ class AsyncClient:
     async def buffer(self, length: int, dtype=np.float32) -> np.ndarray:
         """The shared input vector: compute the gradient into it, then allreduce it."""
         dtype = np.dtype(dtype)
-        await self._ensure(length * dtype.itemsize)
-        return self._region.input(dtype, length)
+        region = await self._ensure(length * dtype.itemsize)
+        return region.input(dtype, length)
 
     async def allreduce(self, vec, step: int, out: np.ndarray | None = None,
                         timeout: float | None = None) -> np.ndarray:
@@ -129,8 +177,8 @@ class AsyncClient:
         if vec.size == 0:
             raise ValueError("allreduce of an empty vector")
         vec = vec.reshape(-1)
-        await self._ensure(vec.nbytes)
-        staged = self._region.input(vec.dtype, vec.size)
+        region = await self._ensure(vec.nbytes)
+        staged = region.input(vec.dtype, vec.size)
         if not np.shares_memory(staged, vec):
             np.copyto(staged, vec)
         return await self._request(Submit, step, vec, out, timeout)
@@ -147,14 +195,13 @@ class AsyncClient:
         times) and where it stands (``name``, join ``state``, ``resolved_through``,
         ``open_steps``, and which ``links`` are up)."""
         self._conn.send(StatsRequest())
-        reply = await self._reply(StatsReply, 10.0, "stats")
+        reply = await self._replies.next(StatsReply, 10.0, "stats")
         return {"stats": reply.stats, "name": reply.name, "state": reply.state,
                 "resolved_through": reply.resolved_through, "open_steps": list(reply.open_steps),
                 "links": reply.links}
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        self._conn.close()
 
     async def __aenter__(self):
         return self
@@ -162,55 +209,34 @@ class AsyncClient:
     async def __aexit__(self, *exc):
         self.close()
 
-    async def _request(self, kind, step, like, out, timeout) -> np.ndarray:
+    async def _request(self, kind: type[Submit], step: int, like: np.ndarray,
+                       out: np.ndarray | None, timeout: float | None) -> np.ndarray:
         self._conn.send(kind(step, like.size, like.dtype.name))
         while True:
-            done = await self._reply(Done, timeout, f"step {step}")
+            done = await self._replies.next(Done, timeout, f"step {step}")
             if done.step == step:
                 break  # else: a late reply for a step we gave up waiting on
         self._tree_step = max(self._tree_step, done.tree_step)
+        assert self._region is not None
         result = self._region.output(like.dtype, like.size)
         if out is None:
             return result.copy()
         np.copyto(out.reshape(-1), result)
         return out
 
-    async def _ensure(self, nbytes: int) -> None:
+    async def _ensure(self, nbytes: int) -> SharedRegion:
         """Shared memory of at least ``nbytes`` per half, mapped by the daemon."""
         if self._region is not None and self._region.capacity >= nbytes:
-            return
+            return self._region
         region = SharedRegion.create(max(nbytes, 1 << 16))
         try:
+            assert region.path is not None
             self._conn.send(Attach(region.path, region.capacity))
-            await self._reply(Attached, 30.0, "shared memory")
+            await self._replies.next(Attached, 30.0, "shared memory")
         finally:
             region.unlink()  # both sides have it mapped: nothing to leak if either dies
         self._region = region
-
-    async def _reply(self, kind: type[Message], timeout, what):
-        """The daemon's next message, which must be a ``kind``; an ERROR raises its exception."""
-        try:
-            msg = await asyncio.wait_for(self._messages.get(), timeout)
-        except asyncio.TimeoutError:
-            raise CrnetTimeout(f"no answer from crnetd for {what} within {timeout} s") from None
-        if msg is None:
-            self._messages.put_nowait(None)  # every later call fails the same way
-            raise DaemonNotRunning(f"crnetd at {self.path} closed the connection")
-        if isinstance(msg, ClientError):
-            raise msg.kind.exception(msg.reason, msg.step)
-        if not isinstance(msg, kind):
-            raise ProtocolError(f"crnetd answered {msg.TYPE.name} to a request for {what}")
-        return msg
-
-    # -- transport.Handler ---------------------------------------------------------
-    def payload_dest(self, conn, msg, nbytes):
-        raise ProtocolError(f"unexpected payload on {msg.TYPE.name} from crnetd")
-
-    def received(self, conn, msg, payload):
-        self._messages.put_nowait(msg)
-
-    def lost(self, conn, exc):
-        self._messages.put_nowait(None)
+        return region
 
 
 class Client:

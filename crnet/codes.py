@@ -250,7 +250,7 @@ class GradientCode:
         return w, err
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_for(n: int, s: int, kind: str = "auto") -> GradientCode:
     """One shared GradientCode per (n, s, kind) per process (B and the decode cache)."""
     return GradientCode(n, s, kind)

@@ -96,7 +96,7 @@ def worker(socket_path: str, cfg: DemoConfig, index: int, out: mp.Queue) -> None
                     g = c.allreduce(g_local, step=t, timeout=cfg.timeout * 4)
                 w -= cfg.lr * g / cfg.samples
             out.put(("done", c.assignment.name, w, c.stats()["stats"], straggled))
-    except BaseException as e:  # report, don't hang the demo
+    except BaseException as e:  # noqa: BLE001 -- report anything, don't hang the demo
         out.put(("error", index, f"{type(e).__name__}: {e}"))
 
 
@@ -148,7 +148,7 @@ def _observe(local, tree, cfg, out, n_workers, progress) -> dict:
             raise RuntimeError("a training process did not report back") from None
         if item[0] == "error":
             raise RuntimeError(f"training process {item[1]} failed: {item[2]}")
-        _, name, w_final, stats, n_straggled = item
+        _, _, w_final, stats, n_straggled = item
         finals.append(w_final)
         skipped += stats["children_skipped"]
         straggled += n_straggled

@@ -35,8 +35,8 @@ import numpy as np
 try:
     from crnet import _core
 except ImportError as exc:  # extension not built: keep working, but loudly
-    _core = None
-    warnings.warn(
+    _core = None  # type: ignore[assignment]
+    warnings.warn(  # noqa: B028 -- the warning is about this module, not its importer
         f"crnet._core is not available ({exc}); crnet.kernels falls back to the "
         "slow pure-NumPy path. Build the extension with `pip install -e .`.",
         RuntimeWarning,
@@ -46,12 +46,12 @@ HAVE_CYTHON: bool = _core is not None
 
 __all__ = [
     "HAVE_CYTHON",
+    "add_into",
     "axpy",
     "coded_sum",
-    "add_into",
+    "reference_add_into",
     "reference_axpy",
     "reference_coded_sum",
-    "reference_add_into",
 ]
 
 _FLOAT_TYPES = (np.dtype(np.float32), np.dtype(np.float64))

@@ -10,6 +10,7 @@ node 0" by name, and each one's log goes to ``<workdir>/logs/<name>.log``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -92,6 +93,7 @@ class LocalTree:
                 cmd += [k, str(v)]
         else:
             parent = self.tree.parent(name)
+            assert parent is not None
             cmd += ["--role", "node", "--name", name,
                     "--parent", f"{self.addresses[parent]}:{self.ports[parent]}"]
         if name in self.ports:
@@ -103,16 +105,13 @@ class LocalTree:
         return cmd
 
     def start_node(self, name: str) -> subprocess.Popen:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path(name))  # left behind by a killed daemon
-        except FileNotFoundError:
-            pass
-        log = open(self.log_path(name), "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = self.spawn(name, self.command(name), dict(
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True))
-        log.close()
+        with open(self.log_path(name), "ab") as log:  # the child keeps its own descriptor
+            proc = self.spawn(name, self.command(name), dict(
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True))
         self.procs[name] = proc
         self.killed.discard(name)
         return proc

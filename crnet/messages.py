@@ -14,6 +14,7 @@ between a daemon and its training process carries the CLIENT_* messages.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -79,16 +80,16 @@ class _Fields:
             shown = shown[:77] + "..."
         return ProtocolError(f"{self.what}: field {name!r} must be {want}, got {shown}")
 
-    def int(self, name: str, lo: int = 0, hi: int = MAX_STEP) -> int:
+    def integer(self, name: str, lo: int = 0, hi: int = MAX_STEP) -> int:
         v = self.h.get(name)
         if type(v) is not int or not lo <= v <= hi:
             raise self._bad(name, f"an integer in {lo}..{hi}")
         return v
 
-    def opt_int(self, name: str, lo: int = 0, hi: int = MAX_STEP) -> int | None:
-        return None if self.h.get(name) is None else self.int(name, lo, hi)
+    def opt_integer(self, name: str, lo: int = 0, hi: int = MAX_STEP) -> int | None:
+        return None if self.h.get(name) is None else self.integer(name, lo, hi)
 
-    def str(self, name: str, limit: int = 256, choices: tuple[str, ...] | None = None) -> str:
+    def text(self, name: str, limit: int = 256, choices: tuple[str, ...] | None = None) -> str:
         v = self.h.get(name)
         if not isinstance(v, str) or len(v) > limit:
             raise self._bad(name, f"a string of at most {limit} characters")
@@ -96,8 +97,8 @@ class _Fields:
             raise self._bad(name, "one of " + ", ".join(choices))
         return v
 
-    def opt_str(self, name: str, limit: int = 256) -> str | None:
-        return None if self.h.get(name) is None else self.str(name, limit)
+    def opt_text(self, name: str, limit: int = 256) -> str | None:
+        return None if self.h.get(name) is None else self.text(name, limit)
 
     def reason(self, name: str = "reason") -> str:
         v = self.h.get(name)
@@ -105,20 +106,20 @@ class _Fields:
             raise self._bad(name, "a string")
         return v[:MAX_REASON]
 
-    def bool(self, name: str) -> bool:
+    def flag(self, name: str) -> bool:
         v = self.h.get(name, False)
         if not isinstance(v, bool):
             raise self._bad(name, "true or false")
         return v
 
-    def ints(self, name: str, lo: int, hi: int, max_len: int = 16) -> tuple[int, ...]:
+    def integers(self, name: str, lo: int, hi: int, max_len: int = 16) -> tuple[int, ...]:
         v = self.h.get(name)
         if (not isinstance(v, list) or not 1 <= len(v) <= max_len
                 or any(type(x) is not int or not lo <= x <= hi for x in v)):
             raise self._bad(name, f"a list of 1..{max_len} integers in {lo}..{hi}")
         return tuple(v)
 
-    def map(self, name: str) -> dict:
+    def mapping(self, name: str) -> dict:
         v = self.h.get(name)
         if not isinstance(v, dict):
             raise self._bad(name, "a map")
@@ -138,7 +139,7 @@ class Hello(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Hello:
-        return cls(h.opt_str("name"), h.opt_str("listen"))
+        return cls(h.opt_text("name"), h.opt_text("listen"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +161,9 @@ class Welcome(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Welcome:
-        msg = cls(h.str("name"), h.int("layer", 1, 16), h.ints("fanout", 1, 1 << 16),
-                  h.ints("stragglers", 0, 1 << 16), h.str("code", choices=CODE_KINDS),
-                  h.int("chunk_bytes", 1, 1 << 31), h.str("scheme", choices=SCHEMES))
+        msg = cls(h.text("name"), h.integer("layer", 1, 16), h.integers("fanout", 1, 1 << 16),
+                  h.integers("stragglers", 0, 1 << 16), h.text("code", choices=CODE_KINDS),
+                  h.integer("chunk_bytes", 1, 1 << 31), h.text("scheme", choices=SCHEMES))
         try:
             tree = msg.tree
         except ValueError as e:
@@ -184,7 +185,7 @@ class Refuse(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Refuse:
-        return cls(h.reason(), h.bool("retry"))
+        return cls(h.reason(), h.flag("retry"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +197,7 @@ class Joined(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Joined:
-        return cls(h.int("workers", 0, 1 << 31))
+        return cls(h.integer("workers", 0, 1 << 31))
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +213,8 @@ class RingPlace:
 
     @classmethod
     def from_header(cls, h: _Fields) -> RingPlace:
-        size = h.int("size", 1, 1 << 16)
-        return cls(h.int("rank", 0, size - 1), size, h.opt_str("successor"))
+        size = h.integer("size", 1, 1 << 16)
+        return cls(h.integer("rank", 0, size - 1), size, h.opt_text("successor"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +231,8 @@ class Assign(Message):
     def from_header(cls, h: _Fields) -> Assign:
         ring = h.h.get("ring")
         if ring is not None:
-            ring = RingPlace.from_header(_Fields("ASSIGN ring", h.map("ring")))
-        return cls(h.int("samples", 1, 1 << 40), ring)
+            ring = RingPlace.from_header(_Fields("ASSIGN ring", h.mapping("ring")))
+        return cls(h.integer("samples", 1, 1 << 40), ring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +258,7 @@ def parse_allocation(payload, samples: int) -> dict[str, NodeShare]:
     try:
         doc = msgpack.unpackb(payload, max_array_len=1 << 24, max_map_len=1 << 24,
                               max_str_len=1 << 10, max_bin_len=0, max_ext_len=0)
-    except Exception as e:  # msgpack raises several types for bad input
+    except Exception as e:  # noqa: BLE001 -- msgpack raises several types for bad input
         raise ProtocolError(f"ASSIGN: undecodable allocation: {e}") from None
     if not isinstance(doc, dict):
         raise ProtocolError("ASSIGN: the allocation must be a map of node names")
@@ -266,21 +267,21 @@ def parse_allocation(payload, samples: int) -> dict[str, NodeShare]:
         if (not isinstance(name, str) or not isinstance(share, list) or len(share) != 3
                 or type(share[0]) is not int):
             raise ProtocolError(f"ASSIGN: allocation entry {name!r} must be [layer, local, responsibility]")
-        out[name] = NodeShare(share[0], _ranges(name, share[1], samples),
-                              _ranges(name, share[2], samples))
+        out[name] = NodeShare(share[0], _ranges("ASSIGN", name, share[1], samples),
+                              _ranges("ASSIGN", name, share[2], samples))
     return out
 
 
-def _ranges(name, value, samples: int) -> tuple[tuple[int, int, float], ...]:
+def _ranges(what: str, name, value, samples: int) -> tuple[tuple[int, int, float], ...]:
     if not isinstance(value, list):
-        raise ProtocolError(f"ASSIGN: ranges of {name!r} must be a list")
+        raise ProtocolError(f"{what}: ranges of {name!r} must be a list")
     out = []
     for r in value:
         if (not isinstance(r, list) or len(r) != 3 or type(r[0]) is not int
-                or type(r[1]) is not int or not isinstance(r[2], (int, float))
-                or not 0 <= r[0] <= r[1] <= samples):
-            raise ProtocolError(f"ASSIGN: range {r!r} of {name!r} is not [start, stop, weight] "
-                                f"within 0..{samples}")
+                or type(r[1]) is not int or type(r[2]) not in (int, float)
+                or not math.isfinite(r[2]) or not 0 <= r[0] <= r[1] <= samples):
+            raise ProtocolError(f"{what}: range {r!r} of {name!r} is not [start, stop, weight] "
+                                f"within 0..{samples} with a finite weight")
         out.append((r[0], r[1], float(r[2])))
     return tuple(out)
 
@@ -301,8 +302,8 @@ class _Piece(Message):
 
     @classmethod
     def from_header(cls, h: _Fields):
-        return cls(h.int("step"), h.int("chunk", 0, 1 << 40), h.int("total", 1, 1 << 40),
-                   h.str("dtype", choices=DTYPE_NAMES))
+        return cls(h.integer("step"), h.integer("chunk", 0, 1 << 40), h.integer("total", 1, 1 << 40),
+                   h.text("dtype", choices=DTYPE_NAMES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +332,7 @@ class Fail(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Fail:
-        return cls(h.int("step"), h.reason(), h.bool("mismatch"))
+        return cls(h.integer("step"), h.reason(), h.flag("mismatch"))
 
 
 class Phase(str, enum.Enum):
@@ -350,7 +351,7 @@ class PeerHello(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> PeerHello:
-        return cls(h.int("rank", 0, 1 << 16))
+        return cls(h.integer("rank", 0, 1 << 16))
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,9 +380,9 @@ class Segment(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Segment:
-        return cls(h.int("step"), Phase(h.str("phase", choices=("rs", "ag"))),
-                   h.int("round", 0, 1 << 16), h.int("segment", 0, 1 << 16),
-                   h.int("total", 1, 1 << 40), h.str("dtype", choices=DTYPE_NAMES))
+        return cls(h.integer("step"), Phase(h.text("phase", choices=("rs", "ag"))),
+                   h.integer("round", 0, 1 << 16), h.integer("segment", 0, 1 << 16),
+                   h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES))
 
 
 # ---------------------------------------------------------------- the local client (Unix socket)
@@ -395,7 +396,7 @@ class ClientHello(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> ClientHello:
-        return cls(h.int("pid", 0, 1 << 31))
+        return cls(h.integer("pid", 0, 1 << 31))
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,12 +409,13 @@ class ClientWelcome(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> ClientWelcome:
-        a = _Fields("CLIENT_WELCOME assignment", h.map("assignment"))
-        samples = a.int("samples", 1, 1 << 40)
-        assignment = {"name": a.str("name"), "layer": a.int("layer", 0, 16), "samples": samples,
-                      "workers": a.int("workers", 1, 1 << 31),
-                      "ranges": _ranges("assignment", a.h.get("ranges"), samples)}
-        return cls(assignment, h.int("tree_step", -1))
+        a = _Fields("CLIENT_WELCOME assignment", h.mapping("assignment"))
+        samples = a.integer("samples", 1, 1 << 40)
+        assignment = {"name": a.text("name"), "layer": a.integer("layer", 0, 16), "samples": samples,
+                      "workers": a.integer("workers", 1, 1 << 31),
+                      "ranges": _ranges("CLIENT_WELCOME", "assignment", a.h.get("ranges"),
+                                        samples)}
+        return cls(assignment, h.integer("tree_step", -1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,7 +428,7 @@ class Attach(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Attach:
-        return cls(h.str("path", 4096), h.int("capacity", 1, 1 << 40))
+        return cls(h.text("path", 4096), h.integer("capacity", 1, 1 << 40))
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,7 +453,7 @@ class Submit(Message):
 
     @classmethod
     def from_header(cls, h: _Fields):
-        return cls(h.int("step"), h.int("length", 1, 1 << 40), h.str("dtype", choices=DTYPE_NAMES))
+        return cls(h.integer("step"), h.integer("length", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,7 +473,7 @@ class Done(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Done:
-        return cls(h.int("step"), h.int("tree_step", -1))
+        return cls(h.integer("step"), h.integer("tree_step", -1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,8 +487,8 @@ class ClientError(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> ClientError:
-        kind = h.str("kind", choices=tuple(k.value for k in ErrorKind))
-        return cls(h.reason(), ErrorKind(kind), h.opt_int("step"))
+        kind = h.text("kind", choices=tuple(k.value for k in ErrorKind))
+        return cls(h.reason(), ErrorKind(kind), h.opt_integer("step"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,8 +519,8 @@ class StatsReply(Message):
         steps = h.h.get("open_steps")
         if not isinstance(steps, list) or any(type(s) is not int for s in steps):
             raise ProtocolError("STATS_REPLY: field 'open_steps' must be a list of integers")
-        return cls(h.map("stats"), h.opt_str("name"), h.str("state"),
-                   h.int("resolved_through", -1), tuple(steps), h.map("links"))
+        return cls(h.mapping("stats"), h.opt_text("name"), h.text("state"),
+                   h.integer("resolved_through", -1), tuple(steps), h.mapping("links"))
 
 
 # ---------------------------------------------------------------- parsing

@@ -418,18 +418,18 @@ def rank(
 
     Every candidate is simulated on the same seed; ties go to the lower p95.
     """
-    common = dict(samples=samples, vector_bytes=vector_bytes, bandwidth=bandwidth,
-                  latency=latency, compute=compute, trials=trials, seed=seed,
-                  chunk_bytes=chunk_bytes)
+    run = functools.partial(predict, samples=samples, vector_bytes=vector_bytes,
+                            bandwidth=bandwidth, latency=latency, compute=compute, trials=trials,
+                            seed=seed, chunk_bytes=chunk_bytes)
     predictions = []
     for scheme, tree in candidates(hosts, max_layers):
         if scheme == "rar":
-            predictions.append(predict("rar", workers=hosts, **common))
+            predictions.append(run("rar", workers=hosts))
         elif scheme == "gc":
-            predictions.append(predict("gc", workers=hosts, stragglers=tree.stragglers[0],
-                                       **common))
+            assert tree is not None
+            predictions.append(run("gc", workers=hosts, stragglers=tree.stragglers[0]))
         else:
-            predictions.append(predict(scheme, tree=tree, **common))
+            predictions.append(run(scheme, tree=tree))
     predictions.sort(key=lambda p: (p.mean, p.p95))
     return predictions[:top]
 

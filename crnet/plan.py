@@ -23,9 +23,9 @@ from .codes import GradientCode, code_for
 WeightedRange = tuple[int, int, float]
 
 __all__ = [
+    "SCHEMES",
     "Assignment",
     "Plan",
-    "SCHEMES",
     "Tree",
     "WeightedRange",
     "optimal_load",
@@ -285,6 +285,7 @@ def plan(tree: Tree, samples: int, code_kind: str = "auto") -> Plan:
             local, rest = _split_at(responsibility, local_count)
             nodes[name] = _assignment(name, layer, responsibility, local)
             code = tree.code_of(name, code_kind)
+            assert code is not None  # not a leaf
             parts = _cut(rest, code.n)
             for k, child in enumerate(tree.children(name)):
                 share = [

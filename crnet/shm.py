@@ -12,6 +12,7 @@ output half.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -62,10 +63,8 @@ class SharedRegion:
     def unlink(self) -> None:
         """Remove the name; the mappings stay valid."""
         if self.path is not None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
             self.path = None
 
     def input(self, dtype, count: int) -> np.ndarray:

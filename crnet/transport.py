@@ -27,6 +27,8 @@ from .wire import FrameReader, Limits, MsgType
 
 log = logging.getLogger("crnet.transport")
 
+DEFAULT_LIMITS = Limits()
+
 __all__ = ["Connection", "Handler", "loop_name", "run"]
 
 
@@ -47,7 +49,7 @@ class Handler(Protocol):
 class Connection(asyncio.BufferedProtocol):
     """Frames over one stream transport (TCP or Unix)."""
 
-    def __init__(self, handler: Handler, limits: Limits = Limits(), label: str = "peer"):
+    def __init__(self, handler: Handler, limits: Limits = DEFAULT_LIMITS, label: str = "peer"):
         self.handler = handler
         self.label = label
         self.transport: asyncio.Transport | None = None
@@ -78,7 +80,7 @@ class Connection(asyncio.BufferedProtocol):
             self._reader.buffer_updated(nbytes)
         except ProtocolError as e:
             self.abort(f"protocol error: {e}")
-        except Exception as e:  # a bug in a handler: don't take the event loop down with it
+        except Exception as e:  # noqa: BLE001 -- a handler bug: reported below, loop survives
             self.abort(f"internal error: {type(e).__name__}: {e}")
             asyncio.get_running_loop().call_exception_handler({
                 "message": f"{self.label}: error handling a frame", "exception": e,
@@ -94,7 +96,7 @@ class Connection(asyncio.BufferedProtocol):
             self.closed.set_result(exc)
         try:
             self.handler.lost(self, exc)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- a handler bug: reported, the loop survives
             asyncio.get_running_loop().call_exception_handler({
                 "message": f"{self.label}: error in the connection-lost handler",
                 "exception": e, "protocol": self})

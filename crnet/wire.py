@@ -29,7 +29,7 @@ MAGIC = b"CRNT"
 VERSION = 2
 PREFIX = struct.Struct("!4sBBIQ")
 
-__all__ = ["Limits", "MsgType", "FrameReader", "encode", "PREFIX", "VERSION"]
+__all__ = ["PREFIX", "VERSION", "FrameReader", "Limits", "MsgType", "encode"]
 
 
 class MsgType(enum.IntEnum):
@@ -183,7 +183,7 @@ class FrameReader:
                 max_ext_len=0,
                 strict_map_key=True,
             )
-        except Exception as e:  # msgpack raises several types for bad input
+        except Exception as e:  # noqa: BLE001 -- msgpack raises several types for bad input
             raise ProtocolError(f"undecodable {msg_type.name} header: {e}") from None
         if not isinstance(header, dict):
             raise ProtocolError(f"{msg_type.name} header is a {type(header).__name__}, not a map")
@@ -192,6 +192,7 @@ class FrameReader:
         self._frame = (msg_type, header, plen)
 
     def _start_payload(self) -> None:
+        assert self._frame is not None
         msg_type, header, plen = self._frame
         if plen == 0:
             self._frame = None
@@ -218,6 +219,7 @@ class FrameReader:
             self._start = self._end = 0
 
     def _deliver(self, payload: memoryview) -> None:
+        assert self._frame is not None
         msg_type, header, _ = self._frame
         self._frame = None
         self._dest = None

@@ -17,8 +17,7 @@ from crnet.messages import Chunk, Hello
 from crnet.plan import Tree
 from crnet.wire import PREFIX, VERSION, MsgType
 
-from .conftest import (KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log,
-                       workers)
+from .conftest import KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log, workers
 
 pytestmark = pytest.mark.timeout(180)
 

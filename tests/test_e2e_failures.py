@@ -18,8 +18,7 @@ from crnet.launch import MASTER
 from crnet.messages import Hello, Joined
 from crnet.plan import Tree
 
-from .conftest import (KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log, wait_until,
-                       workers)
+from .conftest import KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log, wait_until, workers
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -62,7 +61,7 @@ async def test_parent_death_fails_the_step_below_it_and_the_subtree_rejoins(loca
         clients.pop("0").close()
         lt.signal("0", KILL)
         started = time.monotonic()
-        for name, fut in below.items():
+        for fut in below.values():
             with pytest.raises(StepFailed, match="lost the connection to its parent"):
                 await fut
         assert time.monotonic() - started < 5, "no --timeout wait: the parent is gone"
@@ -153,6 +152,7 @@ async def test_a_child_that_stops_reading_is_cut_off_and_the_tree_goes_on(local_
     lt = local_tree(tree, 3, send_queue_bytes=1 << 20)
     grads = np.random.default_rng(11).standard_normal((3, dim))
     want = grads.sum(axis=0)
+    clients = await connect_all(lt, ["0", "1"])     # returns once the whole tree joined
     # Child 2's slot goes to a raw socket that joins and then never reads a byte.
     lt.signal("2", KILL)
     await wait_for_log(lt, MASTER, "child 2 disconnected")
@@ -161,7 +161,6 @@ async def test_a_child_that_stops_reading_is_cut_off_and_the_tree_goes_on(local_
     silent.connect(("127.0.0.1", lt.ports[MASTER]))
     for msg in (Hello(name="2"), Joined(1)):
         silent.sendall(b"".join(bytes(p) for p in msg.frame()))
-    clients = await connect_all(lt, ["0", "1"])
     try:
         t = 0
         while "child stopped reading" not in lt.log_path(MASTER).read_text():

@@ -1,5 +1,6 @@
 """Run-time model: closed forms by hand, order statistics, monotonicity, ranking, and the CLI."""
 
+import itertools
 import json
 import math
 import time
@@ -287,7 +288,7 @@ def test_mean_step_time_grows_with_straggle_probability(scheme, shape):
         # needed vectors (see test_a_tolerated_straggler_frees_the_link): the mean may dip,
         # by less than one vector per layer.
         layers = shape["tree"].layers if "tree" in shape else 1
-        assert all(b >= a - layers * U for a, b in zip(means, means[1:]))
+        assert all(b >= a - layers * U for a, b in itertools.pairwise(means))
         assert means[2:] == sorted(means[2:])
     else:
         assert means == sorted(means)

@@ -139,7 +139,7 @@ def test_gc_plan_exact_under_any_s_stragglers(workers, s, m):
     grads = rng.standard_normal((m, 2))
     p = plan_gc(workers, s, m)
     assert p.tree.layers == 1 and p.workers == workers
-    for trial in range(20):
+    for _ in range(20):
         down = set(rng.choice(workers, size=s, replace=False).tolist())
         result, _ = aggregate(p, grads, {"": down})
         np.testing.assert_allclose(result, grads.sum(axis=0), rtol=1e-9, atol=1e-9)

@@ -73,7 +73,7 @@ def test_encode_does_not_copy_payload():
     arr = np.ones(10, dtype=np.float64)
     parts = encode(MsgType.RESULT, {"step": 1}, arr)
     assert isinstance(parts[1], memoryview) and parts[1].obj is arr
-    magic, version, msg_type, hlen, plen = PREFIX.unpack_from(parts[0])
+    magic, _, msg_type, _, plen = PREFIX.unpack_from(parts[0])
     assert (magic, msg_type, plen) == (b"CRNT", MsgType.RESULT, 80)
 
 

@@ -105,7 +105,7 @@ def test_empirical_file_is_normalised_by_its_minimum(tmp_path):
     assert draws.mean() == pytest.approx(model.mean_time(100), rel=0.05)
     assert model.describe().startswith("empirical:0.0001 (4 multipliers")
     (tmp_path / "bad.txt").write_text("0.1\nslow\n")
-    with pytest.raises(ValueError, match="bad.txt:2: 'slow' is not a number"):
+    with pytest.raises(ValueError, match=r"bad\.txt:2: 'slow' is not a number"):
         ComputeModel.parse(f"empirical:1e-4,{tmp_path / 'bad.txt'}")
     (tmp_path / "zero.txt").write_text("0.1\n0\n")
     with pytest.raises(ValueError, match="finite and > 0"):

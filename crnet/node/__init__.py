@@ -1,18 +1,21 @@
 """crnetd, one host of the tree, in rooms that talk through small public interfaces.
 
-Read in this order to follow one chunk from a child's socket to the training
-process's result (``cr``; ``rar`` goes through ``ring_allreduce.py`` instead):
+Read these four files in this order, each once, to follow one chunk from a child's
+socket to the training process's result (``cr``; ``rar``'s segments take the same
+path to ``ring_allreduce.py``):
 
-1. ``crnet/transport.py``     bytes -> frames (``wire.FrameReader``) -> typed messages
-                              (``messages.parse``); the payload lands where the link says.
-2. ``crnet/node/links.py``    ``ChildLink``: a CHUNK from a child goes to the step engine.
-3. ``crnet/node/engine.py``   the step: open (its deadline starts), or decided already
-                              (late: dropped, or the child catches up); the scheme gets it.
-4. ``crnet/schemes/coded_reduce.py``  where the chunk lands, the decode from the fastest
-                              n-s children, up to the parent or, at the master, down to
-                              every child; complete -> ``Ports.resolved``.
-5. ``crnet/node/engine.py`` ``resolved``/``fail`` and ``links.ClientLink._answer``: the
-                              outcome is kept and every waiting training process answered.
+1. ``crnet/transport.py``   bytes -> frames (``wire.FrameReader``) -> typed messages
+                            (``messages.parse``); a payload lands where the link says.
+2. ``crnet/node/links.py``  ``ChildLink``: a CHUNK from a child goes to the step engine;
+                            ``ClientLink``: a training process submits its vector and
+                            ``watch``es the step; its answer is written when the outcome comes.
+3. ``crnet/node/engine.py`` the step is open (its deadline runs) or decided (a late chunk
+                            is dropped, or the child catches up); the scheme gets it. When the
+                            scheme reports the outcome (``resolved``/``fail``), it is kept and
+                            everyone watching the step is answered.
+4. ``crnet/schemes/coded_reduce.py``  the chunk's receive buffer, the decode from the
+                            fastest n-s children, up to the parent or, at the master, down
+                            to every child as RESULT; the whole vector -> ``Ports.resolved``.
 
 The rooms:
 

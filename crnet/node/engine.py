@@ -273,12 +273,11 @@ class StepEngine:
         link = self.neighbours.child(k)
         return link is not None and link.send(msg, payload)
 
-    def to_children(self, msg: Message, payload) -> None:
+    def to_children(self, msg: Result, payload) -> None:
         limit = self.settings.send_queue_bytes
         if limit is None:
-            itemsize = np.dtype(getattr(msg, "dtype", "float64")).itemsize
-            limit = max(defaults.SEND_QUEUE_BYTES,
-                        defaults.SEND_QUEUE_VECTORS * getattr(msg, "total", 0) * itemsize)
+            vector = msg.total * np.dtype(msg.dtype).itemsize
+            limit = max(defaults.SEND_QUEUE_BYTES, defaults.SEND_QUEUE_VECTORS * vector)
         self.neighbours.to_children(msg.frame(payload), limit)
 
     def to_successor(self, step: int, msg: Message, payload) -> None:
@@ -310,5 +309,8 @@ class StepEngine:
             self.scheme.forget(step)
         self.neighbours.forget(step)
         for waiting in sorted(s for s in self._waiters if s <= step):
+            outcome = self._outcomes.get(waiting) or Lost(
+                waiting, f"step {waiting} was passed over: {self.label} went on to step {step} "
+                         "before it finished")
             for callback in self._waiters.pop(waiting):
-                callback(self.outcome(waiting))
+                callback(outcome)

@@ -131,14 +131,16 @@ class Node:
         for conn in live:
             conn.close()
         try:
-            await asyncio.wait_for(asyncio.gather(
-                self.membership.wait_closed(), *(c.closed for c in live),
-                return_exceptions=True), defaults.SHUTDOWN_GRACE)
+            await asyncio.wait_for(self._closed(live), defaults.SHUTDOWN_GRACE)
         except asyncio.TimeoutError:
             log.warning("shutdown took longer than %g s; stopping anyway", defaults.SHUTDOWN_GRACE)
         if self.settings.client_socket and os.path.exists(self.settings.client_socket):
             os.unlink(self.settings.client_socket)
         log.info("%s stopped", self.membership.label)
+
+    async def _closed(self, conns: list[Connection]) -> None:
+        await self.membership.wait_closed()
+        await asyncio.gather(*(c.closed for c in conns), return_exceptions=True)
 
     def loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
         """Anything unexpected: log it with its traceback; in strict mode, stop with 70."""

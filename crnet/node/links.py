@@ -21,9 +21,30 @@ import logging
 import numpy as np
 
 from ..errors import ErrorKind, JoinRefused, ProtocolError
-from ..messages import (Assign, Attach, Attached, Chunk, ClientError, ClientHello, ClientWelcome,
-                        Done, Fail, Fetch, Hello, Joined, Message, PeerHello, PeerWelcome, Refuse,
-                        Result, Segment, StatsReply, StatsRequest, Submit, Welcome)
+from ..messages import (
+    Assign,
+    Attach,
+    Attached,
+    Chunk,
+    ClientError,
+    ClientHello,
+    ClientWelcome,
+    Done,
+    Fail,
+    Fetch,
+    Hello,
+    Joined,
+    Message,
+    PeerHello,
+    PeerWelcome,
+    Refuse,
+    Result,
+    Segment,
+    StatsReply,
+    StatsRequest,
+    Submit,
+    Welcome,
+)
 from ..schemes.chunks import DTYPES, ChunkLayout
 from ..shm import SharedRegion
 from ..stats import Stats
@@ -42,8 +63,11 @@ class ChildLink:
         self.engine = engine
         self.slot: int | None = None     # the child's slot, once it said HELLO
         self.peer = False                # the ring predecessor, once it said PEER_HELLO
+        self.refused = False             # REFUSE sent: what it sent before reading it is moot
 
     def payload_dest(self, conn, msg, nbytes):
+        if self.refused:
+            return None
         if self.slot is not None:
             if isinstance(msg, Chunk):
                 return self.engine.child_chunk_dest(self.slot, msg, nbytes)
@@ -54,6 +78,8 @@ class ChildLink:
         raise ProtocolError(self._unexpected(msg))
 
     def received(self, conn, msg, payload):
+        if self.refused:
+            return
         if self.slot is not None:
             if isinstance(msg, Chunk):
                 self.engine.child_chunk(self.slot, msg)
@@ -73,12 +99,14 @@ class ChildLink:
             try:
                 self.slot = self.membership.child_hello(conn, msg)
             except JoinRefused as e:
+                self.refused = True
                 _refuse(conn, e)
         elif isinstance(msg, PeerHello):
             try:
                 self.membership.peer_hello(conn, msg)
                 self.peer = True
             except JoinRefused as e:
+                self.refused = True
                 _refuse(conn, e)
         else:
             raise ProtocolError(self._unexpected(msg))

@@ -24,8 +24,18 @@ import logging
 from collections.abc import Callable
 
 from ..errors import JoinRefused, ProtocolError
-from ..messages import (Assign, Hello, Joined, NodeShare, PeerHello, PeerWelcome, RingPlace,
-                        Welcome, pack_allocation, parse_allocation)
+from ..messages import (
+    Assign,
+    Hello,
+    Joined,
+    NodeShare,
+    PeerHello,
+    PeerWelcome,
+    RingPlace,
+    Welcome,
+    pack_allocation,
+    parse_allocation,
+)
 from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection

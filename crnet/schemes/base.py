@@ -99,7 +99,7 @@ class Ports(Protocol):
 
     def to_child(self, k: int, msg: Message, payload=None) -> bool: ...
 
-    def to_children(self, msg: Message, payload) -> None:
+    def to_children(self, msg: Result, payload) -> None:
         """One encoding to every connected child; one that stopped reading is cut off."""
 
     def to_successor(self, step: int, msg: Message, payload) -> None:

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DTYPES = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+
+
+def byte_view(array: np.ndarray) -> memoryview:
+    """The array's memory as bytes, where a payload is received (no copy)."""
+    return memoryview(array).cast("B")  # type: ignore[arg-type]  # numpy declares __buffer__ for 3.12+
 
 
 @dataclass(frozen=True)

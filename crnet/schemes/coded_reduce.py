@@ -22,7 +22,7 @@ from ..kernels import coded_sum
 from ..messages import Chunk, Fail, Result
 from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
-from .chunks import ChunkLayout
+from .chunks import ChunkLayout, byte_view
 
 log = logging.getLogger("crnet.schemes")
 
@@ -75,8 +75,9 @@ class UpStep:
 
     def child_buffer(self, child: int, chunk: int) -> memoryview:
         """Where child ``child``'s copy of ``chunk`` is received (a byte view)."""
+        assert self._children is not None
         start, stop = self.layout.bounds(chunk)
-        return memoryview(self._children[child][start:stop]).cast("B")
+        return byte_view(self._children[child][start:stop])
 
     def child_arrived(self, child: int, chunk: int) -> list[int]:
         """Record a child's chunk; returns the chunks now ready to decode."""
@@ -106,12 +107,15 @@ class UpStep:
         start, stop = self.layout.bounds(chunk)
         self._done[chunk] = True
         self._remaining -= 1
+        assert self.local is not None or not self.has_local
         if self.code is None:
+            assert self.local is not None  # a leaf's message is its local vector
             return self.local[start:stop]
+        assert self._children is not None
         children, weights = self._decoder(tuple(self._arrived[chunk][: self.needed]))
         inputs = [self._children[k][start:stop] for k in children]
         self.used.update(children)
-        if self.has_local:  # new lists: the cached ones serve the step's other chunks
+        if self.local is not None:  # new lists: the cached ones serve the step's other chunks
             inputs, weights = [self.local[start:stop], *inputs], [1.0, *weights]
         if self._out is None:
             # Not last step's: the transport may still be sending it (see buffers.py).
@@ -123,6 +127,7 @@ class UpStep:
     def _decoder(self, responders: tuple[int, ...]) -> tuple[list[int], list[float]]:
         found = self._weights.get(responders)
         if found is None:
+            assert self.code is not None
             coeffs = self.code.decode(responders)
             found = ([k for k, a in zip(responders, coeffs) if a != 0.0],
                      [float(a) for a in coeffs if a != 0.0])
@@ -161,7 +166,7 @@ class ResultStep:
         if self._have[chunk]:
             return None
         start, stop = self.layout.bounds(chunk)
-        return memoryview(self.vector[start:stop]).cast("B")
+        return byte_view(self.vector[start:stop])
 
     def chunk(self, chunk: int) -> np.ndarray:
         start, stop = self.layout.bounds(chunk)
@@ -181,13 +186,18 @@ class CodedReduce(Scheme):
         self.code = place.code()
         self.up: UpStep | None = None
         self.down: dict[int, ResultStep] = {}
-        self._silent_ahead: dict[int, dict[int, str]] = {}   # step -> children out of it
+        # Steps known here before any piece of them came (the master's training process
+        # asked, or a child gave up early), with the children already out of each.
+        self._ahead: dict[int, dict[int, str]] = {}
         self._child_buffers: tuple | None = None
 
     # -- up: the local vector and the children's chunks --------------------------------
     def local(self, step: int, vector: np.ndarray) -> str | None:
         if self.place.is_master:  # the master computes nothing; its process only waits
             self.ports.open(step)
+            if self.up is None or step > self.up.step:
+                self._ahead.setdefault(step, {})
+                self._check_ahead(step)
             return None
         layout = self.place.layout(vector.size, vector.dtype)
         up = self._up_for(step, layout)
@@ -228,16 +238,26 @@ class CodedReduce(Scheme):
         if step is not None and (up is None or step > up.step):
             # A step not begun here yet (the child gave up before anything else came):
             # remember, and fail it now if too many children are already out.
-            ahead = self._silent_ahead.setdefault(step, {})
-            ahead[k] = why
+            self._ahead.setdefault(step, {})[k] = why
             self.ports.open(step)
-            if len(ahead) > self.code.s:
-                self._stall(step, ahead)
+            self._check_ahead(step)
             return
+        if step is None:  # the link is gone: every step known here lost the child
+            for ahead in list(self._ahead):
+                if ahead in self._ahead:   # a stall may have decided (and dropped) it
+                    self._check_ahead(ahead)
         if up is None or step not in (None, up.step) or k in up.silent:
             return
         up.silent[k] = why
         self._check_quorum(up)
+
+    def _check_ahead(self, step: int) -> None:
+        """A step known here before any piece of it came: fail it now if more than s
+        children are already out of it."""
+        assert self.code is not None
+        out = {**self.ports.absent_children(), **self._ahead[step]}
+        if len(out) > self.code.s:
+            self._stall(step, out)
 
     def _up_for(self, step: int, layout: ChunkLayout) -> UpStep | None:
         """The UpStep for ``step``, started if new; None if the step is older."""
@@ -252,7 +272,7 @@ class CodedReduce(Scheme):
         self.ports.open(step)
         if self.code is not None:
             up.silent.update(self.ports.absent_children())
-            up.silent.update(self._silent_ahead.pop(step, {}))
+            up.silent.update(self._ahead.pop(step, {}))
             self._check_quorum(up)
         return self.up
 
@@ -338,7 +358,7 @@ class CodedReduce(Scheme):
             self.ports.resolved(result.step, layout, result.vector)
 
     def forget(self, step: int) -> None:
-        for table in (self.down, self._silent_ahead):
+        for table in (self.down, self._ahead):
             for old in [s for s in table if s <= step]:
                 del table[old]  # superseded: its remaining chunks are never coming
         if self.up is not None and self.up.step <= step:

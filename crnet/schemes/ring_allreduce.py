@@ -27,7 +27,7 @@ from ..kernels import add_into
 from ..messages import Phase, Result, Segment
 from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
-from .chunks import ChunkLayout
+from .chunks import ChunkLayout, byte_view
 from .coded_reduce import ResultStep
 
 log = logging.getLogger("crnet.schemes")
@@ -83,7 +83,7 @@ class RingStep:
         """Where the predecessor's segment is received."""
         buf = self._incoming if phase == REDUCE else self.result
         a, b = self._bounds[segment]
-        return memoryview(buf[a:b]).cast("B")
+        return byte_view(buf[a:b])
 
     def local_arrived(self, vector: np.ndarray) -> list[Send]:
         self._acc = self._alloc(self.layout.total, self.layout.dtype)
@@ -109,6 +109,7 @@ class RingStep:
         return self._reduce(rnd, segment)
 
     def _reduce(self, rnd: int, segment: int) -> list[Send]:
+        assert self._acc is not None  # arrivals before the local vector wait in _early
         a, b = self._bounds[segment]
         add_into(self._acc[a:b], self._incoming[a:b])
         if rnd + 1 < self.size - 1:

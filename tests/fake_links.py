@@ -1,0 +1,58 @@
+"""A stand-in for ``transport.Connection`` in tests of the node's rooms (engine, membership, links).
+
+Every message sent on it is framed and parsed back (``messages.parse``), so a test sees
+exactly what the peer would receive, and a message the node could not put on the wire fails.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+
+from crnet.messages import Message, parse
+from crnet.wire import PREFIX, MsgType
+
+
+class FakeLink:
+    """What the node's rooms use of a Connection; it records instead of sending."""
+
+    def __init__(self, label: str = "fake"):
+        self.label = label
+        self.sent: list[tuple[Message, memoryview | None]] = []
+        self.writing_paused = False
+        self.write_buffer_size = 0
+        self.is_closing = False
+        self.aborted: str | None = None
+        self.closed = False
+
+    def send(self, msg: Message, payload=None) -> bool:
+        return self.write(msg.frame(payload))
+
+    def write(self, frame: list) -> bool:
+        if self.is_closing:
+            return False
+        head = bytes(frame[0])
+        _, _, msg_type, hlen, plen = PREFIX.unpack_from(head)
+        header = msgpack.unpackb(head[PREFIX.size:PREFIX.size + hlen])
+        payload = frame[1] if plen else None
+        self.sent.append((parse(MsgType(msg_type), header, plen), payload))
+        return True
+
+    def abort(self, reason: str) -> None:
+        self.aborted = reason
+        self.is_closing = True
+
+    def close(self) -> None:
+        self.closed = True
+        self.is_closing = True
+
+    def messages(self, kind: type[Message] | None = None) -> list[Message]:
+        """The messages sent on this link (of one kind), in order."""
+        return [m for m, _ in self.sent if kind is None or isinstance(m, kind)]
+
+    def vector(self, kind: type[Message], step: int) -> np.ndarray:
+        """The vector carried by the chunks (RESULT, CHUNK) of ``step`` sent on this link."""
+        pieces = sorted((m.chunk, p) for m, p in self.sent
+                        if isinstance(m, kind) and m.step == step)
+        dtype = next(m for m, _ in self.sent if isinstance(m, kind) and m.step == step).dtype
+        return np.concatenate([np.frombuffer(p, dtype) for _, p in pieces])

@@ -1,0 +1,282 @@
+"""Membership with fake links: child slots, refusals, JOINED counts, the plan and ASSIGN,
+a child's loss, and a node taking (or refusing) its place."""
+
+import pytest
+
+from crnet.errors import JoinRefused, ProtocolError
+from crnet.messages import Assign, Chunk, Hello, Joined, NodeShare, Welcome, pack_allocation, parse_allocation
+from crnet.node.engine import EngineSettings, Failed, StepEngine
+from crnet.node.membership import JoinState, Membership
+from crnet.node.neighbours import Neighbours
+from crnet.plan import Tree, plan
+from crnet.schemes import Place
+from crnet.stats import Stats
+
+from .fake_links import FakeLink
+
+pytestmark = pytest.mark.timeout(30)
+
+TREE = Tree.regular(2, 2, 1)     # master -> 0, 1 -> 0.0, 0.1, 1.0, 1.1: N = 6
+SAMPLES = 60
+CHUNK_BYTES = 32
+
+
+def place(name, tree=TREE, scheme="cr"):
+    return Place(name, tree.layer(name), tree, scheme, "auto", CHUNK_BYTES)
+
+
+@pytest.fixture
+def membership():
+    """``membership(place=None, samples=None)``: a Membership over a fresh engine and
+    neighbours; the master passes its place and samples, a node neither."""
+    made = []
+
+    def make(place=None, samples=None):
+        neighbours = Neighbours()
+        engine = StepEngine(EngineSettings(), Stats(), neighbours)
+        m = Membership(engine, neighbours, stop=lambda code: None, place=place, samples=samples)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.engine.close()
+        m.close()
+
+
+@pytest.fixture
+def master(membership):
+    return membership(place(""), SAMPLES)
+
+
+def welcome(name, tree=TREE, scheme="cr"):
+    return Welcome(name, tree.layer(name), tree.fanout, tree.stragglers, "auto", CHUNK_BYTES, scheme)
+
+
+def shares_of(subtree_root):
+    p = plan(TREE, SAMPLES)
+    return {a.name: NodeShare(a.layer, tuple(a.local), tuple(a.responsibility))
+            for a in p.nodes.values()
+            if a.name == subtree_root or a.name.startswith(subtree_root + ".")}
+
+
+# ---------------------------------------------------------------- slots
+
+def test_a_child_gets_the_first_free_slot_and_its_place(master):
+    a, b = FakeLink("10.0.0.5:40001"), FakeLink("10.0.0.6:40002")
+    assert master.child_hello(a, Hello()) == 0
+    assert master.child_hello(b, Hello(listen="10.0.0.6:7000")) == 1
+    assert a.messages() == [welcome("0")]
+    assert b.messages() == [welcome("1")]
+    slots = master.neighbours.slots
+    assert [s.link for s in slots] == [a, b]
+    assert [s.address for s in slots] == [None, "10.0.0.6:7000"]
+
+
+def test_a_child_may_name_its_slot(master):
+    b, a = FakeLink(), FakeLink()
+    assert master.child_hello(b, Hello("1")) == 1
+    assert master.child_hello(a, Hello()) == 0
+    assert b.messages() == [welcome("1")] and a.messages() == [welcome("0")]
+
+
+def test_a_child_listening_everywhere_is_reached_at_its_address(master):
+    master.child_hello(FakeLink("10.0.0.7:51234"), Hello(listen="0.0.0.0:7001"))
+    assert master.neighbours.slots[0].address == "10.0.0.7:7001"
+
+
+def refuse(m, hello):
+    link = FakeLink()
+    before = [(s.link, s.address) for s in m.neighbours.slots]
+    with pytest.raises(JoinRefused) as e:
+        m.child_hello(link, hello)
+    assert link.messages() == []     # ChildLink sends the REFUSE, not membership
+    assert [(s.link, s.address) for s in m.neighbours.slots] == before
+    return e.value
+
+
+@pytest.mark.parametrize("name", ["2", "0.1", ""])
+def test_a_name_that_is_not_a_child_is_refused_for_good(master, name):
+    e = refuse(master, Hello(name))
+    assert e.reason == f"{name!r} is not a child of master (its children are 0..1)"
+    assert e.retry is False
+
+
+def test_a_slot_held_by_a_live_connection_is_refused_for_now(master):
+    master.child_hello(FakeLink(), Hello("0"))
+    e = refuse(master, Hello("0"))
+    assert e.reason == "slot 0 of master is held by a live connection"
+    assert e.retry is True
+
+
+def test_a_full_parent_refuses_for_good(master):
+    master.child_hello(FakeLink(), Hello())
+    master.child_hello(FakeLink(), Hello())
+    e = refuse(master, Hello())
+    assert (e.reason, e.retry) == ("master has all 2 child slots taken", False)
+
+
+def test_a_leaf_refuses_children(membership):
+    e = refuse(membership(place("1.0")), Hello())
+    assert (e.reason, e.retry) == ("node 1.0 is a leaf (layer 2 of 2): it accepts no children", False)
+
+
+def test_a_node_without_a_place_asks_children_to_retry(membership):
+    e = refuse(membership(), Hello())
+    assert (e.reason, e.retry) == ("node (joining) has not joined the tree yet", True)
+
+
+def test_a_lost_child_frees_its_slot_for_its_return(master):
+    old, new = FakeLink(), FakeLink()
+    master.child_hello(old, Hello(listen="10.0.0.5:7000"))
+    master.engine.newest_step = 12          # steps were under way when it came back
+    master.child_lost(0, new)               # not the slot's connection: ignored
+    assert master.neighbours.slots[0].link is old
+    master.child_lost(0, old)
+    assert master.neighbours.slots[0].link is None
+    assert master.neighbours.slots[0].address == "10.0.0.5:7000"   # its ring address stays
+    assert master.child_hello(new, Hello("0")) == 0
+    assert master.neighbours.slots[0].missed_through == 12
+
+
+# ---------------------------------------------------------------- JOINED and ASSIGN
+
+def test_a_node_reports_its_subtrees_joined_workers_to_its_parent(membership):
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    m.welcomed(welcome("0"))
+    parent = FakeLink("parent")
+    m.neighbours.parent = parent
+    c0, c1 = FakeLink(), FakeLink()
+    m.child_hello(c0, Hello())
+    m.child_joined(0, Joined(1))
+    m.child_joined(0, Joined(1))            # the same count again: nothing new to say
+    m.child_hello(c1, Hello())
+    m.child_joined(1, Joined(1))
+    m.child_lost(0, c0)
+    assert parent.messages() == [Joined(2), Joined(3), Joined(2)]
+
+
+def test_once_all_workers_joined_each_child_is_assigned_its_subtree_once(master):
+    assigned = []
+    master.on_assigned.append(lambda: assigned.append(master.state))
+    a, b = FakeLink(), FakeLink()
+    master.child_hello(a, Hello())
+    master.child_hello(b, Hello())
+    master.child_joined(0, Joined(3))
+    assert master.state is JoinState.WELCOMED and master.allocation is None
+    assert a.messages(Assign) == [] and assigned == []
+
+    master.child_joined(1, Joined(3))       # 6 of 6
+    assert master.state is JoinState.ASSIGNED
+    assert assigned == [JoinState.ASSIGNED]
+    assert master.engine.place == master.place and master.engine.scheme is not None
+    for link, root in ((a, "0"), (b, "1")):
+        [(msg, payload)] = [(m, p) for m, p in link.sent if isinstance(m, Assign)]
+        assert msg == Assign(SAMPLES, None)
+        assert parse_allocation(payload, SAMPLES) == shares_of(root)
+    master.child_joined(0, Joined(3))       # a repeated count sends no second ASSIGN
+    assert len(a.messages(Assign)) == len(b.messages(Assign)) == 1
+    assert master.assignment() == {"name": "", "layer": 0, "samples": SAMPLES, "workers": 6,
+                                   "ranges": []}
+    assert assigned == [JoinState.ASSIGNED]
+
+
+def test_a_child_that_rejoins_after_the_plan_is_assigned_again(master):
+    a, b, back = FakeLink(), FakeLink(), FakeLink()
+    master.child_hello(a, Hello())
+    master.child_hello(b, Hello())
+    master.child_joined(0, Joined(3))
+    master.child_joined(1, Joined(3))
+    master.child_lost(0, a)
+    master.child_hello(back, Hello("0"))
+    assert back.messages(Assign) == []      # it has not said how many workers it brings
+    master.child_joined(0, Joined(3))
+    [(_, payload)] = [(m, p) for m, p in back.sent if isinstance(m, Assign)]
+    assert parse_allocation(payload, SAMPLES) == shares_of("0")
+    assert len(b.messages(Assign)) == 1
+
+
+async def test_losing_children_is_told_to_the_step_engine(master):
+    a, b = FakeLink(), FakeLink()
+    master.child_hello(a, Hello())
+    master.child_hello(b, Hello())
+    master.child_joined(0, Joined(3))
+    master.child_joined(1, Joined(3))
+    outcomes = []
+    master.engine.watch(7, outcomes.append)
+    # Child 1's chunk header arrived (the step is under way); then both children go.
+    assert master.engine.child_chunk_dest(1, Chunk(7, 0, 4, "float64"), 32) is not None
+    master.child_lost(1, b)
+    assert outcomes == []                   # s = 1: child 0 alone still decodes
+    master.child_lost(0, a)
+    assert outcomes == [Failed(7, "master did not get 1 of 2 children: 2 of them are gone or "
+                                  "failed (child 0: disconnected; child 1: disconnected)")]
+    assert master.neighbours.absent_children() == {0: "disconnected", 1: "disconnected"}
+
+
+# ---------------------------------------------------------------- a node takes its place
+
+def test_a_welcomed_node_takes_its_place(membership):
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    assert m.state is JoinState.JOINING
+    m.welcomed(welcome("1"))
+    assert m.place == place("1")
+    assert m.state is JoinState.WELCOMED
+    assert len(m.neighbours.slots) == 2
+
+
+def test_a_leaf_needs_no_listen_address(membership):
+    m = membership()
+    m.welcomed(welcome("0.1"))
+    assert m.place == place("0.1") and m.neighbours.slots == []
+
+
+@pytest.mark.parametrize("msg, reason", [
+    (Welcome("0", 1, (3,), (1,), "auto", CHUNK_BYTES, "cr"),
+     "the parent's tree Tree(fanout=(3,), stragglers=(1,)) differs from the one this node joined"),
+    (welcome("1"), "the parent gave this node slot 1, but it is 0"),
+])
+def test_a_node_refuses_a_different_place_than_its_own(membership, msg, reason):
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    m.welcomed(welcome("0"))
+    with pytest.raises(JoinRefused) as e:
+        m.welcomed(msg)
+    assert (e.value.reason, e.value.retry) == (reason, False)
+    assert m.place == place("0")
+
+
+@pytest.mark.parametrize("msg, reason", [
+    (welcome("0"), "node 0 is at layer 1 of 2 and must accept children: start it with --listen"),
+    (welcome("1", Tree((2,), (0,)), "rar"),
+     "node 1 is in a ring (--scheme rar) and must accept its predecessor: start it with --listen"),
+])
+def test_a_node_that_must_accept_peers_needs_a_listen_address(membership, msg, reason):
+    m = membership()
+    with pytest.raises(JoinRefused) as e:
+        m.welcomed(msg)
+    assert (e.value.reason, e.value.retry) == (reason, False)
+    assert m.place is None and m.state is JoinState.JOINING
+
+
+def test_a_node_assigned_its_subtree_starts_its_steps(membership):
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    m.welcomed(welcome("1"))
+    m.assigned(Assign(SAMPLES), memoryview(pack_allocation(shares_of("1"))))
+    assert m.state is JoinState.ASSIGNED
+    assert m.engine.place == place("1") and m.engine.scheme is not None
+    local = shares_of("1")["1"].local
+    assert m.assignment() == {"name": "1", "layer": 1, "samples": SAMPLES, "workers": 6,
+                              "ranges": [list(r) for r in local]}
+
+
+def test_an_assignment_without_this_nodes_share_is_a_protocol_error(membership):
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    m.welcomed(welcome("1"))
+    with pytest.raises(ProtocolError, match=r"^ASSIGN: the allocation has no share for node 1$"):
+        m.assigned(Assign(SAMPLES), memoryview(pack_allocation(shares_of("0"))))
+    assert m.state is JoinState.WELCOMED and m.allocation is None

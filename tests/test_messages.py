@@ -1,0 +1,315 @@
+"""Typed messages: each one survives the wire; every bad field is a ProtocolError that names it."""
+
+import re
+
+import msgpack
+import pytest
+
+from crnet.errors import (
+    DaemonBusy,
+    ErrorKind,
+    MismatchError,
+    ProtocolError,
+    RequestRejected,
+    StepFailed,
+    StepLost,
+)
+from crnet.messages import (
+    MAX_REASON,
+    Assign,
+    Attach,
+    Attached,
+    Chunk,
+    ClientError,
+    ClientHello,
+    ClientWelcome,
+    Done,
+    Fail,
+    Fetch,
+    Hello,
+    Joined,
+    NodeShare,
+    PeerHello,
+    PeerWelcome,
+    Phase,
+    Refuse,
+    Result,
+    RingPlace,
+    Segment,
+    StatsReply,
+    StatsRequest,
+    Submit,
+    Welcome,
+    pack_allocation,
+    parse,
+    parse_allocation,
+)
+from crnet.plan import Tree, plan
+from crnet.wire import FrameReader, MsgType
+
+INT64_MAX = (1 << 63) - 1
+
+EVERY_MESSAGE = [
+    Hello(),
+    Hello("0.1", "10.0.0.2:7000"),
+    Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr"),
+    Refuse("all 3 child slots taken"),
+    Refuse("the parent has not joined yet", retry=True),
+    Joined(5),
+    Assign(60),
+    Assign(60, RingPlace(1, 3, "10.0.0.3:7000")),
+    Chunk(3, 1, 100, "float32"),
+    Result(INT64_MAX, 0, 1, "float64"),
+    Fail(3, "node 0 did not get 2 of 3 children", mismatch=True),
+    PeerHello(2),
+    PeerWelcome(),
+    Segment(4, Phase.GATHER, 1, 2, 100, "float64"),
+    ClientHello(4321),
+    ClientWelcome({"name": "0", "layer": 1, "samples": 60, "workers": 3,
+                   "ranges": ((0, 20, 1.0), (40, 45, -0.5))}, -1),
+    Attach("/dev/shm/crnet-1-abc", 1 << 20),
+    Attached(),
+    Submit(7, 100, "float32"),
+    Fetch(7, 100, "float64"),
+    Done(7, 9),
+    ClientError("another training process is attached", ErrorKind.BUSY),
+    ClientError("master did not get 2 of 3 children", ErrorKind.FAILED, 11),
+    StatsRequest(),
+    StatsReply({"steps_done": 3, "decode_seconds": 0.5}, "0", "assigned", 2, (3, 4),
+               {"parent": True, "children": [True, False]}),
+]
+
+
+def through_the_wire(msg, payload=None):
+    """Frame ``msg``, read it back with a FrameReader, parse it: (message, payload bytes)."""
+    got = []
+    reader = FrameReader(lambda t, h, n: memoryview(bytearray(n)),
+                         lambda t, h, p: got.append((t, h, p)))
+    data = b"".join(bytes(part) for part in msg.frame(payload))
+    reader.get_buffer(-1)[:len(data)] = data
+    reader.buffer_updated(len(data))
+    [(msg_type, header, body)] = got
+    nbytes = 0 if body is None else len(body)
+    return parse(msg_type, header, nbytes), None if body is None else bytes(body)
+
+
+def test_every_message_type_has_a_case_here():
+    assert {m.TYPE for m in EVERY_MESSAGE} == set(MsgType)
+
+
+@pytest.mark.parametrize("msg", EVERY_MESSAGE, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(msg):
+    payload = b"\x01\x02\x03\x04\x05\x06\x07\x08" if msg.PAYLOAD else None
+    got, body = through_the_wire(msg, payload)
+    assert type(got) is type(msg)
+    assert got == msg
+    assert body == payload
+
+
+def test_a_long_reason_is_cut_to_the_limit():
+    got, _ = through_the_wire(Fail(1, "x" * (MAX_REASON + 100)))
+    assert got.reason == "x" * MAX_REASON
+
+
+def test_a_missing_retry_means_no_retry():
+    assert parse(MsgType.REFUSE, {"reason": "full"}, 0) == Refuse("full", False)
+
+
+def piece(**fields):
+    return {"step": 1, "chunk": 0, "total": 10, "dtype": "float32", **fields}
+
+
+def segment(**fields):
+    return {"step": 1, "phase": "rs", "round": 0, "segment": 0, "total": 10, "dtype": "float32",
+            **fields}
+
+
+def welcome(**fields):
+    return {"name": "0", "layer": 1, "fanout": [3], "stragglers": [1], "code": "auto",
+            "chunk_bytes": 4096, "scheme": "cr", **fields}
+
+
+def stats_reply(**fields):
+    return {"stats": {}, "name": None, "state": "joining", "resolved_through": -1,
+            "open_steps": [], "links": {}, **fields}
+
+
+BAD_FIELDS = [
+    # wrong types: a string, a bool, a float where an integer goes
+    (MsgType.JOINED, {"workers": "3"}, 0,
+     "JOINED: field 'workers' must be an integer in 0..2147483648, got '3'"),
+    (MsgType.CHUNK, piece(step=True), 8,
+     f"CHUNK: field 'step' must be an integer in 0..{INT64_MAX}, got True"),
+    (MsgType.DONE, {"step": 1.0, "tree_step": 0}, 0,
+     f"DONE: field 'step' must be an integer in 0..{INT64_MAX}, got 1.0"),
+    (MsgType.SUBMIT, {"step": 1, "dtype": "float32"}, 0,
+     "SUBMIT: field 'length' must be an integer in 1..1099511627776, got '<missing>'"),
+    (MsgType.FAIL, {"step": 1, "reason": 42}, 0, "FAIL: field 'reason' must be a string, got 42"),
+    (MsgType.REFUSE, {"reason": "full", "retry": 1}, 0,
+     "REFUSE: field 'retry' must be true or false, got 1"),
+    # steps out of range
+    (MsgType.FAIL, {"step": -1, "reason": "x"}, 0,
+     f"FAIL: field 'step' must be an integer in 0..{INT64_MAX}, got -1"),
+    (MsgType.RESULT, piece(step=1 << 63), 8,
+     f"RESULT: field 'step' must be an integer in 0..{INT64_MAX}, got {1 << 63}"),
+    (MsgType.SEGMENT, segment(step=-5), 8, "SEGMENT: field 'step' must be an integer"),
+    (MsgType.CHUNK, piece(total=0), 8, "CHUNK: field 'total' must be an integer in 1..1099511627776"),
+    # unknown names
+    (MsgType.CHUNK, piece(dtype="float16"), 8,
+     "CHUNK: field 'dtype' must be one of float32, float64, got 'float16'"),
+    (MsgType.FETCH, {"step": 1, "length": 4, "dtype": "int8"}, 0,
+     "FETCH: field 'dtype' must be one of float32, float64"),
+    (MsgType.WELCOME, welcome(scheme="allgather"), 0,
+     "WELCOME: field 'scheme' must be one of cr, gc, tree, rar, got 'allgather'"),
+    (MsgType.WELCOME, welcome(code="lt"), 0,
+     "WELCOME: field 'code' must be one of auto, frc, crc, got 'lt'"),
+    (MsgType.SEGMENT, segment(phase="xx"), 8, "SEGMENT: field 'phase' must be one of rs, ag"),
+    (MsgType.ERROR, {"reason": "r", "kind": "oops"}, 0,
+     "ERROR: field 'kind' must be one of failed, lost, mismatch, busy, request, shm"),
+    # strings over their limit
+    (MsgType.HELLO, {"name": "x" * 257}, 0,
+     "HELLO: field 'name' must be a string of at most 256 characters, got 'xxxx"),
+    (MsgType.HELLO, {"listen": 7000}, 0,
+     "HELLO: field 'listen' must be a string of at most 256 characters, got 7000"),
+    (MsgType.ATTACH, {"path": "/" * 4097, "capacity": 8}, 0,
+     "ATTACH: field 'path' must be a string of at most 4096 characters"),
+    # nested fields are named with their parent message
+    (MsgType.ASSIGN, {"samples": 60, "ring": [0, 3]}, 8, "ASSIGN: field 'ring' must be a map"),
+    (MsgType.ASSIGN, {"samples": 60, "ring": {"rank": 3, "size": 3}}, 8,
+     "ASSIGN ring: field 'rank' must be an integer in 0..2, got 3"),
+    (MsgType.ASSIGN, {"samples": 0}, 8, "ASSIGN: field 'samples' must be an integer in 1.."),
+    (MsgType.CLIENT_WELCOME, {"assignment": {"name": "0", "layer": "1"}, "tree_step": 0}, 0,
+     "CLIENT_WELCOME assignment: field 'samples' must be an integer"),
+    (MsgType.STATS_REPLY, stats_reply(open_steps=[1, "2"]), 0,
+     "STATS_REPLY: field 'open_steps' must be a list of integers"),
+    (MsgType.STATS_REPLY, stats_reply(links=None), 0, "STATS_REPLY: field 'links' must be a map"),
+    (MsgType.WELCOME, welcome(fanout=[]), 0,
+     "WELCOME: field 'fanout' must be a list of 1..16 integers in 1..65536, got []"),
+]
+
+
+@pytest.mark.parametrize("msg_type, header, nbytes, message", BAD_FIELDS,
+                         ids=[f"{t.name}-{m.split('field ')[-1][:20]}" for t, _, _, m in BAD_FIELDS])
+def test_a_bad_field_is_a_protocol_error_naming_the_message_and_field(msg_type, header, nbytes,
+                                                                      message):
+    with pytest.raises(ProtocolError, match=r"^" + re.escape(message)):
+        parse(msg_type, header, nbytes)
+
+
+def test_a_bad_range_in_client_welcome_names_client_welcome():
+    header = {"assignment": {"name": "0", "layer": 1, "samples": 10, "workers": 3,
+                             "ranges": [[5, 11, 1.0]]}, "tree_step": -1}
+    with pytest.raises(ProtocolError, match=r"^CLIENT_WELCOME"):
+        parse(MsgType.CLIENT_WELCOME, header, 0)
+
+
+def test_a_long_bad_value_is_shortened_in_the_error():
+    with pytest.raises(ProtocolError) as e:
+        parse(MsgType.HELLO, {"name": "x" * 10_000}, 0)
+    assert len(str(e.value)) < 200
+    assert str(e.value).endswith("...")
+
+
+@pytest.mark.parametrize("msg_type, header", [
+    (MsgType.CHUNK, piece()),
+    (MsgType.RESULT, piece()),
+    (MsgType.SEGMENT, segment()),
+    (MsgType.ASSIGN, {"samples": 60}),
+])
+def test_a_payload_type_without_a_payload_is_refused(msg_type, header):
+    with pytest.raises(ProtocolError, match=f"^{msg_type.name} without a payload$"):
+        parse(msg_type, header, 0)
+
+
+@pytest.mark.parametrize("msg_type, header", [
+    (MsgType.HELLO, {}),
+    (MsgType.FAIL, {"step": 1, "reason": "x"}),
+    (MsgType.JOINED, {"workers": 1}),
+    (MsgType.SUBMIT, {"step": 1, "length": 4, "dtype": "float32"}),
+    (MsgType.STATS, {}),
+])
+def test_a_control_type_with_a_payload_is_refused(msg_type, header):
+    with pytest.raises(ProtocolError, match=f"^{msg_type.name} with a payload of 12 bytes$"):
+        parse(msg_type, header, 12)
+
+
+@pytest.mark.parametrize("fanout, stragglers, message", [
+    ([3], [3], "layer 1: stragglers must be in 0..2 for fanout 3, got 3"),
+    ([2, 2], [1], "fanout has 2 layers but stragglers has 1"),
+])
+def test_welcome_with_an_invalid_tree_is_refused(fanout, stragglers, message):
+    with pytest.raises(ProtocolError,
+                       match=re.escape(f"WELCOME: fields 'fanout'/'stragglers': {message}")):
+        parse(MsgType.WELCOME, welcome(fanout=fanout, stragglers=stragglers), 0)
+
+
+@pytest.mark.parametrize("name, layer", [
+    ("3", 1),        # fanout 3: children 0..2
+    ("0", 2),        # a layer-1 name at layer 2
+    ("", 1),         # the master is not anyone's child
+    ("0.0", 1),      # deeper than the one-layer tree
+    ("00", 1),       # not the canonical spelling of child 0
+])
+def test_welcome_with_a_name_not_in_the_tree_at_that_layer_is_refused(name, layer):
+    with pytest.raises(ProtocolError,
+                       match=re.escape(f"WELCOME: field 'name' {name!r} is not a layer-{layer} node")):
+        parse(MsgType.WELCOME, welcome(name=name, layer=layer), 0)
+
+
+def test_welcome_for_a_deep_node_names_its_tree():
+    msg = parse(MsgType.WELCOME, welcome(name="2.1", layer=2, fanout=[3, 2], stragglers=[1, 0]), 0)
+    assert msg.tree == Tree((3, 2), (1, 0))
+
+
+# ---------------------------------------------------------------- ASSIGN's payload
+
+def test_an_allocation_round_trips():
+    p = plan(Tree.regular(2, 2, 1), 60)
+    shares = {a.name: NodeShare(a.layer, tuple(a.local), tuple(a.responsibility))
+              for a in p.nodes.values()}
+    assert parse_allocation(pack_allocation(shares), 60) == shares
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"\xc1", "ASSIGN: undecodable allocation"),
+    (msgpack.packb({"0": [1, [], []]}) + b"\x00", "ASSIGN: undecodable allocation"),  # trailing bytes
+    (msgpack.packb({"0": [1, [], []]}, use_bin_type=True)[:-1], "ASSIGN: undecodable allocation"),
+    (msgpack.packb([["0", 1, [], []]]), "ASSIGN: the allocation must be a map of node names"),
+    (msgpack.packb({"0": 5}), "ASSIGN: allocation entry '0' must be [layer, local, responsibility]"),
+    (msgpack.packb({"0": [1, []]}), "ASSIGN: allocation entry '0' must be [layer, local,"),
+    (msgpack.packb({"0": ["1", [], []]}), "ASSIGN: allocation entry '0' must be [layer, local,"),
+    (msgpack.packb({"0": [1, 5, []]}), "ASSIGN: ranges of '0' must be a list"),
+    (msgpack.packb({"0": [1, [[0, 70, 1.0]], []]}),
+     "ASSIGN: range [0, 70, 1.0] of '0' is not [start, stop, weight] within 0..60"),
+    (msgpack.packb({"0": [1, [], [[-1, 5, 1.0]]]}), "ASSIGN: range [-1, 5, 1.0] of '0'"),
+    (msgpack.packb({"0": [1, [[30, 20, 1.0]], []]}), "ASSIGN: range [30, 20, 1.0] of '0'"),
+    (msgpack.packb({"0": [1, [[0, 10]], []]}), "ASSIGN: range [0, 10] of '0'"),
+    (msgpack.packb({"0": [1, [[0, 10, "1"]], []]}), "ASSIGN: range [0, 10, '1'] of '0'"),
+    (msgpack.packb({"0": [1, [[0.0, 10, 1.0]], []]}), "ASSIGN: range [0.0, 10, 1.0] of '0'"),
+])
+def test_a_malformed_allocation_is_a_protocol_error(payload, message):
+    with pytest.raises(ProtocolError, match=r"^" + re.escape(message)):
+        parse_allocation(payload, 60)
+
+
+def test_an_allocation_may_cover_the_whole_batch_and_nothing():
+    got = parse_allocation(msgpack.packb({"": [0, [], [[0, 60, 1]]], "0": [1, [[60, 60, 0.5]], []]}), 60)
+    assert got == {"": NodeShare(0, (), ((0, 60, 1.0),)), "0": NodeShare(1, ((60, 60, 0.5),), ())}
+    assert type(got[""].responsibility[0][2]) is float
+
+
+# ---------------------------------------------------------------- ERROR -> exception
+
+@pytest.mark.parametrize("kind, cls", [
+    ("failed", StepFailed), ("lost", StepLost), ("mismatch", MismatchError),
+    ("busy", DaemonBusy), ("request", RequestRejected), ("shm", RequestRejected),
+])
+def test_a_client_error_becomes_its_exception(kind, cls):
+    msg = parse(MsgType.ERROR, {"reason": "because", "kind": kind, "step": 5}, 0)
+    assert msg == ClientError("because", ErrorKind(kind), 5)
+    e = msg.kind.exception(msg.reason, msg.step)
+    assert type(e) is cls
+    assert "because" in str(e)
+    if cls is StepFailed:
+        assert (e.step, e.reason) == (5, "because")
+

@@ -1,0 +1,304 @@
+"""Connection over real sockets: typed messages in, payloads straight into the handler's
+memory, a bad frame closes one connection, a broken handler is reported to the loop."""
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+import numpy as np
+import pytest
+
+from crnet.messages import Chunk, Fail, Hello, Joined, Phase, Result, Segment
+from crnet.transport import Connection
+from crnet.wire import PREFIX, VERSION, MsgType, encode
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Peer:
+    """A test Handler: every message goes to ``inbox``; ``dest(msg, nbytes)`` says where a
+    payload lands (None: drop it). It remembers the views it handed out."""
+
+    def __init__(self, dest=None):
+        self.dest = dest
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.views = []
+        self.lost_with = []
+
+    def payload_dest(self, conn, msg, nbytes):
+        view = None if self.dest is None else self.dest(msg, nbytes)
+        self.views.append(view)
+        return view
+
+    def received(self, conn, msg, payload):
+        self.inbox.put_nowait((msg, payload))
+
+    def lost(self, conn, exc):
+        self.lost_with.append(exc)
+
+    async def next(self):
+        return await asyncio.wait_for(self.inbox.get(), 10)
+
+
+async def connect(handler, sock, label, cls=Connection):
+    _, conn = await asyncio.get_running_loop().connect_accepted_socket(
+        lambda: cls(handler, label=label), sock)
+    return conn
+
+
+async def pair(a_handler, b_handler):
+    """Two Connections joined by a socketpair."""
+    sa, sb = socket.socketpair()
+    return await connect(a_handler, sa, "a"), await connect(b_handler, sb, "b")
+
+
+async def close(*conns):
+    for conn in conns:
+        conn.close()
+    await asyncio.gather(*(conn.closed for conn in conns))
+
+
+@contextlib.contextmanager
+def loop_errors():
+    """Collect what reaches the running loop's exception handler; restore it afterwards."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    contexts = []
+    loop.set_exception_handler(lambda loop, context: contexts.append(context))
+    try:
+        yield contexts
+    finally:
+        loop.set_exception_handler(previous)
+
+
+def into(array):
+    """A dest for CHUNKs: the bytes of ``array``."""
+    return lambda msg, nbytes: memoryview(array).cast("B")
+
+
+async def test_messages_arrive_typed():
+    a, b = await pair(Peer(), peer := Peer())
+    try:
+        assert a.send(Hello("0.1", "10.0.0.2:7000"))
+        assert a.send(Joined(3))
+        assert await peer.next() == (Hello("0.1", "10.0.0.2:7000"), None)
+        assert await peer.next() == (Joined(3), None)
+    finally:
+        await close(a, b)
+
+
+@pytest.mark.parametrize("count", [100, 1 << 19], ids=["within-scratch", "4-MiB"])
+async def test_a_payload_lands_in_the_handlers_own_array(count):
+    buffer = np.zeros(count + 20)
+    window = buffer[10:10 + count]     # the handler's destination: a view inside its array
+    a, b = await pair(Peer(), peer := Peer(into(window)))
+    try:
+        sent = np.arange(count, dtype=np.float64)
+        a.send(Chunk(4, 0, count, "float64"), sent)
+        msg, payload = await peer.next()
+        assert msg == Chunk(4, 0, count, "float64")
+        assert payload is peer.views[0]
+        assert np.shares_memory(np.frombuffer(payload, np.float64), window)
+        np.testing.assert_array_equal(window, sent)
+        assert not buffer[:10].any() and not buffer[10 + count:].any()
+    finally:
+        await close(a, b)
+
+
+async def test_consecutive_payloads_each_land_in_their_own_destination():
+    rows = np.zeros((3, 1000), np.float32)
+    a, b = await pair(Peer(), peer := Peer(lambda msg, n: memoryview(rows[msg.chunk]).cast("B")))
+    try:
+        for c in (2, 0, 1):
+            a.send(Result(1, c, 3000, "float32"), np.full(1000, c + 1, np.float32))
+        for _ in range(3):
+            await peer.next()
+        np.testing.assert_array_equal(rows[:, 0], [1, 2, 3])
+        np.testing.assert_array_equal(rows.min(axis=1), rows.max(axis=1))
+    finally:
+        await close(a, b)
+
+
+async def test_a_payload_the_handler_drops_is_never_received():
+    a, b = await pair(Peer(), peer := Peer(dest=lambda msg, nbytes: None))
+    try:
+        a.send(Chunk(4, 0, 70_000, "float64"), np.ones(70_000))   # more than the scratch buffer
+        a.send(Fail(4, "after the chunk"))
+        assert await peer.next() == (Fail(4, "after the chunk"), None)
+        assert peer.views == [None]    # it was asked, said None, and was not called back
+        assert peer.inbox.empty()
+    finally:
+        await close(a, b)
+
+
+def bad_magic():
+    return [b"HTTP/1.1 200 OK\r\n\r\n"]
+
+
+def bad_field():
+    return encode(MsgType.JOINED, {"workers": "three"})
+
+
+def out_of_range_step():
+    return encode(MsgType.CHUNK, {"step": -1, "chunk": 0, "total": 1, "dtype": "float32"}, b"1234")
+
+
+def bad_version():
+    header = b"\x80"
+    return [PREFIX.pack(b"CRNT", VERSION + 1, MsgType.HELLO, len(header), 0) + header]
+
+
+@pytest.mark.parametrize("frame, problem", [
+    (bad_magic, "bad magic b'HTTP'"),
+    (bad_version, f"protocol version {VERSION + 1}"),
+    (bad_field, "JOINED: field 'workers' must be an integer"),
+    (out_of_range_step, "CHUNK: field 'step' must be an integer"),
+], ids=["bad-magic", "bad-version", "bad-field", "negative-step"])
+async def test_a_malformed_frame_closes_only_its_connection(caplog, frame, problem):
+    sick, sick_peer = await pair(Peer(), sick_handler := Peer())
+    well, well_peer = await pair(Peer(), well_handler := Peer())
+    with loop_errors() as errors, caplog.at_level(logging.WARNING, logger="crnet.transport"):
+        try:
+            sick.write(frame())
+            assert await asyncio.wait_for(sick_peer.closed, 10) is None
+            assert await asyncio.wait_for(sick.closed, 10) is None   # the sender sees it close
+            well.send(Joined(2))
+            assert await well_handler.next() == (Joined(2), None)
+            assert not well_peer.is_closing
+        finally:
+            await close(sick, well, well_peer)
+    assert sick_handler.lost_with == [None] and sick_handler.inbox.empty()
+    [closing] = [m for m in caplog.messages if "closing connection" in m]
+    assert closing.startswith(f"b: closing connection: protocol error: {problem}")
+    assert errors == []    # a peer's mistake is not a bug here
+
+
+class Broken(Peer):
+    """A handler with a bug in one of its callbacks."""
+
+    def __init__(self, where, error):
+        super().__init__(into(np.zeros(4, np.float32)))
+        self.where, self.error = where, error
+
+    def payload_dest(self, conn, msg, nbytes):
+        if self.where == "payload_dest":
+            raise self.error
+        return super().payload_dest(conn, msg, nbytes)
+
+    def received(self, conn, msg, payload):
+        if self.where == "received":
+            raise self.error
+        super().received(conn, msg, payload)
+
+
+@pytest.mark.parametrize("where", ["payload_dest", "received"])
+async def test_a_handler_bug_aborts_the_connection_and_reaches_the_loop(caplog, where):
+    error = KeyError("no such step")
+    a, b = await pair(Peer(), Broken(where, error))
+    with loop_errors() as errors, caplog.at_level(logging.WARNING, logger="crnet.transport"):
+        try:
+            a.send(Chunk(0, 0, 4, "float32"), np.ones(4, np.float32))
+            assert await asyncio.wait_for(b.closed, 10) is None
+        finally:
+            await close(a, b)
+    assert len(errors) == 1
+    assert errors[0]["exception"] is error
+    assert errors[0]["message"] == "b: error handling a frame"
+    assert errors[0]["protocol"] is b
+    assert "b: closing connection: internal error: KeyError: 'no such step'" in caplog.messages
+
+
+async def test_a_bug_in_the_lost_handler_reaches_the_loop():
+    class LostBadly(Peer):
+        def lost(self, conn, exc):
+            raise RuntimeError("cleanup failed")
+
+    a, b = await pair(Peer(), LostBadly())
+    with loop_errors() as errors:
+        await close(a, b)
+    [context] = errors
+    assert context["message"] == "b: error in the connection-lost handler"
+    assert str(context["exception"]) == "cleanup failed"
+
+
+async def test_closing_resolves_closed_and_stops_sending():
+    a, b = await pair(Peer(), peer := Peer())
+    a.close()
+    assert a.is_closing
+    assert a.send(Joined(1)) is False
+    assert a.write(Joined(1).frame()) is False
+    assert await asyncio.wait_for(a.closed, 10) is None
+    assert await asyncio.wait_for(b.closed, 10) is None    # the peer's side closes on EOF
+    assert peer.lost_with == [None]
+    assert b.send(Joined(1)) is False
+
+
+async def test_a_connection_lost_mid_frame_is_logged(caplog):
+    a, b = await pair(Peer(), Peer(into(np.zeros(1000))))
+    with caplog.at_level(logging.WARNING, logger="crnet.transport"):
+        frame = Chunk(0, 0, 1000, "float64").frame(np.ones(1000))
+        a.write([frame[0], frame[1][:100]])    # the header and a piece of the payload
+        a.close()
+        await asyncio.wait_for(b.closed, 10)
+    assert "b: connection closed mid-frame" in caplog.messages
+
+
+class Flagged(Connection):
+    """A Connection that also signals pause/resume, so the test can wait for them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.paused = asyncio.Event()
+
+    def pause_writing(self):
+        super().pause_writing()
+        self.paused.set()
+
+
+async def test_writing_paused_follows_the_transport_buffer():
+    loop = asyncio.get_running_loop()
+    near, far = socket.socketpair()
+    far.setblocking(False)
+    conn = await connect(Peer(), near, "writer", Flagged)
+    try:
+        conn.transport.set_write_buffer_limits(high=1 << 16)
+        assert conn.writing_paused is False
+        payload = np.zeros(1 << 15)    # 256 KiB a frame; nobody reads ``far`` yet
+        for _ in range(256):
+            conn.send(Segment(0, Phase.REDUCE, 0, 0, payload.size, "float64"), payload)
+            if conn.writing_paused:
+                break
+        await asyncio.wait_for(conn.paused.wait(), 10)
+        assert conn.writing_paused is True
+        assert conn.write_buffer_size > 1 << 16
+        while conn.writing_paused:     # read until the transport resumes us
+            assert await asyncio.wait_for(loop.sock_recv(far, 1 << 20), 10)
+        assert conn.write_buffer_size <= 1 << 16
+    finally:
+        far.close()
+        await close(conn)
+
+
+async def test_a_tcp_connection_is_labelled_by_its_peer_and_sends_at_once():
+    loop = asyncio.get_running_loop()
+    accepted = loop.create_future()
+    server = await loop.create_server(
+        lambda: _resolve(accepted, Connection(Peer())), "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        _, client = await loop.create_connection(lambda: Connection(Peer()), "127.0.0.1", port)
+        conn = await asyncio.wait_for(accepted, 10)
+        assert client.label == f"127.0.0.1:{port}"
+        assert conn.label.startswith("127.0.0.1:")
+        sock = client.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        await close(client, conn)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _resolve(future, conn):
+    future.set_result(conn)
+    return conn
