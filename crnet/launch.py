@@ -3,7 +3,7 @@
 Used by ``crnet demo``, the end-to-end tests and the benchmarks; on real hosts
 each daemon is started by its own systemd unit instead. By default every daemon
 listens on 127.0.0.1; the benchmark passes ``addresses`` and ``spawn`` to put
-each daemon in its own network namespace (``crnet.netns``). Every node is started
+each daemon in its own network namespace (``benchmarks.netns``). Every node is started
 with ``--name`` equal to its place in the tree, so tests can kill "child 1 of
 node 0" by name, and each one's log goes to ``<workdir>/logs/<name>.log``.
 """

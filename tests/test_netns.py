@@ -1,4 +1,4 @@
-"""crnet.netns: emulated clusters of network namespaces on a bridge, links shaped by tbf.
+"""benchmarks.netns: emulated clusters of network namespaces on a bridge, links shaped by tbf.
 
 Needs root and iproute2; the whole module is skipped (with the reason) otherwise.
 Every cluster here uses the prefix ``crt`` plus a per-instance tag, so it cannot
@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from crnet import netns
+from benchmarks import netns
 
 REASON = netns.requirements()
 if REASON:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..plan import Tree
+from crnet.plan import Tree
 
 
 @dataclass(frozen=True)

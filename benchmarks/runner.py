@@ -2,7 +2,7 @@
 
 Host 0 of the cluster is the master (crnet's coordinator and result observer),
 hosts 1..N are the workers: one ``crnetd`` and one emulated training process
-(``crnet.benchmark.worker``) each, or one Gloo peer each. Worker i draws the same
+(``benchmarks.worker``) each, or one Gloo peer each. Worker i draws the same
 compute times in every scheme (``ComputeModel.compute_time(load, seed, step, i)``),
 so the schemes see the same stragglers in the same steps; only their loads
 differ, as their allocations do.
@@ -20,11 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import model
-from ..launch import MASTER, LocalTree
-from ..netns import EmulatedCluster, parse_rate
-from ..plan import Tree, plan
-from ..workload import ComputeModel
+from crnet import model
+from crnet.launch import MASTER, LocalTree
+from crnet.plan import Tree, plan
+from crnet.workload import ComputeModel
+
+from . import child_env
+from .netns import EmulatedCluster, parse_rate
 from .presets import Preset
 
 NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
@@ -52,7 +54,7 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
     try:
         lt.start(wait=60)
         for i, name in enumerate(names):
-            argv = [sys.executable, "-m", "crnet.benchmark.worker", "--socket", lt.socket_path(name),
+            argv = [sys.executable, "-m", "benchmarks.worker", "--socket", lt.socket_path(name),
                     "--elements", str(preset.elements), "--steps", str(preset.steps),
                     "--compute", preset.compute, "--seed", str(seed),
                     "--worker-index", str(i - 1), "--deadline", str(preset.deadline),
@@ -86,8 +88,11 @@ def run_gloo_scheme(cluster: EmulatedCluster, preset: Preset, workdir: Path, see
              .nodes.items() if name != MASTER]
     hosts = cluster.addresses[1:preset.workers + 1]
     workdir.mkdir(parents=True, exist_ok=True)
-    out = run_gloo(lambda i, argv: _spawn_logged(cluster, i + 1, argv, workdir / f"gloo{i}.err"),
-                   hosts, [cluster.interface] * len(hosts), elements=preset.elements,
+
+    def spawn(i: int, argv: list, env: dict) -> subprocess.Popen:
+        return _spawn_logged(cluster, i + 1, argv, workdir / f"gloo{i}.err", env)
+
+    out = run_gloo(spawn, hosts, [cluster.interface] * len(hosts), elements=preset.elements,
                    dtype="float32", steps=preset.steps, compute=preset.compute, loads=loads,
                    seed=seed, freeze=preset.freeze, deadline=preset.deadline,
                    timeout=max(preset.timeout, 5.0), workdir=workdir)
@@ -238,9 +243,11 @@ def _ms(x) -> str:
     return "   -   " if x is None else f"{1e3 * x:7.1f} ms"
 
 
-def _spawn_logged(cluster, host: int, argv, log: Path) -> subprocess.Popen:
+def _spawn_logged(cluster, host: int, argv, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start ``argv`` (a ``python -m benchmarks.<module>``) on ``host``, stderr to ``log``."""
     with open(log, "wb") as err:  # the child keeps its own copy of the descriptor
-        return cluster.popen(host, argv, stdout=subprocess.DEVNULL, stderr=err)
+        return cluster.popen(host, argv, stdout=subprocess.DEVNULL, stderr=err,
+                             env=child_env() if env is None else env)
 
 
 def _wait(procs, limit: float) -> None:

@@ -50,7 +50,7 @@ Cleanup: ``down()`` (also ``__exit__`` and an ``atexit`` hook registered by
 ``up()``) kills processes still running in the namespaces and deletes them;
 deleting a namespace deletes its veth ends, and the bridge goes with its
 namespace. A crashed run (SIGKILL, power loss) leaves namespaces behind:
-``cleanup(prefix)`` (or ``scripts/netns_cluster.py down``) removes them.
+``cleanup(prefix)`` (or ``python -m benchmarks.netns_cluster down``) removes them.
 
 Requires root, iproute2 (``ip``, ``tc``) and the kernel's veth, bridge and tbf
 support; ``requirements()`` says what is missing.
@@ -386,7 +386,7 @@ class EmulatedCluster:
 
     def detach(self) -> None:
         """Let the cluster outlive this process: drop the exit hook (``down()`` still works,
-        and ``cleanup``/``scripts/netns_cluster.py down`` remove it later)."""
+        and ``cleanup``/``python -m benchmarks.netns_cluster down`` remove it later)."""
         if self._atexit is not None:
             atexit.unregister(self._atexit)
             self._atexit = None
