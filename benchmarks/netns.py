@@ -70,8 +70,9 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-__all__ = ["EmulatedCluster", "NetnsError", "cleanup", "list_namespaces", "parse_rate", "requirements",
-           "tbf_args"]
+from crnet.units import parse_bandwidth
+
+__all__ = ["EmulatedCluster", "NetnsError", "cleanup", "list_namespaces", "requirements", "tbf_args"]
 
 IFNAMSIZ = 15          # longest interface name; netns names are kept this short too
 HOST_IF = "eth0"       # the veth end inside each host namespace
@@ -87,40 +88,23 @@ class NetnsError(RuntimeError):
     """An ``ip``/``tc`` command failed; the message has the command and its stderr."""
 
 
-# ---------------------------------------------------------------- rates
-
-# tc's rate units (tc(8), "RATES"): a bare number is bit/s, "bps" means *bytes*/s.
-_RATE_UNITS = {
-    "": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-    "kibit": 1024, "mibit": 1024 ** 2, "gibit": 1024 ** 3, "tibit": 1024 ** 4,
-    "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12,
-    "kibps": 8 * 1024, "mibps": 8 * 1024 ** 2, "gibps": 8 * 1024 ** 3, "tibps": 8 * 1024 ** 4,
-}
-_RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_rate(rate: str) -> float:
-    """A tc rate string ("100mbit", "1gbit", "12.5mbps", "5000000") in bits per second."""
-    m = _RATE_RE.match(str(rate))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _RATE_UNITS:
-        raise ValueError(f"bad rate {rate!r}: want a number and a tc unit, e.g. '100mbit' or '1gbit'")
-    bits = float(m.group(1)) * _RATE_UNITS[unit]
-    if bits < 8:
-        raise ValueError(f"bad rate {rate!r}: must be at least 1 byte/s")
-    return bits
-
+# ---------------------------------------------------------------- shaping
 
 def tbf_args(rate: str, burst: str | None = None, mtu: int = 1500) -> list[str]:
     """The ``tc qdisc ... tbf`` arguments that shape one direction of a link to ``rate``.
 
-    ``burst`` (a tc size, passed to tc as is) defaults to ``max(rate * 4 ms, 64 KiB,
-    4 frames)``; see the module docstring for why.
+    ``rate`` is spelled as everywhere in crnet (``crnet.units.parse_bandwidth``: ``100mbit``,
+    ``1Gbit``, ``12.5MB``; ``mbps`` is refused, tc would read it as megabytes); tc gets it
+    in bits per second. ``burst`` (a tc size, passed to tc as is) defaults to
+    ``max(rate * 4 ms, 64 KiB, 4 frames)``; see the module docstring for why.
     """
-    bits = parse_rate(rate)
+    rate_bytes = parse_bandwidth(rate)
+    if rate_bytes < 1:
+        raise ValueError(f"rate {rate!r} must be at least 1 byte/s")
     if burst is None:
-        burst = str(int(max(bits / 8 * BURST_TIME, BURST_MIN, 4 * (mtu + 14))))
-    return ["tbf", "rate", str(rate).strip(), "burst", str(burst), "latency", TBF_LATENCY]
+        burst = str(int(max(rate_bytes * BURST_TIME, BURST_MIN, 4 * (mtu + 14))))
+    bits = round(8 * rate_bytes)   # spelled in tc's base unit: nothing for tc to read otherwise
+    return ["tbf", "rate", f"{bits}bit", "burst", str(burst), "latency", TBF_LATENCY]
 
 
 # ---------------------------------------------------------------- commands

@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="create H hosts on a bridge, links shaped to --rate")
     up.add_argument("--hosts", type=int, required=True)
-    up.add_argument("--rate", default="1gbit", help="tc rate of every link, both ways ('none': unshaped)")
+    up.add_argument("--rate", default="1gbit",
+                    help="every link's rate, both ways: 100mbit, 1gbit (bits/s) or 12.5MB "
+                         "(bytes/s); 'none': unshaped")
     up.add_argument("--prefix", default="crn")
     up.add_argument("--subnet", default="10.77.0.0/24")
     up.add_argument("--burst", default=None, help="tbf burst (tc size); default max(rate*4ms, 64KiB)")

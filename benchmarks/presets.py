@@ -21,7 +21,7 @@ class Preset:
     gc_stragglers: int | None       # gradient coding's s on the star of all workers; None: best
     samples: int
     elements: int                   # float32 elements per vector
-    rate: str | None                # every host link, both directions
+    rate: str | None                # every host link, both directions (crnet.units: 1gbit)
     compute: str                    # crnet.workload.ComputeModel spelling
     steps: int
     freeze: tuple[int, int] | None = None   # (worker index, step): that host freezes (SIGSTOP)

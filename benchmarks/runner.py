@@ -23,10 +23,11 @@ import numpy as np
 from crnet import model
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree, plan
+from crnet.units import parse_bandwidth
 from crnet.workload import ComputeModel
 
 from . import child_env
-from .netns import EmulatedCluster, parse_rate
+from .netns import EmulatedCluster
 from .presets import Preset
 
 NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
@@ -168,7 +169,7 @@ def calibrate(cluster: EmulatedCluster, preset: Preset, schemes, workdir: Path) 
 
 
 def _bandwidth(preset: Preset) -> float:
-    return parse_rate(preset.rate) / 8 if preset.rate else 1.25e9
+    return parse_bandwidth(preset.rate) if preset.rate else 1.25e9
 
 
 def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> dict:
