@@ -8,13 +8,13 @@ into per-step times comparable with crnet's schemes.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from crnet.procs import stop_processes
 from crnet.workload import ComputeModel
 
 from . import child_env
@@ -109,7 +109,9 @@ def run_gloo(spawn: Spawn, hosts: Sequence[str], ifnames: Sequence[str] | None, 
         _wait(procs, backstop=time.monotonic() + startup + deadline + 3 * timeout,
               follow=timeout + longest + 5.0, poll=poll)
     finally:
-        killed = _stop(procs)
+        # SIGTERM, not SIGKILL: a peer writes its record on SIGTERM, even inside all_reduce.
+        killed = [i for i, p in enumerate(procs) if p.poll() is None]
+        stop_processes(procs, grace=3.0)
     wall = time.time() - t_spawn
     records = [_read(out) for out in outs]
     return _summarise(records, procs, killed, steps=steps, t_spawn=t_spawn, wall=wall)
@@ -150,32 +152,6 @@ def _wait(procs: list[subprocess.Popen], *, backstop: float, follow: float, poll
             if all(_state(p.pid) in ("T", "t") for p in running):
                 return
         time.sleep(poll)
-
-
-def _stop(procs: list[subprocess.Popen]) -> list[int]:
-    """SIGCONT + SIGTERM whatever still runs, SIGKILL after 3 s, reap all; the ranks signalled."""
-    left = [i for i, p in enumerate(procs) if p.poll() is None]
-    for i in left:
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            try:
-                procs[i].send_signal(sig)
-            except (ProcessLookupError, OSError):
-                pass
-    end = time.monotonic() + 3.0
-    for i in left:
-        try:
-            procs[i].wait(max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for i in left:
-        if procs[i].poll() is None:
-            try:
-                procs[i].kill()
-            except (ProcessLookupError, OSError):
-                pass
-    for p in procs:
-        p.wait()
-    return left
 
 
 def _read(path: Path) -> dict | None:

@@ -65,11 +65,10 @@ import itertools
 import os
 import re
 import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Sequence
 
+from crnet.procs import stop_processes
 from crnet.units import parse_bandwidth
 
 __all__ = ["EmulatedCluster", "NetnsError", "cleanup", "list_namespaces", "requirements", "tbf_args"]
@@ -134,37 +133,8 @@ def _ns_pids(name: str) -> list[int]:
 
 def _kill_ns_processes(names: Sequence[str], grace: float = 2.0) -> None:
     """SIGTERM every process still running in these namespaces, SIGKILL after ``grace`` s."""
-    pids = {pid for name in names for pid in _ns_pids(name)}
-    pids.discard(os.getpid())
-    if not pids:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            pids = {pid for pid in pids if _alive(pid)}
-            if not pids:
-                return
-            time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    pids = {pid for name in names for pid in _ns_pids(name)} - {os.getpid()}
+    stop_processes(sorted(pids), grace)
 
 
 def _delete_namespaces(names: Sequence[str], kill: bool = True) -> None:
@@ -353,15 +323,7 @@ class EmulatedCluster:
         Idempotent; parts already gone are fine. Raises NetnsError only if a
         namespace of ours is still listed afterwards.
         """
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self._procs, grace=2.0)
         self._procs.clear()
         self.detach()
         names = self.names + [self.bridge_ns] if self._created else []

@@ -11,7 +11,6 @@ differ, as their allocations do.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 from crnet import model
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree, plan
+from crnet.procs import stop_processes
 from crnet.units import parse_bandwidth
 from crnet.workload import ComputeModel
 
@@ -70,7 +70,7 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
         _wait(workers[:1], preset.deadline + 4 * preset.timeout + 30)
         _wait(workers[1:], 2 * preset.timeout + 5)
     finally:
-        _kill(workers)
+        stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
         lt.stop()
     records = [_read(workdir / f"w{i}.json") for i in range(len(names))]
     observer, rest = records[0], records[1:]
@@ -256,21 +256,6 @@ def _wait(procs, limit: float) -> None:
     for p in procs:
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _kill(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        try:
-            p.wait(5)
         except subprocess.TimeoutExpired:
             pass
 

@@ -145,21 +145,9 @@ class LocalTree:
 
     def stop(self, grace: float = 5.0) -> dict[str, int]:
         """Stop every daemon (SIGTERM, then SIGKILL after ``grace``); returns exit codes."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGCONT)  # a SIGSTOPped daemon can't act on TERM
-                    proc.terminate()
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace
-        codes = {}
-        for name, proc in self.procs.items():
-            try:
-                codes[name] = proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes[name] = proc.wait()
+        from .procs import stop_processes
+
+        codes = dict(zip(self.procs, stop_processes(self.procs.values(), grace)))
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
