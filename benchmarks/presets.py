@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from crnet.defaults import CHUNK_BYTES
 from crnet.plan import Tree
 
 
@@ -28,7 +29,7 @@ class Preset:
     deadline: float = 120.0         # seconds a scheme may run
     timeout: float = 10.0           # crnetd --timeout and the clients' per-step timeout
     latency: float = 60e-6          # per-message latency for the model until calibrated
-    chunk_bytes: int = 1 << 20
+    chunk_bytes: int = CHUNK_BYTES
     about: str = ""
     tree_shape: Tree | None = None  # the `tree` scheme's fanout (s = 0); None: the model's best
 

@@ -9,6 +9,7 @@ import json
 
 import click
 
+from .defaults import CHUNK_BYTES
 from .plan import SCHEMES, Tree, plan as make_plan, scheme_tree
 
 
@@ -134,8 +135,8 @@ def model_options(f):
                           "empirical:A,FILE (FILE: multipliers or measured step times, one per "
                           "line, divided by their minimum)."),
         click.option("--chunk-bytes", type=size, default=None,
-                     help="Model pipelining in chunks of this size (crnetd uses 1MiB); "
-                          "default: whole vectors, store and forward."),
+                     help=f"Model pipelining in chunks of this size (crnetd uses {CHUNK_BYTES} "
+                          "bytes); default: whole vectors, store and forward."),
         click.option("--trials", type=click.IntRange(min=1), default=2000, show_default=True,
                      help="Simulated steps per scheme."),
         click.option("--seed", type=int, default=0, show_default=True,
@@ -402,7 +403,7 @@ class Address(click.ParamType):
               show_default=True, help="Master: gradient code at every parent.")
 @click.option("--client-socket", type=click.Path(dir_okay=False), default=None,
               help="Unix socket for the local training process.")
-@click.option("--chunk-bytes", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
+@click.option("--chunk-bytes", type=click.IntRange(min=1024), default=CHUNK_BYTES, show_default=True,
               help="Pipelining unit (master; the tree uses the master's).")
 @click.option("--timeout", type=click.FloatRange(min=0.01), default=30.0, show_default=True,
               help="Seconds a step may wait for its quorum at a node before it fails there.")

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .defaults import CHUNK_BYTES, KEEP_RESULTS, TIMEOUT
 from .plan import Tree
 
 MASTER = ""
@@ -42,8 +43,8 @@ class LocalTree:
     """A tree of crnetd processes on this machine (127.0.0.1 unless ``addresses``)."""
 
     def __init__(self, tree: Tree, samples: int, workdir: str | os.PathLike | None = None,
-                 timeout: float = 30.0, chunk_bytes: int = 1 << 20, code_kind: str = "auto",
-                 log_level: str = "info", keep_results: int = 4, scheme: str = "cr",
+                 timeout: float = TIMEOUT, chunk_bytes: int = CHUNK_BYTES, code_kind: str = "auto",
+                 log_level: str = "info", keep_results: int = KEEP_RESULTS, scheme: str = "cr",
                  addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
                  port: int = 7070):
         self.tree = tree
