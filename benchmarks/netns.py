@@ -68,6 +68,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
+from crnet.errors import CrnetError
 from crnet.procs import stop_processes
 from crnet.units import parse_bandwidth
 
@@ -83,7 +84,7 @@ BURST_MIN = 64 * 1024  # ... but at least one maximal GSO packet
 _seq = itertools.count()
 
 
-class NetnsError(RuntimeError):
+class NetnsError(CrnetError, RuntimeError):
     """An ``ip``/``tc`` command failed; the message has the command and its stderr."""
 
 

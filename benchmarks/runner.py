@@ -21,7 +21,7 @@ import numpy as np
 
 from crnet import model
 from crnet.launch import MASTER, LocalTree
-from crnet.plan import Tree, plan
+from crnet.plan import Tree, plan, scheme_tree
 from crnet.procs import stop_processes
 from crnet.units import parse_bandwidth
 from crnet.workload import ComputeModel
@@ -33,16 +33,16 @@ from .presets import Preset
 NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
 
 
-def scheme_tree(preset: Preset, scheme: str) -> Tree:
+def preset_tree(preset: Preset, scheme: str) -> Tree:
+    """The tree ``scheme`` runs on in this preset (``crnet.plan.scheme_tree`` of its shapes)."""
     tree = preset.tree_shape if scheme == "tree" and preset.tree_shape else preset.cr_tree
-    return model.scheme_tree(scheme, tree=tree, workers=preset.workers,
-                             stragglers=preset.gc_stragglers)
+    return scheme_tree(scheme, tree=tree, workers=preset.workers, stragglers=preset.gc_stragglers)
 
 
 def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Path,
               seed: int = 0) -> dict:
     """One crnet scheme: daemons and emulated workers on the cluster's hosts."""
-    tree = scheme_tree(preset, scheme)
+    tree = preset_tree(preset, scheme)
     names = list(tree.names())                   # master first, then workers breadth first
     host_of = {name: i for i, name in enumerate(names)}
     workdir.mkdir(parents=True, exist_ok=True)
@@ -182,14 +182,14 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
     """
     compute = ComputeModel.parse(preset.compute)
     kind = "rar" if scheme == "gloo" else scheme
-    common = dict(tree=scheme_tree(preset, kind) if kind in ("cr", "tree") else None,
+    common = dict(tree=preset_tree(preset, kind) if kind in ("cr", "tree") else None,
                   workers=preset.workers, stragglers=preset.gc_stragglers,
                   vector_bytes=preset.vector_bytes, latency=preset.latency,
                   bandwidth=_bandwidth(preset),
                   chunk_bytes=None if kind == "rar" else preset.chunk_bytes)
     p = model.predict(kind, samples=preset.samples, compute=compute, trials=trials, seed=seed,
                       **common)
-    loads = model.worker_loads(scheme_tree(preset, kind), preset.samples)
+    loads = model.worker_loads(preset_tree(preset, kind), preset.samples)
     draws = np.array([[compute.compute_time(int(load), seed, t, i) for i, load in enumerate(loads)]
                       for t in range(1, preset.steps)])
     if preset.freeze is not None:
@@ -206,7 +206,7 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
     results = {}
     preset, auto = resolve(preset, seed)
     log(f"  cr shape: fanout {list(preset.cr_tree.fanout)}, s {list(preset.cr_tree.stragglers)}; "
-        f"tree fanout {list(scheme_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
+        f"tree fanout {list(preset_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
         f"plan --auto picks {auto['scheme']} ({auto['shape']})")
     with EmulatedCluster(preset.workers + 1, rate=preset.rate) as cluster:
         if calibrated is None:
@@ -233,7 +233,7 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
 
 def _config(p: Preset) -> dict:
     return {"workers": p.workers, "cr_fanout": list(p.cr_tree.fanout),
-            "tree_fanout": list(scheme_tree(p, "tree").fanout),
+            "tree_fanout": list(preset_tree(p, "tree").fanout),
             "cr_stragglers": list(p.cr_tree.stragglers), "gc_stragglers": p.gc_stragglers,
             "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
             "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,

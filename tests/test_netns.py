@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks import netns
 from benchmarks.presets import PRESETS
+from crnet.errors import CrnetError
 
 REASON = netns.requirements()
 needs_netns = pytest.mark.skipif(REASON is not None, reason=f"emulated cluster: {REASON}")
@@ -110,6 +111,10 @@ def test_ambiguous_mbps_is_refused(rate):
         netns.tbf_args(rate)
     with pytest.raises(ValueError, match="is ambiguous"):
         netns.EmulatedCluster(2, rate=rate, prefix=PREFIX)   # before anything exists
+
+
+def test_netns_errors_are_crnet_errors():
+    assert issubclass(netns.NetnsError, CrnetError) and issubclass(netns.NetnsError, RuntimeError)
 
 
 @pytest.fixture
