@@ -135,8 +135,8 @@ def model_options(f):
                           "empirical:A,FILE (FILE: multipliers or measured step times, one per "
                           "line, divided by their minimum)."),
         click.option("--chunk-bytes", type=size, default=None,
-                     help="Model pipelining in chunks of this size (crnetd uses 1MiB); "
-                          "default: whole vectors, store and forward."),
+                     help=f"Model pipelining in chunks of this size (crnetd uses {defaults.CHUNK_BYTES} "
+                          "bytes); default: whole vectors, store and forward."),
         click.option("--trials", type=click.IntRange(min=1), default=2000, show_default=True,
                      help="Simulated steps per scheme."),
         click.option("--seed", type=int, default=0, show_default=True,
@@ -296,15 +296,33 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
               help="Keep daemon logs and raw results here (default: a temporary directory).")
 @click.option("--json", "as_json", is_flag=True, help="End with a summary as one JSON line.")
 def bench(presets, schemes, sweep, steps, seed, out, plot_path, workdir, as_json):
-    """Every scheme and PyTorch's Gloo on an emulated cluster (root: network namespaces)."""
+    """Every scheme and PyTorch's Gloo on an emulated cluster (root: network namespaces).
+
+    Runs from a source checkout (the benchmarks/ package next to crnet/), installed with
+    pip install -e '.[bench]'.
+    """
     import dataclasses
+    import sys
     import tempfile
     from pathlib import Path
 
-    from .benchmark import report
-    from .benchmark.presets import PRESETS
-    from .benchmark.runner import run_preset, run_sweep
-    from .netns import requirements
+    # The benchmarks are not in the wheel: they live next to crnet/ in the source checkout.
+    try:
+        import benchmarks  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name != "benchmarks":
+            raise
+        checkout = Path(__file__).resolve().parent.parent
+        if not (checkout / "benchmarks" / "__init__.py").is_file():
+            raise click.UsageError(
+                "crnet bench runs from a source checkout (its benchmarks/ package is not part "
+                "of the installed crnet): clone the crnet repository and run "
+                "pip install -e '.[bench]' in it") from None
+        sys.path.append(str(checkout))
+    from benchmarks import report
+    from benchmarks.netns import requirements
+    from benchmarks.presets import PRESETS
+    from benchmarks.runner import run_preset, run_sweep
 
     chosen = [s.strip() for s in schemes.split(",") if s.strip()]
     unknown = set(chosen) - {"cr", "gc", "tree", "rar", "gloo"}

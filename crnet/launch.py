@@ -3,7 +3,7 @@
 Used by ``crnet demo``, the end-to-end tests and the benchmarks; on real hosts
 each daemon is started by its own systemd unit instead. By default every daemon
 listens on 127.0.0.1; the benchmark passes ``addresses`` and ``spawn`` to put
-each daemon in its own network namespace (``crnet.netns``). Every node is started
+each daemon in its own network namespace (``benchmarks.netns``). Every node is started
 with ``--name`` equal to its place in the tree, so tests can kill "child 1 of
 node 0" by name, and each one's log goes to ``<workdir>/logs/<name>.log``.
 """
@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .defaults import CHUNK_BYTES, KEEP_RESULTS, TIMEOUT
 from .plan import Tree
+from .procs import stop_processes
 
 MASTER = ""
 
@@ -43,8 +45,8 @@ class LocalTree:
     """A tree of crnetd processes on this machine (127.0.0.1 unless ``addresses``)."""
 
     def __init__(self, tree: Tree, samples: int, workdir: str | os.PathLike | None = None,
-                 timeout: float = 30.0, chunk_bytes: int = 1 << 20, code_kind: str = "auto",
-                 log_level: str = "info", keep_results: int = 4, scheme: str = "cr",
+                 timeout: float = TIMEOUT, chunk_bytes: int = CHUNK_BYTES, code_kind: str = "auto",
+                 log_level: str = "info", keep_results: int = KEEP_RESULTS, scheme: str = "cr",
                  addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
                  port: int = 7070, strict: bool = False, send_queue_bytes: int | None = None):
         self.tree = tree
@@ -151,23 +153,9 @@ class LocalTree:
     def alive(self, name: str) -> bool:
         return self.procs[name].poll() is None
 
-    def stop(self, grace: float = 5.0) -> dict[str, int]:
+    def stop(self, grace: float = 5.0) -> dict[str, int | None]:
         """Stop every daemon (SIGTERM, then SIGKILL after ``grace``); returns exit codes."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGCONT)  # a SIGSTOPped daemon can't act on TERM
-                    proc.terminate()
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace
-        codes = {}
-        for name, proc in self.procs.items():
-            try:
-                codes[name] = proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes[name] = proc.wait()
+        codes = dict(zip(self.procs, stop_processes(self.procs.values(), grace)))
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

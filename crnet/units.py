@@ -31,9 +31,10 @@ def parse_bandwidth(text: str) -> float:
     elif rate_unit in _BYTES:
         rate = value * _BYTES[rate_unit]
     elif unit.lower().endswith("bps"):
-        spelled = str(text).strip()[:-3]
-        raise ValueError(f"bandwidth {text!r} is ambiguous: write {spelled}bit for bits per "
-                         f"second or {spelled}B for bytes per second")
+        number, prefix = str(text).strip()[:-len(unit)], unit[:-3]
+        # bits take any case (100mbit, 100Mbit); bytes want a capital M, G, T (mB is milli)
+        raise ValueError(f"bandwidth {text!r} is ambiguous: write {number}{prefix}bit for bits "
+                         f"per second or {number}{prefix.capitalize()}B for bytes per second")
     elif not unit:
         raise ValueError(f"bandwidth {text!r} needs a unit, e.g. 100Mbit, 1Gbit or 12.5MB")
     else:

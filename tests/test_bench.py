@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from crnet.netns import list_namespaces, requirements
+from benchmarks.netns import list_namespaces, requirements
 
 problem = requirements()
 pytestmark = [pytest.mark.skipif(problem is not None, reason=f"emulated cluster: {problem}"),

@@ -1,4 +1,4 @@
-"""crnet.benchmark.gloo_peer and gloo_run: PyTorch Gloo all_reduce peers on 127.0.0.1."""
+"""benchmarks.gloo_peer and gloo_run: PyTorch Gloo all_reduce peers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
 
-from crnet.benchmark.gloo_run import run_gloo  # noqa: E402
+from benchmarks.gloo_run import run_gloo
 
 
 def _free_port() -> int:
@@ -20,8 +20,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(i, argv):
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+def _spawn(i, argv, env):
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
 
 
 def _run(world: int, tmp_path, **kw) -> dict:

@@ -447,6 +447,7 @@ def test_cli_model_table_one_scheme():
 
 @pytest.mark.parametrize("args, message", [
     (["--bandwidth", "100Mbps"], "is ambiguous: write 100Mbit"),
+    (["--bandwidth", "12.5mbps"], "write 12.5mbit for bits per second or 12.5MB for bytes"),
     (["--bandwidth", "100"], "needs a unit"),
     (["--bandwidth", "fast"], "is not a number with a unit"),
     (["--bandwidth", "0Gbit"], "must be > 0"),

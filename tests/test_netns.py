@@ -1,6 +1,6 @@
-"""crnet.netns: emulated clusters of network namespaces on a bridge, links shaped by tbf.
+"""benchmarks.netns: emulated clusters of network namespaces on a bridge, links shaped by tbf.
 
-Needs root and iproute2; the whole module is skipped (with the reason) otherwise.
+Building clusters needs root and iproute2; those tests are skipped (with the reason) otherwise.
 Every cluster here uses the prefix ``crt`` plus a per-instance tag, so it cannot
 collide with a concurrent run, a benchmark (``crn``) or the CLI.
 """
@@ -14,11 +14,12 @@ import textwrap
 
 import pytest
 
-from crnet import netns
+from benchmarks import netns
+from benchmarks.presets import PRESETS
+from crnet.errors import CrnetError
 
 REASON = netns.requirements()
-if REASON:
-    pytest.skip(REASON, allow_module_level=True)
+needs_netns = pytest.mark.skipif(REASON is not None, reason=f"emulated cluster: {REASON}")
 
 PREFIX = "crt"
 PY = sys.executable
@@ -80,6 +81,42 @@ CONNECT = textwrap.dedent("""
 """)
 
 
+def tbf_value(args: list[str], key: str) -> str:
+    return args[args.index(key) + 1]
+
+
+@pytest.mark.parametrize("rate, bits", [("100mbit", 100_000_000), ("1Gbit", 1_000_000_000),
+                                        ("50mbit/s", 50_000_000), ("12.5MB", 100_000_000),
+                                        ("12.5MB/s", 100_000_000), ("1MiB", 8 * 2**20)])
+def test_tbf_gets_the_rate_in_bits(rate, bits):
+    assert tbf_value(netns.tbf_args(rate), "rate") == f"{bits}bit"
+
+
+def test_tbf_burst_is_4ms_of_the_rate_or_one_gso_packet():
+    assert tbf_value(netns.tbf_args("1gbit"), "burst") == "500000"
+    assert tbf_value(netns.tbf_args("10mbit"), "burst") == "65536"
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_rates_parse(name):
+    rate = PRESETS[name].rate
+    bits = {"1gbit": 10**9, "100mbit": 10**8}[rate]
+    assert tbf_value(netns.tbf_args(rate), "rate") == f"{bits}bit"
+
+
+@pytest.mark.parametrize("rate", ["12.5mbps", "100Mbps"])
+def test_ambiguous_mbps_is_refused(rate):
+    # tc reads "mbps" as megabytes per second, most people as megabits: neither guess.
+    with pytest.raises(ValueError, match="is ambiguous: write"):
+        netns.tbf_args(rate)
+    with pytest.raises(ValueError, match="is ambiguous"):
+        netns.EmulatedCluster(2, rate=rate, prefix=PREFIX)   # before anything exists
+
+
+def test_netns_errors_are_crnet_errors():
+    assert issubclass(netns.NetnsError, CrnetError) and issubclass(netns.NetnsError, RuntimeError)
+
+
 @pytest.fixture
 def cluster():
     """``cluster(hosts, **kw)`` brings a cluster up; all are taken down at teardown."""
@@ -119,6 +156,7 @@ def transfer_mbit(c: netns.EmulatedCluster, src: int, dst: int, nbytes: int, por
     return nbytes * 8 / float(seconds) / 1e6
 
 
+@needs_netns
 @pytest.mark.timeout(120)
 def test_hosts_reach_each_other_over_tcp(cluster):
     c = cluster(3, rate="100mbit")
@@ -133,6 +171,7 @@ def test_hosts_reach_each_other_over_tcp(cluster):
         assert res.stdout.split() == ["ok", others[0], "ok", others[1]]
 
 
+@needs_netns
 @pytest.mark.timeout(120)
 def test_links_are_shaped_both_ways(cluster):
     c = cluster(2, rate="50mbit")
@@ -156,6 +195,7 @@ def test_links_are_shaped_both_ways(cluster):
     assert 0.6 * 20 <= transfer_mbit(c, 0, 1, 1 << 20, 7104) <= 1.1 * 20
 
 
+@needs_netns
 @pytest.mark.timeout(120)
 def test_down_removes_everything():
     c = netns.EmulatedCluster(3, rate="10mbit", prefix=PREFIX).up()
@@ -168,10 +208,11 @@ def test_down_removes_everything():
     assert stem_namespaces(c) == []
 
 
+@needs_netns
 @pytest.mark.timeout(120)
 def test_failed_up_leaves_nothing(monkeypatch):
     # A bad rate is refused before anything exists.
-    with pytest.raises(ValueError, match="bad rate"):
+    with pytest.raises(ValueError, match="bandwidth 'fast'"):
         netns.EmulatedCluster(3, rate="fast", prefix=PREFIX)
     # A bad burst is passed to tc, which refuses it at the last step of up(),
     # after every namespace, veth and the bridge exist.
@@ -217,6 +258,7 @@ def root_routes() -> str:
     return subprocess.run(["ip", "route", "show", "table", "all"], capture_output=True, text=True).stdout
 
 
+@needs_netns
 @pytest.mark.timeout(120)
 def test_traffic_stays_inside_the_namespaces(cluster):
     links, routes = root_links(), root_routes()

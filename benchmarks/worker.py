@@ -14,7 +14,7 @@ training loop that checks ``Client.tree_step`` between micro-batches would.
 then misses the next steps too, and stragglers pile up (the benchmark reports
 both; see docs/benchmarks.md).
 
-    python -m crnet.benchmark.worker --socket S --elements E --steps T --compute SPEC \
+    python -m benchmarks.worker --socket S --elements E --steps T --compute SPEC \
         --seed 0 --worker-index I --out result.json [--observer] [--freeze-at K --daemon-pid P]
 """
 
@@ -26,14 +26,13 @@ import os
 import signal
 import time
 
-
-from ..client import Client
-from ..errors import CrnetError, StepFailed
-from ..workload import ComputeModel
+from crnet.client import Client
+from crnet.errors import CrnetError, StepFailed
+from crnet.workload import ComputeModel
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m crnet.benchmark.worker")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.worker")
     p.add_argument("--socket", required=True)
     p.add_argument("--elements", type=int, required=True)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])

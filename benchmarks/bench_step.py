@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Step time of a whole loopback CodedReduce tree, per vector size, with a breakdown.
 
 What is measured
@@ -50,7 +49,7 @@ kept results, receive buffers and shared memory, 13 clients' output arrays), so
 16M float32 (64 MiB) needs about 7 GiB; sizes that do not fit in MemAvailable are
 skipped with a message. Daemons keep ``--keep-results`` (default 2) results.
 
-Usage: python scripts/bench_step.py [--sizes 1K 16K 256K 1M 4M 16M] [--fanout 3]
+Usage: python -m benchmarks.bench_step [--sizes 1K 16K 256K 1M 4M 16M] [--fanout 3]
           [--layers 2] [--stragglers 1] [--chunk-mib 1] [--steps N] [--quick]
 """
 from __future__ import annotations
@@ -69,7 +68,7 @@ from crnet import Client
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree
 
-from _machine import ForeignCpu, cpu_busy  # scripts/_machine.py
+from ._machine import ForeignCpu, cpu_busy
 
 MiB = 1 << 20
 SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -290,7 +289,8 @@ def step_rows(per_step: dict, i: int) -> dict:
 
 # --------------------------------------------------------------------------- main
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_step",
+                                 description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="How to read it" + __doc__.split("How to read it")[1])
     ap.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES,

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark crnet.kernels.coded_sum against numpy and against a plain copy.
 
 For each vector size and input count k it reports an effective bandwidth,
@@ -13,7 +12,7 @@ counting (k+1) * bytes moved (k vectors read, one written) over the best of
 * ``np.copyto(dst, src)`` (2 * bytes): the machine's practical streaming
   bandwidth, measured in the same run as the ceiling to compare against.
 
-Usage: python scripts/bench_kernels.py [--sizes 1M 16M 64M] [--repeat 5]
+Usage: python -m benchmarks.bench_kernels [--sizes 1M 16M 64M] [--repeat 5]
 """
 from __future__ import annotations
 
@@ -54,7 +53,8 @@ def numpy_loop(out: np.ndarray, coeffs: list[float], inputs: list[np.ndarray]) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_kernels",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["1M", "16M", "64M"],
                     help="vector lengths in float32 elements (K/M/G suffixes are powers of 2)")
     ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 4, 8],

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..plan import Tree
+from crnet.defaults import CHUNK_BYTES
+from crnet.plan import Tree
 
 
 @dataclass(frozen=True)
@@ -21,14 +22,14 @@ class Preset:
     gc_stragglers: int | None       # gradient coding's s on the star of all workers; None: best
     samples: int
     elements: int                   # float32 elements per vector
-    rate: str | None                # every host link, both directions
+    rate: str | None                # every host link, both directions (crnet.units: 1gbit)
     compute: str                    # crnet.workload.ComputeModel spelling
     steps: int
     freeze: tuple[int, int] | None = None   # (worker index, step): that host freezes (SIGSTOP)
     deadline: float = 120.0         # seconds a scheme may run
     timeout: float = 10.0           # crnetd --timeout and the clients' per-step timeout
     latency: float = 60e-6          # per-message latency for the model until calibrated
-    chunk_bytes: int = 1 << 20
+    chunk_bytes: int = CHUNK_BYTES
     about: str = ""
     tree_shape: Tree | None = None  # the `tree` scheme's fanout (s = 0); None: the model's best
 

@@ -3,7 +3,7 @@
 One process per emulated host, ``world`` of them, each ``dist.all_reduce`` (SUM; Gloo's ring
 allreduce for CPU tensors) of one tensor of ``elements`` per step::
 
-    python -m crnet.benchmark.gloo_peer --rank R --world W --init tcp://ADDR:PORT \
+    python -m benchmarks.gloo_peer --rank R --world W --init tcp://ADDR:PORT \
         --elements E --dtype float32 --steps S --compute SPEC --load L --seed SEED \
         --worker-index I [--ifname IF] [--freeze-at K] [--deadline D] [--timeout T] --out FILE.json
 
@@ -14,7 +14,7 @@ Recorded per step: ``start_times`` (wall clock when all_reduce was called), ``co
 (when it returned) and ``compute_s`` (the time slept); a peer signalled inside an all_reduce has
 one more start than completions. All processes of the emulated cluster run
 on one kernel, so their wall clocks are the same clock and the driver
-(:mod:`crnet.benchmark.gloo_run`) can compare completion times across ranks.
+(:mod:`benchmarks.gloo_run`) can compare completion times across ranks.
 
 Ending a run:
 
@@ -57,13 +57,13 @@ import threading
 import time
 from datetime import timedelta
 
-from ..workload import ComputeModel
+from crnet.workload import ComputeModel
 
 DTYPES = ("float32", "float64")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m crnet.benchmark.gloo_peer",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gloo_peer",
                                 description="One Gloo all_reduce peer of crnet bench.")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)

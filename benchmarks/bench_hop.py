@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """One hop of the tree: a parent's aggregate receive throughput from n children.
 
 What is measured
@@ -49,7 +48,7 @@ work (decode, framing, buffer management), so it is roughly the ceiling for the
 crnet row on a machine where the copies of both directions share the cores.
 The per-round counter table shows how much of the receive window was decode.
 
-Usage: python scripts/bench_hop.py [--children 3] [--mib 64] [--steps 5]
+Usage: python -m benchmarks.bench_hop [--children 3] [--mib 64] [--steps 5]
                                    [--chunk-mib 4] [--repeat 3] [--quick]
 """
 from __future__ import annotations
@@ -69,7 +68,7 @@ from crnet import Client
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree
 
-from _machine import ForeignCpu, cpu_busy  # scripts/_machine.py
+from ._machine import ForeignCpu, cpu_busy
 
 MiB = 1 << 20
 
@@ -362,7 +361,8 @@ class Baseline:
 
 # --------------------------------------------------------------------------- main
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_hop",
+                                 description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="How to read it" + __doc__.split("How to read it")[1])
     ap.add_argument("--children", type=int, default=3, help="children of the parent (n)")

@@ -1,10 +1,9 @@
-#!/usr/bin/env python
-"""Bring an emulated cluster (crnet.netns) up or down from the shell.
+"""Bring an emulated cluster (benchmarks.netns) up or down from the shell.
 
-    python scripts/netns_cluster.py up --hosts 4 --rate 100mbit [--prefix crn]
+    python -m benchmarks.netns_cluster up --hosts 4 --rate 100mbit [--prefix crn]
     ip netns exec crn-h0 python -m crnet ...        # run something on host 0
-    python scripts/netns_cluster.py status
-    python scripts/netns_cluster.py down [--prefix crn]
+    python -m benchmarks.netns_cluster status
+    python -m benchmarks.netns_cluster down [--prefix crn]
 
 Unlike the library's default (names unique to the creating process), the
 namespaces made here are named deterministically from --prefix (``P-h0`` ...
@@ -25,11 +24,7 @@ import shutil
 import subprocess
 import sys
 
-try:
-    from crnet import netns
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from crnet import netns
+from . import netns
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -66,7 +61,7 @@ def cmd_up(args) -> None:
     for i, (name, addr) in enumerate(zip(cluster.names, cluster.addresses)):
         print(f"  host {i:<3} netns {name:<16} {cluster.interface} {addr}/{cluster.subnet.prefixlen}")
     print(f"run a command in one:  ip netns exec {cluster.names[0]} <cmd> ...")
-    print(f"take it down:          {sys.argv[0]} down --prefix {args.prefix}")
+    print(f"take it down:          python -m benchmarks.netns_cluster down --prefix {args.prefix}")
 
 
 def cmd_down(args) -> None:
@@ -114,11 +109,14 @@ def cmd_status(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.netns_cluster", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="create H hosts on a bridge, links shaped to --rate")
     up.add_argument("--hosts", type=int, required=True)
-    up.add_argument("--rate", default="1gbit", help="tc rate of every link, both ways ('none': unshaped)")
+    up.add_argument("--rate", default="1gbit",
+                    help="every link's rate, both ways: 100mbit, 1gbit (bits/s) or 12.5MB "
+                         "(bytes/s); 'none': unshaped")
     up.add_argument("--prefix", default="crn")
     up.add_argument("--subnet", default="10.77.0.0/24")
     up.add_argument("--burst", default=None, help="tbf burst (tc size); default max(rate*4ms, 64KiB)")

@@ -2,7 +2,7 @@
 
 Host 0 of the cluster is the master (crnet's coordinator and result observer),
 hosts 1..N are the workers: one ``crnetd`` and one emulated training process
-(``crnet.benchmark.worker``) each, or one Gloo peer each. Worker i draws the same
+(``benchmarks.worker``) each, or one Gloo peer each. Worker i draws the same
 compute times in every scheme (``ComputeModel.compute_time(load, seed, step, i)``),
 so the schemes see the same stragglers in the same steps; only their loads
 differ, as their allocations do.
@@ -11,7 +11,6 @@ differ, as their allocations do.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -20,26 +19,30 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import model
-from ..launch import MASTER, LocalTree
-from ..netns import EmulatedCluster, parse_rate
-from ..plan import Tree, plan
-from ..workload import ComputeModel
+from crnet import model
+from crnet.launch import MASTER, LocalTree
+from crnet.plan import Tree, plan, scheme_tree
+from crnet.procs import stop_processes
+from crnet.units import parse_bandwidth
+from crnet.workload import ComputeModel
+
+from . import child_env
+from .netns import EmulatedCluster
 from .presets import Preset
 
 NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
 
 
-def scheme_tree(preset: Preset, scheme: str) -> Tree:
+def preset_tree(preset: Preset, scheme: str) -> Tree:
+    """The tree ``scheme`` runs on in this preset (``crnet.plan.scheme_tree`` of its shapes)."""
     tree = preset.tree_shape if scheme == "tree" and preset.tree_shape else preset.cr_tree
-    return model.scheme_tree(scheme, tree=tree, workers=preset.workers,
-                             stragglers=preset.gc_stragglers)
+    return scheme_tree(scheme, tree=tree, workers=preset.workers, stragglers=preset.gc_stragglers)
 
 
 def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Path,
               seed: int = 0) -> dict:
     """One crnet scheme: daemons and emulated workers on the cluster's hosts."""
-    tree = scheme_tree(preset, scheme)
+    tree = preset_tree(preset, scheme)
     names = list(tree.names())                   # master first, then workers breadth first
     host_of = {name: i for i, name in enumerate(names)}
     workdir.mkdir(parents=True, exist_ok=True)
@@ -52,7 +55,7 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
     try:
         lt.start(wait=60)
         for i, name in enumerate(names):
-            argv = [sys.executable, "-m", "crnet.benchmark.worker", "--socket", lt.socket_path(name),
+            argv = [sys.executable, "-m", "benchmarks.worker", "--socket", lt.socket_path(name),
                     "--elements", str(preset.elements), "--steps", str(preset.steps),
                     "--compute", preset.compute, "--seed", str(seed),
                     "--worker-index", str(i - 1), "--deadline", str(preset.deadline),
@@ -67,7 +70,7 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
         _wait(workers[:1], preset.deadline + 4 * preset.timeout + 30)
         _wait(workers[1:], 2 * preset.timeout + 5)
     finally:
-        _kill(workers)
+        stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
         lt.stop()
     records = [_read(workdir / f"w{i}.json") for i in range(len(names))]
     observer, rest = records[0], records[1:]
@@ -86,8 +89,11 @@ def run_gloo_scheme(cluster: EmulatedCluster, preset: Preset, workdir: Path, see
              .nodes.items() if name != MASTER]
     hosts = cluster.addresses[1:preset.workers + 1]
     workdir.mkdir(parents=True, exist_ok=True)
-    out = run_gloo(lambda i, argv: _spawn_logged(cluster, i + 1, argv, workdir / f"gloo{i}.err"),
-                   hosts, [cluster.interface] * len(hosts), elements=preset.elements,
+
+    def spawn(i: int, argv: list, env: dict) -> subprocess.Popen:
+        return _spawn_logged(cluster, i + 1, argv, workdir / f"gloo{i}.err", env)
+
+    out = run_gloo(spawn, hosts, [cluster.interface] * len(hosts), elements=preset.elements,
                    dtype="float32", steps=preset.steps, compute=preset.compute, loads=loads,
                    seed=seed, freeze=preset.freeze, deadline=preset.deadline,
                    timeout=max(preset.timeout, 5.0), workdir=workdir)
@@ -163,7 +169,7 @@ def calibrate(cluster: EmulatedCluster, preset: Preset, schemes, workdir: Path) 
 
 
 def _bandwidth(preset: Preset) -> float:
-    return parse_rate(preset.rate) / 8 if preset.rate else 1.25e9
+    return parse_bandwidth(preset.rate) if preset.rate else 1.25e9
 
 
 def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> dict:
@@ -176,14 +182,14 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
     """
     compute = ComputeModel.parse(preset.compute)
     kind = "rar" if scheme == "gloo" else scheme
-    common = dict(tree=scheme_tree(preset, kind) if kind in ("cr", "tree") else None,
+    common = dict(tree=preset_tree(preset, kind) if kind in ("cr", "tree") else None,
                   workers=preset.workers, stragglers=preset.gc_stragglers,
                   vector_bytes=preset.vector_bytes, latency=preset.latency,
                   bandwidth=_bandwidth(preset),
                   chunk_bytes=None if kind == "rar" else preset.chunk_bytes)
     p = model.predict(kind, samples=preset.samples, compute=compute, trials=trials, seed=seed,
                       **common)
-    loads = model.worker_loads(scheme_tree(preset, kind), preset.samples)
+    loads = model.worker_loads(preset_tree(preset, kind), preset.samples)
     draws = np.array([[compute.compute_time(int(load), seed, t, i) for i, load in enumerate(loads)]
                       for t in range(1, preset.steps)])
     if preset.freeze is not None:
@@ -200,7 +206,7 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
     results = {}
     preset, auto = resolve(preset, seed)
     log(f"  cr shape: fanout {list(preset.cr_tree.fanout)}, s {list(preset.cr_tree.stragglers)}; "
-        f"tree fanout {list(scheme_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
+        f"tree fanout {list(preset_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
         f"plan --auto picks {auto['scheme']} ({auto['shape']})")
     with EmulatedCluster(preset.workers + 1, rate=preset.rate) as cluster:
         if calibrated is None:
@@ -227,7 +233,7 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
 
 def _config(p: Preset) -> dict:
     return {"workers": p.workers, "cr_fanout": list(p.cr_tree.fanout),
-            "tree_fanout": list(scheme_tree(p, "tree").fanout),
+            "tree_fanout": list(preset_tree(p, "tree").fanout),
             "cr_stragglers": list(p.cr_tree.stragglers), "gc_stragglers": p.gc_stragglers,
             "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
             "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,
@@ -238,9 +244,11 @@ def _ms(x) -> str:
     return "   -   " if x is None else f"{1e3 * x:7.1f} ms"
 
 
-def _spawn_logged(cluster, host: int, argv, log: Path) -> subprocess.Popen:
+def _spawn_logged(cluster, host: int, argv, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start ``argv`` (a ``python -m benchmarks.<module>``) on ``host``, stderr to ``log``."""
     with open(log, "wb") as err:  # the child keeps its own copy of the descriptor
-        return cluster.popen(host, argv, stdout=subprocess.DEVNULL, stderr=err)
+        return cluster.popen(host, argv, stdout=subprocess.DEVNULL, stderr=err,
+                             env=child_env() if env is None else env)
 
 
 def _wait(procs, limit: float) -> None:
@@ -248,21 +256,6 @@ def _wait(procs, limit: float) -> None:
     for p in procs:
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _kill(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        try:
-            p.wait(5)
         except subprocess.TimeoutExpired:
             pass
 

@@ -1,6 +1,6 @@
 """Drive one run of PyTorch's Gloo all_reduce for ``crnet bench``: W peers, one per host.
 
-:func:`run_gloo` starts one :mod:`crnet.benchmark.gloo_peer` per emulated host through the
+:func:`run_gloo` starts one :mod:`benchmarks.gloo_peer` per emulated host through the
 caller's ``spawn``, waits for them, stops any that froze or hung, and turns their JSON records
 into per-step times comparable with crnet's schemes.
 """
@@ -8,18 +8,20 @@ into per-step times comparable with crnet's schemes.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from ..workload import ComputeModel
+from crnet.procs import stop_processes
+from crnet.workload import ComputeModel
+
+from . import child_env
 
 __all__ = ["run_gloo"]
 
-Spawn = Callable[[int, list], subprocess.Popen]
+Spawn = Callable[[int, list, dict], subprocess.Popen]
 
 
 def run_gloo(spawn: Spawn, hosts: Sequence[str], ifnames: Sequence[str] | None, *,
@@ -29,15 +31,17 @@ def run_gloo(spawn: Spawn, hosts: Sequence[str], ifnames: Sequence[str] | None, 
              startup: float = 30.0, poll: float = 0.05) -> dict:
     """Run ``W = len(hosts)`` Gloo peers for ``steps`` steps and return their step times.
 
-    ``spawn(i, argv)`` starts ``argv`` on emulated host ``i`` (inside its network namespace)
-    and returns its ``Popen``; the Popen's pid must be the peer itself (``ip netns exec`` execs
-    it), since frozen or hung peers are stopped by signalling that pid. ``hosts[i]`` is host
-    ``i``'s address; peer ``i`` has rank ``i``, worker index ``i`` (so it draws the same compute
-    times as crnet's worker ``i``) and load ``loads[i]``; rank 0's host serves the rendezvous
-    (``tcp://hosts[0]:port``; each namespace has its own ports, so a fixed port is fine there).
+    ``spawn(i, argv, env)`` starts ``argv`` with environment ``env`` on emulated host ``i``
+    (inside its network namespace) and returns its ``Popen``; ``env`` puts this checkout on
+    PYTHONPATH, so ``python -m benchmarks.gloo_peer`` runs from any directory. The Popen's pid
+    must be the peer itself (``ip netns exec`` execs it), since frozen or hung peers are
+    stopped by signalling that pid. ``hosts[i]`` is host ``i``'s address; peer ``i`` has rank
+    ``i``, worker index ``i`` (so it draws the same compute times as crnet's worker ``i``) and
+    load ``loads[i]``; rank 0's host serves the rendezvous (``tcp://hosts[0]:port``; each
+    namespace has its own ports, so a fixed port is fine there).
     ``ifnames[i]`` is the interface Gloo binds on host ``i`` (None: Gloo's own choice).
     ``freeze=(i, k)`` makes peer ``i`` SIGSTOP itself at the start of step ``k`` (a dead host).
-    ``deadline`` bounds the peers' stepping (see :mod:`crnet.benchmark.gloo_peer`), ``timeout``
+    ``deadline`` bounds the peers' stepping (see :mod:`benchmarks.gloo_peer`), ``timeout``
     is Gloo's timeout for the rendezvous and for every all_reduce. JSON records and nothing else
     go to ``workdir``.
 
@@ -87,10 +91,11 @@ def run_gloo(spawn: Spawn, hosts: Sequence[str], ifnames: Sequence[str] | None, 
 
     procs: list[subprocess.Popen] = []
     killed: list[int] = []
+    env = child_env()
     t_spawn = time.time()
     try:
         for i in range(world):
-            argv = [sys.executable, "-m", "crnet.benchmark.gloo_peer",
+            argv = [sys.executable, "-m", "benchmarks.gloo_peer",
                     "--rank", str(i), "--world", str(world), "--init", init,
                     "--elements", str(elements), "--dtype", dtype, "--steps", str(steps),
                     "--compute", compute, "--load", str(loads[i]), "--seed", str(seed),
@@ -100,11 +105,13 @@ def run_gloo(spawn: Spawn, hosts: Sequence[str], ifnames: Sequence[str] | None, 
                 argv += ["--ifname", ifnames[i]]
             if freeze is not None and freeze[0] == i:
                 argv += ["--freeze-at", str(freeze[1])]
-            procs.append(spawn(i, argv))
+            procs.append(spawn(i, argv, env))
         _wait(procs, backstop=time.monotonic() + startup + deadline + 3 * timeout,
               follow=timeout + longest + 5.0, poll=poll)
     finally:
-        killed = _stop(procs)
+        # SIGTERM, not SIGKILL: a peer writes its record on SIGTERM, even inside all_reduce.
+        killed = [i for i, p in enumerate(procs) if p.poll() is None]
+        stop_processes(procs, grace=3.0)
     wall = time.time() - t_spawn
     records = [_read(out) for out in outs]
     return _summarise(records, procs, killed, steps=steps, t_spawn=t_spawn, wall=wall)
@@ -145,32 +152,6 @@ def _wait(procs: list[subprocess.Popen], *, backstop: float, follow: float, poll
             if all(_state(p.pid) in ("T", "t") for p in running):
                 return
         time.sleep(poll)
-
-
-def _stop(procs: list[subprocess.Popen]) -> list[int]:
-    """SIGCONT + SIGTERM whatever still runs, SIGKILL after 3 s, reap all; the ranks signalled."""
-    left = [i for i, p in enumerate(procs) if p.poll() is None]
-    for i in left:
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            try:
-                procs[i].send_signal(sig)
-            except (ProcessLookupError, OSError):
-                pass
-    end = time.monotonic() + 3.0
-    for i in left:
-        try:
-            procs[i].wait(max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for i in left:
-        if procs[i].poll() is None:
-            try:
-                procs[i].kill()
-            except (ProcessLookupError, OSError):
-                pass
-    for p in procs:
-        p.wait()
-    return left
 
 
 def _read(path: Path) -> dict | None:

@@ -50,7 +50,7 @@ Cleanup: ``down()`` (also ``__exit__`` and an ``atexit`` hook registered by
 ``up()``) kills processes still running in the namespaces and deletes them;
 deleting a namespace deletes its veth ends, and the bridge goes with its
 namespace. A crashed run (SIGKILL, power loss) leaves namespaces behind:
-``cleanup(prefix)`` (or ``scripts/netns_cluster.py down``) removes them.
+``cleanup(prefix)`` (or ``python -m benchmarks.netns_cluster down``) removes them.
 
 Requires root, iproute2 (``ip``, ``tc``) and the kernel's veth, bridge and tbf
 support; ``requirements()`` says what is missing.
@@ -65,13 +65,14 @@ import itertools
 import os
 import re
 import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Sequence
 
-__all__ = ["EmulatedCluster", "NetnsError", "cleanup", "list_namespaces", "parse_rate", "requirements",
-           "tbf_args"]
+from crnet.errors import CrnetError
+from crnet.procs import stop_processes
+from crnet.units import parse_bandwidth
+
+__all__ = ["EmulatedCluster", "NetnsError", "cleanup", "list_namespaces", "requirements", "tbf_args"]
 
 IFNAMSIZ = 15          # longest interface name; netns names are kept this short too
 HOST_IF = "eth0"       # the veth end inside each host namespace
@@ -83,44 +84,27 @@ BURST_MIN = 64 * 1024  # ... but at least one maximal GSO packet
 _seq = itertools.count()
 
 
-class NetnsError(RuntimeError):
+class NetnsError(CrnetError, RuntimeError):
     """An ``ip``/``tc`` command failed; the message has the command and its stderr."""
 
 
-# ---------------------------------------------------------------- rates
-
-# tc's rate units (tc(8), "RATES"): a bare number is bit/s, "bps" means *bytes*/s.
-_RATE_UNITS = {
-    "": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-    "kibit": 1024, "mibit": 1024 ** 2, "gibit": 1024 ** 3, "tibit": 1024 ** 4,
-    "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12,
-    "kibps": 8 * 1024, "mibps": 8 * 1024 ** 2, "gibps": 8 * 1024 ** 3, "tibps": 8 * 1024 ** 4,
-}
-_RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_rate(rate: str) -> float:
-    """A tc rate string ("100mbit", "1gbit", "12.5mbps", "5000000") in bits per second."""
-    m = _RATE_RE.match(str(rate))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _RATE_UNITS:
-        raise ValueError(f"bad rate {rate!r}: want a number and a tc unit, e.g. '100mbit' or '1gbit'")
-    bits = float(m.group(1)) * _RATE_UNITS[unit]
-    if bits < 8:
-        raise ValueError(f"bad rate {rate!r}: must be at least 1 byte/s")
-    return bits
-
+# ---------------------------------------------------------------- shaping
 
 def tbf_args(rate: str, burst: str | None = None, mtu: int = 1500) -> list[str]:
     """The ``tc qdisc ... tbf`` arguments that shape one direction of a link to ``rate``.
 
-    ``burst`` (a tc size, passed to tc as is) defaults to ``max(rate * 4 ms, 64 KiB,
-    4 frames)``; see the module docstring for why.
+    ``rate`` is spelled as everywhere in crnet (``crnet.units.parse_bandwidth``: ``100mbit``,
+    ``1Gbit``, ``12.5MB``; ``mbps`` is refused, tc would read it as megabytes); tc gets it
+    in bits per second. ``burst`` (a tc size, passed to tc as is) defaults to
+    ``max(rate * 4 ms, 64 KiB, 4 frames)``; see the module docstring for why.
     """
-    bits = parse_rate(rate)
+    rate_bytes = parse_bandwidth(rate)
+    if rate_bytes < 1:
+        raise ValueError(f"rate {rate!r} must be at least 1 byte/s")
     if burst is None:
-        burst = str(int(max(bits / 8 * BURST_TIME, BURST_MIN, 4 * (mtu + 14))))
-    return ["tbf", "rate", str(rate).strip(), "burst", str(burst), "latency", TBF_LATENCY]
+        burst = str(int(max(rate_bytes * BURST_TIME, BURST_MIN, 4 * (mtu + 14))))
+    bits = round(8 * rate_bytes)   # spelled in tc's base unit: nothing for tc to read otherwise
+    return ["tbf", "rate", f"{bits}bit", "burst", str(burst), "latency", TBF_LATENCY]
 
 
 # ---------------------------------------------------------------- commands
@@ -150,37 +134,8 @@ def _ns_pids(name: str) -> list[int]:
 
 def _kill_ns_processes(names: Sequence[str], grace: float = 2.0) -> None:
     """SIGTERM every process still running in these namespaces, SIGKILL after ``grace`` s."""
-    pids = {pid for name in names for pid in _ns_pids(name)}
-    pids.discard(os.getpid())
-    if not pids:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            pids = {pid for pid in pids if _alive(pid)}
-            if not pids:
-                return
-            time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    pids = {pid for name in names for pid in _ns_pids(name)} - {os.getpid()}
+    stop_processes(sorted(pids), grace)
 
 
 def _delete_namespaces(names: Sequence[str], kill: bool = True) -> None:
@@ -226,7 +181,7 @@ def cleanup(prefix: str = "crn", tag: str | None = None) -> list[str]:
 
 # ---------------------------------------------------------------- requirements
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def requirements() -> str | None:
     """None if emulated clusters can be built here, else the reason why not.
 
@@ -369,15 +324,7 @@ class EmulatedCluster:
         Idempotent; parts already gone are fine. Raises NetnsError only if a
         namespace of ours is still listed afterwards.
         """
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(self._procs, grace=2.0)
         self._procs.clear()
         self.detach()
         names = self.names + [self.bridge_ns] if self._created else []
@@ -386,7 +333,7 @@ class EmulatedCluster:
 
     def detach(self) -> None:
         """Let the cluster outlive this process: drop the exit hook (``down()`` still works,
-        and ``cleanup``/``scripts/netns_cluster.py down`` remove it later)."""
+        and ``cleanup``/``python -m benchmarks.netns_cluster down`` remove it later)."""
         if self._atexit is not None:
             atexit.unregister(self._atexit)
             self._atexit = None
