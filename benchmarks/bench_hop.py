@@ -54,6 +54,8 @@ Usage: python -m benchmarks.bench_hop [--children 3] [--mib 64] [--steps 5]
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import multiprocessing as mp
 import os
 import selectors
@@ -61,6 +63,8 @@ import socket
 import statistics
 import threading
 import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 
@@ -110,10 +114,8 @@ class CrnetHop:
 
     def stop(self) -> None:
         for c in self.clients + ([self.master] if self.master else []):
-            try:
+            with contextlib.suppress(OSError):
                 c.close()
-            except OSError:
-                pass
         self.lt.stop()
 
     def _steps(self, steps: int) -> list[float]:
@@ -169,6 +171,7 @@ class CrnetHop:
 
     def round(self, steps: int) -> tuple[float, float, dict]:
         """(receive GB/s, client-view GB/s, counter deltas) over ``steps`` steps."""
+        assert self.master is not None, "start() first"
         before = self.master.stats()["stats"]
         walls = self._steps(steps)
         after = self.master.stats()["stats"]
@@ -217,7 +220,7 @@ def _recv_exactly(s: socket.socket, view: memoryview) -> None:
         pos += got
 
 
-def _recv_selectors(conns, bufs, nbytes) -> tuple[float, float]:
+def _recv_selectors(conns: list[socket.socket], bufs, nbytes) -> tuple[float, float]:
     sel = selectors.DefaultSelector()
     pos = {}
     for i, s in enumerate(conns):
@@ -227,18 +230,18 @@ def _recv_selectors(conns, bufs, nbytes) -> tuple[float, float]:
     views = [memoryview(b) for b in bufs]
     for s in conns:
         _send_go(s)
-    first = None
+    first = math.inf  # until the first byte arrives
     left = len(conns)
     while left:
         for key, _ in sel.select():
             i = key.data
             try:
-                got = key.fileobj.recv_into(views[i][pos[i]:])
+                got = conns[i].recv_into(views[i][pos[i]:])
             except BlockingIOError:
                 continue
             if got == 0:
                 raise ConnectionError("sender went away")
-            if first is None:
+            if first == math.inf:
                 first = time.perf_counter()
             pos[i] += got
             if pos[i] == nbytes:
@@ -261,7 +264,7 @@ def _send_go(s: socket.socket) -> None:
 
 
 def _recv_threads(conns, bufs, nbytes, echo=False) -> tuple[float, float]:
-    firsts = [None] * len(conns)
+    firsts = [math.inf] * len(conns)  # each connection's first byte
     lasts = [0.0] * len(conns)
     start = threading.Barrier(len(conns) + 1)
 
@@ -272,7 +275,7 @@ def _recv_threads(conns, bufs, nbytes, echo=False) -> tuple[float, float]:
             got = s.recv_into(view[pos:])
             if got == 0:
                 raise ConnectionError("sender went away")
-            if firsts[i] is None:
+            if firsts[i] == math.inf:
                 firsts[i] = time.perf_counter()
             if echo:  # send every received piece straight back (ends after the last echo)
                 s.sendall(view[pos:pos + got])
@@ -315,8 +318,8 @@ class Baseline:
     def __init__(self, n: int, nbytes: int):
         self.n, self.nbytes = n, nbytes
         self.ctx = mp.get_context("spawn")
-        self.procs = []
-        self.pipe = None
+        self.procs: list[BaseProcess] = []
+        self.pipe: Connection | None = None
 
     def start(self) -> None:
         listener = socket.socket()
@@ -337,6 +340,7 @@ class Baseline:
 
     def transfer(self, mode: str) -> float:
         """Seconds from the first to the last byte of one transfer from every sender."""
+        assert self.pipe is not None, "start() first"
         self.pipe.send(mode)
         first, last = self.pipe.recv()
         return last - first
@@ -348,10 +352,8 @@ class Baseline:
 
     def stop(self) -> None:
         if self.pipe is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.pipe.send(None)
-            except OSError:
-                pass
         for p in self.procs:
             p.join(10)
             if p.is_alive():
@@ -420,7 +422,7 @@ def main() -> None:
         hop.stop()
 
     best = {k: max(v) for k, v in rows.items()}
-    ref_name = max((SEL, THR), key=best.get)
+    ref_name = max((SEL, THR), key=best.__getitem__)
     ref = best[ref_name]
     w = max(len(k) for k in rows)
 

@@ -55,6 +55,7 @@ Usage: python -m benchmarks.bench_step [--sizes 1K 16K 256K 1M 4M 16M] [--fanout
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -200,10 +201,8 @@ class StepBench:
 
     def stop(self) -> None:
         for c in self.clients.values():
-            try:
+            with contextlib.suppress(OSError):
                 c.close()
-            except OSError:
-                pass
         self.lt.stop()
 
     def run_size(self, elems: int, steps: int, warmup: int = 1) -> dict:
@@ -215,13 +214,12 @@ class StepBench:
         total = warmup + steps
         first = self.step
         t_done = {n: [0.0] * total for n in names}
-        counters = {n: [None] * total for n in names}  # each daemon's counters after step t
+        counters: dict[str, list[dict]] = {n: [] for n in names}  # each daemon's, after each step
         errors: list[BaseException] = []
 
-        def stamp():  # runs once per barrier trip, before any thread is released
-            stamp.times.append(time.perf_counter())
-        stamp.times = []
-        go = threading.Barrier(k, action=stamp)
+        t_start: list[float] = []
+        # The action runs once per barrier trip, before any thread is released.
+        go = threading.Barrier(k, action=lambda: t_start.append(time.perf_counter()))
         sync = threading.Barrier(k)
 
         def work(name: str) -> None:
@@ -242,7 +240,7 @@ class StepBench:
                     t_done[name][t] = time.perf_counter()
                     sync.wait()                        # nobody checks while a step runs
                     # Final for this step: a daemon answers DONE only once it resolved it.
-                    counters[name][t] = c.stats()["stats"]
+                    counters[name].append(c.stats()["stats"])
                     want = self.coef.sum() * float(scale)
                     np.multiply(base, np.float32(want), out=scratch)
                     np.subtract(out, scratch, out=scratch)
@@ -262,7 +260,6 @@ class StepBench:
         if errors:
             raise errors[0]
         self.step += total
-        t_start = stamp.times
         windows = [(t_start[t], max(t_done[n][t] for n in names)) for t in range(warmup, total)]
         step_times = [end - start for start, end in windows]
         # per_step[n][i]: daemon n's counter increments during measured step i

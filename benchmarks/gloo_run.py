@@ -7,6 +7,7 @@ into per-step times comparable with crnet's schemes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -189,7 +190,7 @@ def _summarise(records: list[dict | None], procs: list[subprocess.Popen], killed
                         and all(r.get("stopped") == "deadline" for r in present))
     return {
         "scheme": "gloo",
-        "step_times": [b - a for a, b in zip(done, done[1:])],
+        "step_times": [b - a for a, b in itertools.pairwise(done)],
         "first_step_s": first,
         "completion_times": done,
         "steps_completed": completed,

@@ -59,6 +59,7 @@ support; ``requirements()`` says what is missing.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import ipaddress
 import itertools
@@ -117,7 +118,8 @@ def _cmd(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess
     except (OSError, subprocess.TimeoutExpired) as e:
         raise NetnsError(f"{' '.join(argv)}: {e}") from e
     if check and proc.returncode != 0:
-        raise NetnsError(f"{' '.join(argv)}: {(proc.stderr or proc.stdout).strip() or f'exit {proc.returncode}'}")
+        detail = (proc.stderr or proc.stdout).strip() or f"exit {proc.returncode}"
+        raise NetnsError(f"{' '.join(argv)}: {detail}")
     return proc
 
 
@@ -150,7 +152,8 @@ def _delete_namespaces(names: Sequence[str], kill: bool = True) -> None:
             errors.append(f"ip netns delete {name}: {proc.stderr.strip()}")
     left = set(names) & set(list_namespaces())
     if left:
-        raise NetnsError(f"namespaces not deleted: {sorted(left)}" + (f" ({'; '.join(errors)})" if errors else ""))
+        raise NetnsError(f"namespaces not deleted: {sorted(left)}"
+                         + (f" ({'; '.join(errors)})" if errors else ""))
 
 
 def _name_re(prefix: str, tag: str | None) -> re.Pattern:
@@ -207,10 +210,8 @@ def requirements() -> str | None:
     except NetnsError as e:
         return f"network namespace lacks what a cluster needs: {e}"
     finally:
-        try:
+        with contextlib.suppress(NetnsError):
             _delete_namespaces([name], kill=False)
-        except NetnsError:
-            pass
     return None
 
 
@@ -310,10 +311,8 @@ class EmulatedCluster:
             self._shape(self.rate)
         except BaseException:
             created, self._created = self._created, []
-            try:
+            with contextlib.suppress(Exception):  # the original error is the one to report
                 _delete_namespaces(created, kill=False)
-            except Exception:
-                pass   # the original error is the one to report
             raise
         self._atexit = _register_atexit(self)
         return self
@@ -411,10 +410,8 @@ def _register_atexit(cluster: EmulatedCluster):
     """Take the cluster down at interpreter exit if nobody did (holds it alive until then)."""
     def _down_at_exit():
         if cluster.is_up:
-            try:
+            with contextlib.suppress(Exception):  # at exit: nobody is left to report to
                 cluster.down()
-            except Exception:
-                pass
 
     atexit.register(_down_at_exit)
     return _down_at_exit

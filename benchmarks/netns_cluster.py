@@ -78,9 +78,9 @@ def cmd_down(args) -> None:
 
 
 def _ns_info(name: str, dev: str) -> tuple[str, str]:
-    addr = subprocess.run(["ip", "-n", name, "-4", "-o", "addr", "show", "dev", dev],
-                          capture_output=True, text=True).stdout.split()
-    addr = addr[3] if len(addr) > 3 else "-"
+    fields = subprocess.run(["ip", "-n", name, "-4", "-o", "addr", "show", "dev", dev],
+                            capture_output=True, text=True).stdout.split()
+    addr = fields[3] if len(fields) > 3 else "-"
     q = subprocess.run(["tc", "-n", name, "qdisc", "show", "dev", dev, "root"],
                        capture_output=True, text=True).stdout
     m = re.search(r"tbf .*?rate (\S+)", q)

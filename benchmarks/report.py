@@ -52,7 +52,7 @@ def auto_verdict(doc: dict) -> str | None:
     line = f"plan --auto picks {auto['scheme']} ({auto['shape']})"
     if not measured:
         return line
-    best = min(measured, key=measured.get)
+    best = min(measured, key=measured.__getitem__)
     cfg = doc["config"]
     measured_shape = auto["tree"] is None or auto["scheme"] == "gc" or (
         auto["tree"] == [cfg["cr_fanout"], cfg["cr_stragglers"]] if auto["scheme"] == "cr"
@@ -132,8 +132,7 @@ def plot(docs: list[dict], sweep: list[dict] | None, path: Path) -> str | None:
         for factor in sorted({p["factor"] for p in sweep}):
             pts = sorted((p for p in sweep if p["factor"] == factor), key=lambda p: p["prob"])
             for other, style in (("rar", "o"), ("gloo", "s")):
-                got = [(p["prob"], speedups(p).get(other)) for p in pts]
-                got = [(x, v) for x, v in got if v]
+                got = [(p["prob"], v) for p in pts if (v := speedups(p).get(other))]
                 if got:
                     xs = [x for x, _ in got]
                     ax.plot(xs, [v["measured"] for _, v in got], style + "-",

@@ -10,6 +10,8 @@ differ, as their allocations do.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import subprocess
 import sys
@@ -35,6 +37,7 @@ NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
 
 def preset_tree(preset: Preset, scheme: str) -> Tree:
     """The tree ``scheme`` runs on in this preset (``crnet.plan.scheme_tree`` of its shapes)."""
+    assert preset.cr_tree is not None and preset.gc_stragglers is not None, "resolve() the preset first"
     tree = preset.tree_shape if scheme == "tree" and preset.tree_shape else preset.cr_tree
     return scheme_tree(scheme, tree=tree, workers=preset.workers, stragglers=preset.gc_stragglers)
 
@@ -110,7 +113,7 @@ def run_gloo_scheme(cluster: EmulatedCluster, preset: Preset, workdir: Path, see
 def _summarise(scheme, completion_times, preset, **extra) -> dict:
     done = [t for t in completion_times if t is not None]
     # Step 0 includes start-up (connections, first shared memory): steady state from step 1.
-    steady = [b - a for a, b in zip(completion_times, completion_times[1:])
+    steady = [b - a for a, b in itertools.pairwise(completion_times)
               if a is not None and b is not None]
     return _from_step_times(scheme, steady, len(done), preset, **extra)
 
@@ -131,15 +134,16 @@ def resolve(preset: Preset, seed: int = 0) -> tuple[Preset, dict]:
                          vector_bytes=preset.vector_bytes, bandwidth=_bandwidth(preset),
                          latency=preset.latency, compute=ComputeModel.parse(preset.compute),
                          seed=seed, chunk_bytes=preset.chunk_bytes, top=10**6)
-    best = {}
+    best: dict[str, Tree] = {}  # each scheme's best shape (rar has none)
     for p in ranking:
-        best.setdefault(p.scheme, p)
+        if p.tree is not None:
+            best.setdefault(p.scheme, p.tree)
     preset = replace(preset,
-                     cr_tree=preset.cr_tree or best["cr"].tree,
-                     tree_shape=preset.tree_shape or (best["tree"].tree if preset.cr_tree is None
+                     cr_tree=preset.cr_tree or best["cr"],
+                     tree_shape=preset.tree_shape or (best["tree"] if preset.cr_tree is None
                                                       else preset.cr_tree),
                      gc_stragglers=(preset.gc_stragglers if preset.gc_stragglers is not None
-                                    else best["gc"].tree.stragglers[0]))
+                                    else best["gc"].stragglers[0]))
     pick = ranking[0]
     return preset, {"scheme": pick.scheme, "shape": pick.shape, "model_mean_s": pick.mean,
                     "tree": None if pick.tree is None else
@@ -182,19 +186,25 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
     """
     compute = ComputeModel.parse(preset.compute)
     kind = "rar" if scheme == "gloo" else scheme
-    common = dict(tree=preset_tree(preset, kind) if kind in ("cr", "tree") else None,
-                  workers=preset.workers, stragglers=preset.gc_stragglers,
-                  vector_bytes=preset.vector_bytes, latency=preset.latency,
-                  bandwidth=_bandwidth(preset),
-                  chunk_bytes=None if kind == "rar" else preset.chunk_bytes)
-    p = model.predict(kind, samples=preset.samples, compute=compute, trials=trials, seed=seed,
-                      **common)
+    stragglers = preset.gc_stragglers
+    assert stragglers is not None, "resolve() the preset first"
+    # The shape and the network: the same for the expectation and for this run's draws.
+    tree = preset_tree(preset, kind) if kind in ("cr", "tree") else None
+    chunk_bytes = None if kind == "rar" else preset.chunk_bytes
+    bandwidth = _bandwidth(preset)
+    p = model.predict(kind, tree=tree, workers=preset.workers, stragglers=stragglers,
+                      vector_bytes=preset.vector_bytes, bandwidth=bandwidth, latency=preset.latency,
+                      chunk_bytes=chunk_bytes, samples=preset.samples, compute=compute,
+                      trials=trials, seed=seed)
     loads = model.worker_loads(preset_tree(preset, kind), preset.samples)
     draws = np.array([[compute.compute_time(int(load), seed, t, i) for i, load in enumerate(loads)]
                       for t in range(1, preset.steps)])
     if preset.freeze is not None:
         draws[preset.freeze[1] - 1:, preset.freeze[0]] = NEVER  # that host never answers again
-    same = model.step_times_from_draws(kind, compute_times=draws, **common)
+    same = model.step_times_from_draws(kind, tree=tree, workers=preset.workers,
+                                       stragglers=stragglers, vector_bytes=preset.vector_bytes,
+                                       bandwidth=bandwidth, latency=preset.latency,
+                                       chunk_bytes=chunk_bytes, compute_times=draws)
     # A scheme that must wait for the frozen host stalls: the model has no finite mean.
     same_mean = float(np.mean(same)) if np.all(same < NEVER / 2) else None
     return {"mean_s": p.mean, "p50_s": p.p50, "p95_s": p.p95, "same_draws_mean_s": same_mean}
@@ -205,7 +215,8 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
     """All requested schemes of one preset on one cluster; returns the bench.json document."""
     results = {}
     preset, auto = resolve(preset, seed)
-    log(f"  cr shape: fanout {list(preset.cr_tree.fanout)}, s {list(preset.cr_tree.stragglers)}; "
+    cr = preset_tree(preset, "cr")
+    log(f"  cr shape: fanout {list(cr.fanout)}, s {list(cr.stragglers)}; "
         f"tree fanout {list(preset_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
         f"plan --auto picks {auto['scheme']} ({auto['shape']})")
     with EmulatedCluster(preset.workers + 1, rate=preset.rate) as cluster:
@@ -232,9 +243,10 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
 
 
 def _config(p: Preset) -> dict:
-    return {"workers": p.workers, "cr_fanout": list(p.cr_tree.fanout),
+    cr = preset_tree(p, "cr")
+    return {"workers": p.workers, "cr_fanout": list(cr.fanout),
             "tree_fanout": list(preset_tree(p, "tree").fanout),
-            "cr_stragglers": list(p.cr_tree.stragglers), "gc_stragglers": p.gc_stragglers,
+            "cr_stragglers": list(cr.stragglers), "gc_stragglers": p.gc_stragglers,
             "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
             "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,
             "deadline_s": p.deadline, "timeout_s": p.timeout, "latency_s": p.latency}
@@ -254,10 +266,8 @@ def _spawn_logged(cluster, host: int, argv, log: Path, env: dict | None = None) 
 def _wait(procs, limit: float) -> None:
     deadline = time.monotonic() + limit
     for p in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _read(path: Path) -> dict:

@@ -176,7 +176,8 @@ def test_hosts_reach_each_other_over_tcp(cluster):
 def test_links_are_shaped_both_ways(cluster):
     c = cluster(2, rate="50mbit")
     for ns, dev in c.links():   # host's eth0 (uplink) and its bridge port (downlink)
-        q = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+        q = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
+                           capture_output=True, text=True).stdout
         assert "tbf" in q and "rate 50Mbit" in q, (ns, dev, q)
 
     shaped = transfer_mbit(c, 0, 1, 3 << 20, 7101)
@@ -186,7 +187,8 @@ def test_links_are_shaped_both_ways(cluster):
 
     c.set_rate(None)
     for ns, dev in c.links():
-        q = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+        q = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
+                           capture_output=True, text=True).stdout
         assert "tbf" not in q
     unshaped = transfer_mbit(c, 0, 1, 3 << 20, 7103)
     assert unshaped > 3 * shaped, (unshaped, shaped)
@@ -277,7 +279,8 @@ def test_traffic_stays_inside_the_namespaces(cluster):
         srv.bind(("127.0.0.1", 0))
         srv.listen()
         port = srv.getsockname()[1]
-        res = c.run(0, [PY, "-c", CONNECT, "127.0.0.1", str(port)], capture_output=True, text=True, timeout=30)
+        res = c.run(0, [PY, "-c", CONNECT, "127.0.0.1", str(port)], capture_output=True, text=True,
+                    timeout=30)
         assert res.stdout.split()[0] == "ConnectionRefusedError", res.stdout + res.stderr
         srv.setblocking(False)
         with pytest.raises(BlockingIOError):

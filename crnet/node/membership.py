@@ -6,7 +6,7 @@ with the tree; it reports how many workers of its subtree have JOINED. Once all 
 have, the master computes ``crnet.plan`` and ASSIGNs every subtree its allocation,
 down the tree.
 
-Join, as the child sees it (``keep_parent``): connect, HELLO, WELCOME, then ASSIGN;
+Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
 with backoff (``dial.py``) until the parent is back. A ring worker (``--scheme
 rar``) also keeps a link to its ring successor the same way.
