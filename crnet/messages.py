@@ -46,7 +46,10 @@ class Message:
     PAYLOAD: ClassVar[bool] = False
 
     def header(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:  # once per class: dataclasses.fields is slow on the hot path
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))  # type: ignore[arg-type]
+        return {name: _plain(getattr(self, name)) for name in names}
 
     def frame(self, payload=None) -> list:
         """The frame for ``transport.writelines``; the payload is referenced, not copied."""
@@ -57,7 +60,12 @@ class Message:
         raise NotImplementedError
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _plain(value):
+    if type(value) in (int, str, bool, float) or value is None:
+        return value
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple):
