@@ -290,7 +290,7 @@ class EmulatedCluster:
         """Create the namespaces, bridge, veths and shapers. On any error (or Ctrl-C),
         delete whatever this call created and re-raise."""
         if self._created:
-            raise RuntimeError(f"{self!r} is already up")
+            raise NetnsError(f"{self!r} is already up")
         prefixlen = self.subnet.prefixlen
         try:
             br = self.bridge_ns
@@ -355,7 +355,7 @@ class EmulatedCluster:
         if rate is not None:
             tbf_args(rate, self.burst, self.mtu)   # validate before touching anything
         if not self._created:
-            raise RuntimeError(f"{self!r} is not up")
+            raise NetnsError(f"{self!r} is not up")
         self._shape(rate)
         self.rate = rate
 

@@ -27,7 +27,7 @@ import signal
 import time
 
 from crnet.client import Client
-from crnet.errors import CrnetError, StepFailed
+from crnet.errors import CrnetError, CrnetTimeout, StepFailed
 from crnet.workload import ComputeModel
 
 
@@ -100,7 +100,7 @@ def run(a) -> dict:
                 want = c.assignment.samples * (t + 1)
                 if not (abs(result[0] - want) <= 1e-4 * want and abs(result[-1] - want) <= 1e-4 * want):
                     record["correct"] = False
-    except (CrnetError, TimeoutError, OSError) as e:
+    except (CrnetError, OSError) as e:
         record["error"] = f"{type(e).__name__}: {e}"
     return record
 
@@ -109,7 +109,7 @@ def _result_within(c: Client, step: int, like, seconds: float):
     """The step's result if the tree finishes it within ``seconds`` (we then skip it), else None."""
     try:
         return c.result(step, like=like, timeout=seconds)
-    except TimeoutError:
+    except CrnetTimeout:
         return None
 
 

@@ -10,6 +10,7 @@ import json
 import click
 
 from . import defaults
+from .errors import CrnetError
 from .plan import SCHEMES, Tree, scheme_tree
 from .plan import plan as make_plan
 from .units import parse_bandwidth, parse_bytes, parse_seconds
@@ -262,7 +263,7 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
                f"descent on {samples} samples x {features} features", err=True)
     try:
         summary = run_demo(cfg)
-    except (RuntimeError, TimeoutError, OSError) as e:
+    except (CrnetError, OSError) as e:
         raise click.ClickException(str(e)) from None
     ok = summary["max_rel_error"] <= 1e-6
     click.echo(f"steps               {summary['steps']}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .client import Client
+from .errors import LaunchError
 from .launch import MASTER, LocalTree
 from .plan import Tree
 
@@ -145,9 +146,9 @@ def _observe(local, tree, cfg, out, n_workers, progress) -> dict:
         try:
             item = out.get(timeout=cfg.timeout * 4)
         except queue.Empty:
-            raise RuntimeError("a training process did not report back") from None
+            raise LaunchError("a training process did not report back") from None
         if item[0] == "error":
-            raise RuntimeError(f"training process {item[1]} failed: {item[2]}")
+            raise LaunchError(f"training process {item[1]} failed: {item[2]}")
         _, _, w_final, stats, n_straggled = item
         finals.append(w_final)
         skipped += stats["children_skipped"]

@@ -12,6 +12,7 @@
     +-- StepLost            the daemon no longer holds the result of a step this process missed
     +-- MismatchError       this process's vector differs from the tree's (ValueError)
     +-- CrnetTimeout        no answer within the caller's timeout (TimeoutError)
+    +-- LaunchError         a local tree (launch.py) or the demo could not start or run
 
 A daemon tells its training process which one with an ``ErrorKind`` in its ERROR
 message; ``ErrorKind.exception`` turns that back into the exception.
@@ -78,6 +79,10 @@ class MismatchError(CrnetError, ValueError):
 
 class CrnetTimeout(CrnetError, TimeoutError):
     """No answer from crnetd within the timeout the caller gave."""
+
+
+class LaunchError(CrnetError, RuntimeError):
+    """A local tree of daemons (``crnet.launch``) or a process of the demo failed."""
 
 
 class ErrorKind(str, enum.Enum):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .defaults import CHUNK_BYTES, KEEP_RESULTS, TIMEOUT
+from .errors import CrnetTimeout, LaunchError
 from .plan import Tree
 from .procs import stop_processes
 
@@ -135,10 +136,10 @@ class LocalTree:
             while not os.path.exists(self.socket_path(name)):
                 proc = self.procs[name]
                 if proc.poll() is not None:
-                    raise RuntimeError(f"crnetd {self.filename(name)} exited with {proc.returncode}:\n"
+                    raise LaunchError(f"crnetd {self.filename(name)} exited with {proc.returncode}:\n"
                                        + self.log_path(name).read_text()[-2000:])
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"crnetd {self.filename(name)} did not start within {wait} s")
+                    raise CrnetTimeout(f"crnetd {self.filename(name)} did not start within {wait} s")
                 time.sleep(0.02)
 
     def signal(self, name: str, sig: int = signal.SIGKILL) -> None:

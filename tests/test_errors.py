@@ -26,7 +26,8 @@ ERROR_CLASSES = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
 def test_the_module_defines_the_documented_errors():
     assert {cls.__name__ for cls in ERROR_CLASSES} == {
         "CrnetError", "ProtocolError", "JoinRefused", "DaemonNotRunning", "DaemonBusy",
-        "RequestRejected", "StepFailed", "StepLost", "MismatchError", "CrnetTimeout"}
+        "RequestRejected", "StepFailed", "StepLost", "MismatchError", "CrnetTimeout",
+        "LaunchError"}
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda cls: cls.__name__)
