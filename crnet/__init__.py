@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 from .batches import BatchSampler
 from .client import Assignment, AsyncClient, Client
 from .errors import (
+    AssignmentChanged,
     CrnetError,
     CrnetTimeout,
     DaemonBusy,
@@ -19,10 +20,11 @@ from .errors import (
     RequestRejected,
     StepFailed,
     StepLost,
+    StepRefused,
 )
 
 __all__ = [
-    "Assignment", "AsyncClient", "BatchSampler", "Client", "CrnetError", "CrnetTimeout",
+    "Assignment", "AssignmentChanged", "AsyncClient", "BatchSampler", "Client", "CrnetError", "CrnetTimeout",
     "DaemonBusy", "DaemonNotRunning", "MismatchError", "ProtocolError", "RequestRejected",
-    "StepFailed", "StepLost", "__version__",
+    "StepFailed", "StepLost", "StepRefused", "__version__",
 ]

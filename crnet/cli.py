@@ -414,6 +414,10 @@ class Address(click.ParamType):
 @click.option("--keep-results", type=click.IntRange(min=1), default=defaults.KEEP_RESULTS,
               show_default=True,
               help="Finished steps' results kept for training processes that fell behind.")
+@click.option("--step-window", type=click.IntRange(min=1), default=defaults.STEP_WINDOW,
+              show_default=True,
+              help="Steps further than this ahead of the tree's newest result are refused "
+                   "(StepRefused) to whoever asks for them.")
 @click.option("--max-send-queue", type=UnitValue("SIZE", parse_bytes), default=None,
               help="Cut off a child that stopped reading once this much is queued for it "
                    "(default: the larger of 64MiB and 4 vectors).")
@@ -423,8 +427,8 @@ class Address(click.ParamType):
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
-           code_kind, client_socket, chunk_bytes, timeout, keep_results, max_send_queue, strict,
-           log_level):
+           code_kind, client_socket, chunk_bytes, timeout, keep_results, step_window,
+           max_send_queue, strict, log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -452,6 +456,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
     settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
                         samples=samples, code_kind=code_kind, chunk_bytes=chunk_bytes,
                         client_socket=client_socket, timeout=timeout, keep_results=keep_results,
+                        window=step_window,
                         send_queue_bytes=None if max_send_queue is None else int(max_send_queue),
                         strict=strict)
     try:

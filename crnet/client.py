@@ -23,7 +23,15 @@ from typing import TypeVar
 import numpy as np
 
 from . import defaults
-from .errors import CrnetTimeout, DaemonNotRunning, ProtocolError
+from .errors import (
+    AssignmentChanged,
+    CrnetTimeout,
+    DaemonNotRunning,
+    ProtocolError,
+    StepFailed,
+    StepLost,
+    StepRefused,
+)
 from .messages import (
     Attach,
     Attached,
@@ -84,6 +92,8 @@ def _socket_path(path) -> str:
 
 M = TypeVar("M", bound=Message)
 
+REPLY_MARGIN = 5.0   # seconds a request may take beyond the daemon's own bound (the trip)
+
 
 class _Replies:
     """The protocol side of a client (a ``transport.Handler``): the daemon's messages, in order."""
@@ -102,7 +112,10 @@ class _Replies:
             self._queue.put_nowait(None)  # every later call fails the same way
             raise DaemonNotRunning(f"crnetd at {self.path} closed the connection")
         if isinstance(msg, ClientError):
-            raise msg.kind.exception(msg.reason, msg.step)
+            raise msg.exception()
+        if isinstance(msg, ClientWelcome) and kind is not ClientWelcome:
+            raise AssignmentChanged("the tree re-assigned this host a different share of the "
+                                    "data (the new one is in Client.assignment)", msg.assignment)
         if not isinstance(msg, kind):
             raise ProtocolError(f"crnetd answered {msg.TYPE.name} to a request for {what}")
         return msg
@@ -124,12 +137,13 @@ class AsyncClient:
     host its share of the data. ``Client`` is the blocking twin.
     """
 
-    def __init__(self, path: str, conn: Connection, replies: _Replies, assignment: Assignment,
-                 tree_step: int):
+    def __init__(self, path: str, conn: Connection, replies: _Replies, welcome: ClientWelcome):
         """Use ``connect``."""
         self.path = path
-        self.assignment = assignment
-        self._tree_step = tree_step
+        self.assignment = Assignment.from_wire(welcome.assignment)
+        # The daemon answers every request within this; a little more covers the trip.
+        self.default_timeout = welcome.answer_within + REPLY_MARGIN
+        self._tree_step = welcome.tree_step
         self._conn = conn
         self._replies = replies
         self._region: SharedRegion | None = None
@@ -151,7 +165,7 @@ class AsyncClient:
         except BaseException:
             conn.close()
             raise
-        return cls(path, conn, replies, Assignment.from_wire(welcome.assignment), welcome.tree_step)
+        return cls(path, conn, replies, welcome)
 
     @property
     def tree_step(self) -> int:
@@ -170,7 +184,13 @@ class AsyncClient:
 
     async def allreduce(self, vec, step: int, out: np.ndarray | None = None,
                         timeout: float | None = None) -> np.ndarray:
-        """Contribute this process's local gradient to ``step``; return the full sum."""
+        """Contribute this process's local gradient to ``step``; return the full sum.
+
+        Answered within the daemon's bound (``default_timeout``, the default): the sum,
+        or StepFailed, StepLost, StepRefused or MismatchError, each with the reason and
+        the tree's ``tree_step``. CrnetTimeout only if ``timeout`` is shorter than that,
+        or the daemon itself is stuck.
+        """
         vec = np.asarray(vec)
         if vec.dtype.name not in DTYPES:
             raise TypeError(f"allreduce takes float32 or float64 vectors, got {vec.dtype}")
@@ -192,12 +212,12 @@ class AsyncClient:
 
     async def stats(self) -> dict:
         """The daemon's counters (``stats``: steps done and failed, children skipped, bytes,
-        times) and where it stands (``name``, join ``state``, ``resolved_through``,
+        times) and where it stands (``name``, join ``state``, ``tree_step``,
         ``open_steps``, and which ``links`` are up)."""
         self._conn.send(StatsRequest())
-        reply = await self._replies.next(StatsReply, 10.0, "stats")
+        reply = await self._reply(StatsReply, 10.0, "stats")
         return {"stats": reply.stats, "name": reply.name, "state": reply.state,
-                "resolved_through": reply.resolved_through, "open_steps": list(reply.open_steps),
+                "tree_step": reply.tree_step, "open_steps": list(reply.open_steps),
                 "links": reply.links}
 
     def close(self) -> None:
@@ -213,16 +233,31 @@ class AsyncClient:
                        out: np.ndarray | None, timeout: float | None) -> np.ndarray:
         self._conn.send(kind(step, like.size, like.dtype.name))
         while True:
-            done = await self._replies.next(Done, timeout, f"step {step}")
+            done = await self._reply(Done, timeout, f"step {step}")
             if done.step == step:
                 break  # else: a late reply for a step we gave up waiting on
-        self._tree_step = max(self._tree_step, done.tree_step)
         assert self._region is not None
         result = self._region.output(like.dtype, like.size)
         if out is None:
             return result.copy()
         np.copyto(out.reshape(-1), result)
         return out
+
+    async def _reply(self, kind: type[M], timeout: float | None, what: str) -> M:
+        """The daemon's answer; what it says of the tree (``tree_step``, a new assignment)
+        is kept even when the answer is an error."""
+        try:
+            msg = await self._replies.next(kind, self.default_timeout if timeout is None
+                                           else timeout, what)
+        except (StepFailed, StepLost, StepRefused) as e:
+            self._tree_step = max(self._tree_step, e.tree_step)
+            raise
+        except AssignmentChanged as e:
+            self.assignment = Assignment.from_wire(e.assignment)
+            raise
+        if isinstance(msg, Done):
+            self._tree_step = max(self._tree_step, msg.tree_step)
+        return msg
 
     async def _ensure(self, nbytes: int) -> SharedRegion:
         """Shared memory of at least ``nbytes`` per half, mapped by the daemon."""
@@ -232,7 +267,7 @@ class AsyncClient:
         try:
             assert region.path is not None
             self._conn.send(Attach(region.path, region.capacity))
-            await self._replies.next(Attached, 30.0, "shared memory")
+            await self._reply(Attached, 30.0, "shared memory")
         finally:
             region.unlink()  # both sides have it mapped: nothing to leak if either dies
         self._region = region

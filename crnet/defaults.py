@@ -9,6 +9,10 @@ from __future__ import annotations
 CHUNK_BYTES = 1 << 20              # the pipelining unit; the whole tree uses the master's
 TIMEOUT = 30.0                     # seconds a step may wait for its quorum at one node
 KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for stragglers
+STEP_WINDOW = 16                   # steps further ahead of the tree's newest result are refused
+# A node cut off from the master gives up on a step this long after --timeout:
+# GRACE_SHARE of the timeout, between GRACE_MIN and GRACE_MAX seconds.
+GRACE_SHARE, GRACE_MIN, GRACE_MAX = 0.25, 0.5, 5.0
 CLIENT_SOCKET = "/run/crnet/client.sock"
 CLIENT_CONNECT_TIMEOUT = 120.0     # a training process waits this long for the tree's assignment
 RECONNECT_BACKOFF = (0.1, 2.0)     # first and longest pause between attempts to reach a peer

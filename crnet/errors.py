@@ -10,6 +10,8 @@
     +-- RequestRejected     the daemon refused a malformed request or shared memory
     +-- StepFailed          the tree could not complete a step; the same on every client
     +-- StepLost            the daemon no longer holds the result of a step this process missed
+    +-- StepRefused         the step is far outside the tree's window: a bug in the caller
+    +-- AssignmentChanged   the tree re-assigned this host a different share of the data
     +-- MismatchError       this process's vector differs from the tree's (ValueError)
     +-- CrnetTimeout        no answer within the caller's timeout (TimeoutError)
     +-- LaunchError         a local tree (launch.py) or the demo could not start or run
@@ -57,20 +59,52 @@ class RequestRejected(CrnetError):
 
 
 class StepFailed(CrnetError):
-    """A step could not be completed by the tree; ``reason`` says where and why.
+    """A step could not be completed; ``reason`` says where and why.
 
-    Every client of the tree receives the same error for the same step. The tree
-    stays up: continue with the next step number.
+    ``tree_wide``: the master decided it, and every process of the tree gets this same
+    error for this step: skip the update and continue with the next step. Otherwise
+    this process's daemon was cut off from the master (its parent gone or frozen) and
+    gave up waiting: the rest of the tree may have completed the step, so this replica
+    may now differ from the others. ``tree_step`` is the newest step the tree decided:
+    go on at ``max(step, tree_step) + 1``.
     """
 
-    def __init__(self, step: int, reason: str):
+    def __init__(self, step: int, reason: str, tree_step: int = -1, tree_wide: bool = True):
         super().__init__(f"step {step} failed: {reason}")
         self.step = step
         self.reason = reason
+        self.tree_step = tree_step
+        self.tree_wide = tree_wide
 
 
 class StepLost(CrnetError):
-    """The result of a step this process fell behind on is no longer held by its daemon."""
+    """The outcome of a step this process fell behind on is no longer held by its daemon
+    (or never reached it). The tree is at ``tree_step``: go on at ``tree_step + 1``."""
+
+    def __init__(self, reason: str, step: int | None = None, tree_step: int = -1):
+        super().__init__(reason)
+        self.step = step
+        self.tree_step = tree_step
+
+
+class StepRefused(CrnetError):
+    """The step number is far outside the steps the tree has open (``tree_step`` is the
+    newest step the tree decided): only this request is refused."""
+
+    def __init__(self, reason: str, step: int | None = None, tree_step: int = -1):
+        super().__init__(reason)
+        self.step = step
+        self.tree_step = tree_step
+
+
+class AssignmentChanged(CrnetError):
+    """The tree was re-formed (its master restarted with other settings) and this host's
+    share of the data changed: ``assignment`` is the new one (also ``Client.assignment``
+    from now on). Steps already under way used the old one; redo the current step."""
+
+    def __init__(self, reason: str, assignment):
+        super().__init__(reason)
+        self.assignment = assignment
 
 
 class MismatchError(CrnetError, ValueError):
@@ -90,17 +124,21 @@ class ErrorKind(str, enum.Enum):
 
     FAILED = "failed"        # StepFailed
     LOST = "lost"            # StepLost
+    REFUSED = "refused"      # StepRefused
     MISMATCH = "mismatch"    # MismatchError
     BUSY = "busy"            # DaemonBusy
     REQUEST = "request"      # RequestRejected: a malformed request
     SHM = "shm"              # RequestRejected: shared memory the daemon cannot map
 
-    def exception(self, reason: str, step: int | None = None) -> CrnetError:
+    def exception(self, reason: str, step: int | None = None, tree_step: int = -1,
+                  tree_wide: bool = True) -> CrnetError:
         """The exception a training process raises for this kind of ERROR."""
         if self is ErrorKind.FAILED:
-            return StepFailed(-1 if step is None else step, reason)
+            return StepFailed(-1 if step is None else step, reason, tree_step, tree_wide)
         if self is ErrorKind.LOST:
-            return StepLost(reason)
+            return StepLost(reason, step, tree_step)
+        if self is ErrorKind.REFUSED:
+            return StepRefused(reason, step, tree_step)
         if self is ErrorKind.MISMATCH:
             return MismatchError(reason)
         if self is ErrorKind.BUSY:

@@ -49,7 +49,8 @@ class LocalTree:
                  timeout: float = TIMEOUT, chunk_bytes: int = CHUNK_BYTES, code_kind: str = "auto",
                  log_level: str = "info", keep_results: int = KEEP_RESULTS, scheme: str = "cr",
                  addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
-                 port: int = 7070, strict: bool = False, send_queue_bytes: int | None = None):
+                 port: int = 7070, strict: bool = False, send_queue_bytes: int | None = None,
+                 window: int | None = None):
         self.tree = tree
         self.scheme = scheme
         self.samples = samples
@@ -67,6 +68,8 @@ class LocalTree:
                                            "--keep-results": keep_results}
         if send_queue_bytes is not None:
             self.options["--max-send-queue"] = send_queue_bytes
+        if window is not None:
+            self.options["--step-window"] = window
         self.strict = strict
         self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind, "--scheme": scheme}
         # Parents listen for children; in a ring every worker listens for its predecessor.

@@ -21,15 +21,40 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from .errors import ErrorKind, ProtocolError
+from .errors import CrnetError, ErrorKind, ProtocolError
 from .plan import SCHEMES, Tree
 from .wire import MsgType, encode
 
 __all__ = [
-    "Assign", "Attach", "Attached", "Chunk", "ClientError", "ClientHello", "ClientWelcome",
-    "Done", "Fail", "Fetch", "Hello", "Joined", "Message", "NodeShare", "PeerHello",
-    "PeerWelcome", "Phase", "Refuse", "Result", "RingPlace", "Segment", "StatsReply", "StatsRequest",
-    "Submit", "Welcome", "parse", "parse_allocation",
+    "Assign",
+    "Attach",
+    "Attached",
+    "Chunk",
+    "ClientError",
+    "ClientHello",
+    "ClientWelcome",
+    "Done",
+    "Fail",
+    "FailKind",
+    "Fetch",
+    "Hello",
+    "Joined",
+    "Message",
+    "NodeShare",
+    "Open",
+    "PeerHello",
+    "PeerWelcome",
+    "Phase",
+    "Refuse",
+    "Result",
+    "RingPlace",
+    "Segment",
+    "StatsReply",
+    "StatsRequest",
+    "Submit",
+    "Welcome",
+    "parse",
+    "parse_allocation",
 ]
 
 MAX_STEP = (1 << 63) - 1        # steps are non-negative int64s
@@ -114,8 +139,14 @@ class _Fields:
             raise self._bad(name, "a string")
         return v[:MAX_REASON]
 
-    def flag(self, name: str) -> bool:
-        v = self.h.get(name, False)
+    def number(self, name: str, lo: float, hi: float) -> float:
+        v = self.h.get(name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+            raise self._bad(name, f"a number in {lo:g}..{hi:g}")
+        return float(v)
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        v = self.h.get(name, default)
         if not isinstance(v, bool):
             raise self._bad(name, "true or false")
         return v
@@ -162,6 +193,9 @@ class Welcome(Message):
     code: str
     chunk_bytes: int
     scheme: str
+    tree_step: int = -1             # the newest step the master decided, as the parent knows it
+    total: int | None = None        # the tree's vector layout, once a step has a result
+    dtype: str | None = None
 
     @property
     def tree(self) -> Tree:
@@ -169,9 +203,14 @@ class Welcome(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Welcome:
+        total = h.opt_integer("total", 1, 1 << 40)
+        dtype = None if h.h.get("dtype") is None else h.text("dtype", choices=DTYPE_NAMES)
+        if (total is None) != (dtype is None):
+            raise ProtocolError("WELCOME: fields 'total' and 'dtype' come together")
         msg = cls(h.text("name"), h.integer("layer", 1, 16), h.integers("fanout", 1, 1 << 16),
                   h.integers("stragglers", 0, 1 << 16), h.text("code", choices=CODE_KINDS),
-                  h.integer("chunk_bytes", 1, 1 << 31), h.text("scheme", choices=SCHEMES))
+                  h.integer("chunk_bytes", 1, 1 << 31), h.text("scheme", choices=SCHEMES),
+                  h.integer("tree_step", -1), total, dtype)
         try:
             tree = msg.tree
         except ValueError as e:
@@ -198,14 +237,16 @@ class Refuse(Message):
 
 @dataclass(frozen=True, slots=True)
 class Joined(Message):
-    """child -> parent: how many workers of its subtree (itself included) have joined."""
+    """child -> parent: how many workers of its subtree (itself included) have joined, and
+    the newest step the master decided that it knows (a restarted master resumes after it)."""
 
     TYPE = MsgType.JOINED
     workers: int
+    tree_step: int = -1
 
     @classmethod
     def from_header(cls, h: _Fields) -> Joined:
-        return cls(h.integer("workers", 0, 1 << 31))
+        return cls(h.integer("workers", 0, 1 << 31), h.integer("tree_step", -1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,19 +369,43 @@ class Result(_Piece):
     TYPE = MsgType.RESULT
 
 
+class FailKind(str, enum.Enum):
+    """Who a FAIL is about."""
+
+    TREE = "tree"           # down: the master decided it: the same StepFailed everywhere
+    LOCAL = "local"         # down: a node cut off from the master gave up on it for its subtree
+    STALL = "stall"         # up: the child cannot deliver its part (a straggler)
+    MISMATCH = "mismatch"   # down: the child's vector does not fit the tree's
+    REFUSED = "refused"     # down: the step is outside the parent's window
+    LOST = "lost"           # down: decided, but the parent no longer holds its outcome
+
+
 @dataclass(frozen=True, slots=True)
 class Fail(Message):
-    """either way: ``step`` failed here. Down the tree, ``mismatch`` says the child's own
-    vector was the problem (its training process gets MismatchError)."""
+    """either way: ``step`` cannot complete, and why (``kind``, ``reason``)."""
 
     TYPE = MsgType.FAIL
     step: int
     reason: str
-    mismatch: bool = False
+    kind: FailKind = FailKind.TREE
 
     @classmethod
     def from_header(cls, h: _Fields) -> Fail:
-        return cls(h.integer("step"), h.reason(), h.flag("mismatch"))
+        kind = h.text("kind", choices=tuple(k.value for k in FailKind))
+        return cls(h.integer("step"), h.reason(), FailKind(kind))
+
+
+@dataclass(frozen=True, slots=True)
+class Open(Message):
+    """child -> parent: ``step`` has begun in my subtree. The master's clock for a step
+    starts when it begins anywhere, so every process waiting on it is answered in time."""
+
+    TYPE = MsgType.OPEN
+    step: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Open:
+        return cls(h.integer("step"))
 
 
 class Phase(str, enum.Enum):
@@ -414,6 +479,7 @@ class ClientWelcome(Message):
     TYPE = MsgType.CLIENT_WELCOME
     assignment: dict
     tree_step: int
+    answer_within: float        # seconds within which the daemon answers every request
 
     @classmethod
     def from_header(cls, h: _Fields) -> ClientWelcome:
@@ -423,7 +489,7 @@ class ClientWelcome(Message):
                       "workers": a.integer("workers", 1, 1 << 31),
                       "ranges": _ranges("CLIENT_WELCOME", "assignment", a.h.get("ranges"),
                                         samples)}
-        return cls(assignment, h.integer("tree_step", -1))
+        return cls(assignment, h.integer("tree_step", -1), h.number("answer_within", 0.0, 1e7))
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,11 +558,17 @@ class ClientError(Message):
     reason: str
     kind: ErrorKind
     step: int | None = None
+    tree_step: int = -1        # the newest step the master decided, as this daemon knows it
+    tree_wide: bool = True     # FAILED: decided by the master for every process
 
     @classmethod
     def from_header(cls, h: _Fields) -> ClientError:
         kind = h.text("kind", choices=tuple(k.value for k in ErrorKind))
-        return cls(h.reason(), ErrorKind(kind), h.opt_integer("step"))
+        return cls(h.reason(), ErrorKind(kind), h.opt_integer("step"), h.integer("tree_step", -1),
+                   h.flag("tree_wide", default=True))
+
+    def exception(self) -> CrnetError:
+        return self.kind.exception(self.reason, self.step, self.tree_step, self.tree_wide)
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,7 +590,7 @@ class StatsReply(Message):
     stats: dict
     name: str | None
     state: str
-    resolved_through: int
+    tree_step: int
     open_steps: tuple[int, ...]
     links: dict              # parent: up?, children: [up? per slot], successor/predecessor: up?
 
@@ -528,13 +600,13 @@ class StatsReply(Message):
         if not isinstance(steps, list) or any(type(s) is not int for s in steps):
             raise ProtocolError("STATS_REPLY: field 'open_steps' must be a list of integers")
         return cls(h.mapping("stats"), h.opt_text("name"), h.text("state"),
-                   h.integer("resolved_through", -1), tuple(steps), h.mapping("links"))
+                   h.integer("tree_step", -1), tuple(steps), h.mapping("links"))
 
 
 # ---------------------------------------------------------------- parsing
 
 _CLASSES: dict[MsgType, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, Joined, Assign, Chunk, Result, Fail,
+    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, Joined, Assign, Chunk, Result, Fail, Open,
                               PeerHello, PeerWelcome, Segment, ClientHello, ClientWelcome,
                               Attach, Attached, Submit, Fetch, Done, ClientError, StatsRequest,
                               StatsReply)

@@ -43,7 +43,8 @@ class MsgType(enum.IntEnum):
     ASSIGN = 5          # parent -> child: payload = the subtree's allocation
     CHUNK = 6           # child -> parent: a coded chunk of my message for a step
     RESULT = 7          # parent -> child: a chunk of the step's full gradient
-    FAIL = 8            # either way: a step failed here (reason)
+    FAIL = 8            # either way: a step cannot complete (reason, kind)
+    OPEN = 9            # child -> parent: a step has begun in my subtree
     # Ring links (TCP, --scheme rar), predecessor -> successor.
     PEER_HELLO = 10     # I am your predecessor, rank r
     PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow

@@ -6,6 +6,8 @@ exactly what the peer would receive, and a message the node could not put on the
 
 from __future__ import annotations
 
+import asyncio
+
 import msgpack
 import numpy as np
 
@@ -19,6 +21,7 @@ class FakeLink:
     def __init__(self, label: str = "fake"):
         self.label = label
         self.sent: list[tuple[Message, memoryview | None]] = []
+        self.times: list[float | None] = []     # the loop's time of each send (None: no loop)
         self.writing_paused = False
         self.write_buffer_size = 0
         self.is_closing = False
@@ -36,6 +39,10 @@ class FakeLink:
         header = msgpack.unpackb(head[PREFIX.size:PREFIX.size + hlen])
         payload = frame[1] if plen else None
         self.sent.append((parse(MsgType(msg_type), header, plen), payload))
+        try:
+            self.times.append(asyncio.get_running_loop().time())
+        except RuntimeError:
+            self.times.append(None)
         return True
 
     def abort(self, reason: str) -> None:
@@ -49,6 +56,10 @@ class FakeLink:
     def messages(self, kind: type[Message] | None = None) -> list[Message]:
         """The messages sent on this link (of one kind), in order."""
         return [m for m, _ in self.sent if kind is None or isinstance(m, kind)]
+
+    def times_of(self, kind: type[Message]) -> list[float | None]:
+        """When each message of one kind was sent (the loop's clock)."""
+        return [t for (m, _), t in zip(self.sent, self.times) if isinstance(m, kind)]
 
     def vector(self, kind: type[Message], step: int) -> np.ndarray:
         """The vector carried by the chunks (RESULT, CHUNK) of ``step`` sent on this link."""

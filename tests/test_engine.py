@@ -1,13 +1,24 @@
-"""The step engine with a real CodedReduce scheme and fake links: deadlines, failures,
-the result cache, catch-up, and an exact decode at the master."""
+"""The step engine with a real CodedReduce scheme and fake links: one decision per step,
+the deadlines (timeout, then grace), the window, OPEN, the parent's FAIL kinds, the
+tree's vector, the outcome cache, catch-up, bounded bookkeeping, and an exact decode."""
 
 import asyncio
+from collections import Counter
 
 import numpy as np
 import pytest
 
-from crnet.messages import Chunk, Fail, Result
-from crnet.node.engine import EngineSettings, Failed, Lost, Resolved, StepEngine
+from crnet import defaults
+from crnet.messages import Chunk, Fail, FailKind, Open, Result
+from crnet.node.engine import (
+    EngineSettings,
+    Failed,
+    Lost,
+    Mismatched,
+    Refused,
+    Resolved,
+    StepEngine,
+)
 from crnet.node.neighbours import ChildSlot, Neighbours
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
@@ -20,7 +31,9 @@ from .fake_links import FakeLink
 pytestmark = pytest.mark.timeout(30)
 
 STAR = Tree((3,), (1,))            # the master decodes any 2 of its 3 children
+PAIR = Tree((2,), (1,))            # the master decodes from either of its 2 children
 TWO_LAYERS = Tree.regular(3, 2, 1)  # node "0" decodes any 2 of its 3 children
+SLACK = 0.005                      # timer slack when comparing the loop's clock
 
 
 @pytest.fixture
@@ -52,19 +65,19 @@ def node(name, tree=TWO_LAYERS, chunk_bytes=32):
 
 
 def recorder(loop=None):
-    """A watch callback that records each outcome; given the loop, also when it came
-    (``times``) and a future resolved with the first."""
+    """An ``answer`` for ``engine.request`` that records each outcome; given the loop, also
+    when it came (``times``) and a future resolved with the first."""
     got, times = [], []
     future = None if loop is None else loop.create_future()
 
-    def callback(outcome):
+    def answer(outcome):
         got.append(outcome)
         if future is not None:
             times.append(loop.time())
             if not future.done():
                 future.set_result(outcome)
-    callback.got, callback.times, callback.future = got, times, future
-    return callback
+    answer.got, answer.times, answer.future = got, times, future
+    return answer
 
 
 def send_chunk(engine, k, step, chunk, vector, chunk_bytes=32):
@@ -81,7 +94,40 @@ def send_chunk(engine, k, step, chunk, vector, chunk_bytes=32):
     return True
 
 
-# ---------------------------------------------------------------- deadlines
+def send_vector(engine, k, step, vector, chunk_bytes=32):
+    """Every chunk of child ``k``'s ``vector``: whether the engine took each."""
+    layout = ChunkLayout.of(vector.size, vector.dtype, chunk_bytes)
+    return [send_chunk(engine, k, step, c, vector, chunk_bytes) for c in range(layout.chunks)]
+
+
+def send_result(engine, step, vector, chunk_bytes=32):
+    """The parent's RESULT chunks of ``vector`` for ``step``, as ParentLink hands them over."""
+    layout = ChunkLayout.of(vector.size, vector.dtype, chunk_bytes)
+    for c in range(layout.chunks):
+        a, b = layout.bounds(c)
+        msg = Result(step, c, vector.size, vector.dtype.name)
+        dest = engine.parent_result_dest(msg, layout.nbytes(c))
+        assert dest is not None, f"the engine dropped RESULT chunk {c} of step {step}"
+        np.frombuffer(dest, vector.dtype)[:] = vector[a:b]
+        engine.parent_result(msg)
+
+
+def coded(tree, dim=10, samples=24, seed=1):
+    """Each of the master's children's coded messages for one step of integer-valued
+    per-sample gradients, and the full gradient any n - s of them decode to."""
+    grads = np.random.default_rng(seed).integers(-8, 8, (samples, dim)).astype(np.float64)
+    shares = plan(tree, samples).nodes
+    messages = [sum(w * grads[a:b].sum(axis=0) for a, b, w in shares[str(k)].local)
+                for k in range(tree.fanout[0])]
+    return messages, grads.sum(axis=0)
+
+
+def peak_of(peaks: Counter, engine) -> None:
+    for key, n in engine.bookkeeping().items():
+        peaks[key] = max(peaks[key], n)
+
+
+# ---------------------------------------------------------------- deadlines at the master
 
 async def test_each_open_step_fails_at_its_own_deadline(engine_at):
     loop = asyncio.get_running_loop()
@@ -90,51 +136,52 @@ async def test_each_open_step_fails_at_its_own_deadline(engine_at):
     engine = engine_at(master(), children, timeout=timeout)
     first, second = recorder(loop), recorder(loop)
     open_when_first_failed = []
-    engine.watch(1, lambda outcome: open_when_first_failed.append(list(engine.open_steps)))
 
     t1 = loop.time()
-    engine.submit(1, np.zeros(4))
-    engine.watch(1, first)
+    engine.request(1, np.zeros(4), lambda outcome: open_when_first_failed.append(engine.open_steps))
+    engine.request(1, None, first)
     await asyncio.sleep(timeout / 4)   # the gap under test: step 2's clock starts later
     t2 = loop.time()
-    engine.submit(2, np.zeros(4))
-    engine.submit(1, np.zeros(4))      # a step opens once: this does not restart its clock
-    engine.watch(2, second)
+    engine.request(2, np.zeros(4), second)
+    engine.request(1, np.zeros(4), recorder())   # a step opens once: this does not restart its clock
     assert engine.open_steps == [1, 2]
 
     one = await first.future
     assert open_when_first_failed == [[2]]     # step 2 is still running on its own clock
     two = await second.future
-    assert one == Failed(1, "master did not get any message for this step within 0.2 s")
-    assert two == Failed(2, "master did not get any message for this step within 0.2 s")
-    assert engine.resolved_through == 2 and engine.open_steps == []
+    assert one == Failed(1, "master did not get 2 of 3 children (got 0) within 0.2 s", True)
+    assert two == Failed(2, "master did not get 2 of 3 children (got 0) within 0.2 s", True)
+    assert engine.open_steps == [] and engine.is_decided(1) and engine.is_decided(2)
+    assert engine.tree_step == 2           # the master decided both: the tree is at step 2
     assert engine.stats.steps_failed == 2
-    for link in children:    # every child hears of both failures
-        assert link.messages() == [Fail(1, one.reason), Fail(2, two.reason)]
-    # each was answered once, no earlier than its own deadline (timer slack: 5 ms)
+    for link in children:    # every child hears of both failures, decided for the whole tree
+        assert link.messages() == [Fail(1, one.reason, FailKind.TREE),
+                                   Fail(2, two.reason, FailKind.TREE)]
+    # each was answered once, no earlier than its own deadline
     assert first.got == [one] and second.got == [two]
-    assert first.times[0] >= t1 + timeout - 0.005
-    assert second.times[0] >= t2 + timeout - 0.005
+    assert first.times[0] >= t1 + timeout - SLACK
+    assert second.times[0] >= t2 + timeout - SLACK
 
 
 async def test_the_master_fails_a_step_at_once_when_more_than_s_children_are_gone(engine_at):
     child0 = FakeLink()
     engine = engine_at(master(), [child0, None, None])   # children 1 and 2 never joined
-    watcher = recorder()
-    engine.watch(4, watcher)
+    answer = recorder()
+    engine.request(4, None, answer)
+    assert answer.got == [] and engine.open_steps == [4]
     assert not send_chunk(engine, 0, 4, 0, np.ones(8))   # child 0's chunk arrives: no quorum
     reason = ("master did not get 2 of 3 children: 2 of them are gone or failed "
               "(child 1: disconnected; child 2: disconnected)")
-    assert watcher.got == [Failed(4, reason)]
-    assert child0.messages() == [Fail(4, reason)]
-    assert engine.resolved_through == 4 and engine.open_steps == []
+    assert answer.got == [Failed(4, reason, True)]
+    assert child0.messages() == [Fail(4, reason, FailKind.TREE)]
+    assert engine.tree_step == 4 and engine.open_steps == [] and engine.is_decided(4)
 
 
 async def test_losing_children_during_a_step_fails_it_when_the_quorum_is_gone(engine_at):
     links = [FakeLink() for _ in range(3)]
     engine = engine_at(master(), links)
-    watcher = recorder()
-    engine.watch(6, watcher)
+    answer = recorder()
+    engine.request(6, None, answer)
     assert send_chunk(engine, 0, 6, 0, np.ones(8))       # the step is under way
 
     def lose(k):
@@ -142,11 +189,11 @@ async def test_losing_children_during_a_step_fails_it_when_the_quorum_is_gone(en
         engine.child_lost(k)
 
     lose(1)
-    assert watcher.got == [] and engine.open_steps == [6]   # s = 1: one child may go
+    assert answer.got == [] and engine.open_steps == [6]   # s = 1: one child may go
     lose(2)
-    assert watcher.got == [Failed(6, "master did not get 2 of 3 children: 2 of them are gone "
-                                     "or failed (child 1: disconnected; child 2: disconnected)")]
-    assert links[0].messages(Fail) == [Fail(6, watcher.got[0].reason)]
+    assert answer.got == [Failed(6, "master did not get 2 of 3 children: 2 of them are gone "
+                                    "or failed (child 1: disconnected; child 2: disconnected)")]
+    assert links[0].messages(Fail) == [Fail(6, answer.got[0].reason, FailKind.TREE)]
     assert links[1].messages() == links[2].messages() == []
 
 
@@ -155,66 +202,480 @@ async def test_the_masters_own_request_fails_at_once_when_more_than_s_children_a
                                                                                        when):
     links = [FakeLink(), None, None] if when == "gone-before" else [FakeLink() for _ in range(3)]
     engine = engine_at(master(), links, timeout=30)
-    watcher = recorder()
-    engine.submit(4, np.zeros(8))     # the master's training process asks for step 4
-    engine.watch(4, watcher)
+    answer = recorder()
+    engine.request(4, np.zeros(8), answer)     # the master's training process asks for step 4
     if when == "lost-after":          # no child has sent anything yet
+        assert answer.got == []
         for k in (1, 2):
             engine.neighbours.slots[k] = ChildSlot()
             engine.child_lost(k)
-    assert [type(o) for o in watcher.got] == [Failed]
+    assert answer.got == [Failed(4, "master did not get 2 of 3 children: 2 of them are gone or "
+                                    "failed (child 1: disconnected; child 2: disconnected)")]
 
+
+# ---------------------------------------------------------------- one decision per step
+
+async def test_failing_a_newer_step_does_not_decide_an_older_open_one(engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links)
+    messages, want = coded(STAR)
+    one, two = recorder(), recorder()
+    engine.request(1, None, one)
+    engine.request(2, None, two)
+    assert send_chunk(engine, 0, 1, 0, messages[0])     # step 1 is under way
+    # Children 1 and 2 give up on step 2: more than s are out, the master fails it.
+    engine.child_failed(1, Fail(2, "node 1 stalled", FailKind.STALL))
+    engine.child_failed(2, Fail(2, "node 2 stalled", FailKind.STALL))
+    reason = ("master did not get 2 of 3 children: 2 of them are gone or failed "
+              "(child 1: node 1 stalled; child 2: node 2 stalled)")
+    assert two.got == [Failed(2, reason, tree_wide=True)]
+    for link in links:
+        assert link.messages() == [Fail(2, reason, FailKind.TREE)]
+    # Step 1 is not decided by it: still open, nobody answered it.
+    assert one.got == [] and engine.open_steps == [1]
+    assert engine.is_decided(2) and not engine.is_decided(1)
+    assert engine.tree_step == 2             # the newest step the master decided
+    # Step 1 goes on and resolves exactly from children 1 and 2 (and 0, for chunk 0).
+    for k in (1, 2):
+        assert all(send_vector(engine, k, 1, messages[k]))
+    [outcome] = one.got
+    assert isinstance(outcome, Resolved) and outcome.step == 1
+    np.testing.assert_allclose(outcome.vector, want, rtol=1e-12, atol=1e-12)
+    assert engine.tree_step == 2             # it only moves forward
+    assert engine.outcome(2) == two.got[0]   # step 2's failure stands
+    assert engine.stats.steps_done == 1 and engine.stats.steps_failed == 1
+
+
+async def test_a_later_result_does_not_decide_an_older_open_step(engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links)
+    messages, _ = coded(STAR)
+    one = recorder()
+    engine.request(1, None, one)
+    assert send_chunk(engine, 0, 1, 0, messages[0])
+    for k in (1, 2):
+        assert all(send_vector(engine, k, 2, messages[k]))
+    assert engine.tree_step == 2 and engine.is_decided(2)
+    assert one.got == [] and engine.open_steps == [1] and not engine.is_decided(1)
+    assert all(link.messages(Fail) == [] for link in links)   # nothing said about step 1
+
+
+# ---------------------------------------------------------------- deadlines below the master
 
 @pytest.mark.parametrize("first", ["quorum", "deadline"])
 async def test_a_node_tells_its_parent_once_per_step(engine_at, first):
     parent, child0 = FakeLink("parent"), FakeLink()
+    timeout = 0.05
     if first == "quorum":      # two of node 0's three children are gone before the step
-        engine = engine_at(node("0"), [child0, None, None], parent, timeout=0.05)
+        engine = engine_at(node("0"), [child0, None, None], parent, timeout=timeout)
     else:
-        engine = engine_at(node("0"), [child0, FakeLink(), FakeLink()], parent, timeout=0.05)
-    watcher = recorder()
-    engine.submit(5, np.zeros(8))
-    engine.watch(5, watcher)
-    await wait_until(lambda: not engine.open_steps, "step 5's deadline")
+        engine = engine_at(node("0"), [child0, FakeLink(), FakeLink()], parent, timeout=timeout)
+    answer = recorder()
+    engine.request(5, np.zeros(8), answer)
+    await asyncio.sleep(2 * timeout)   # the deadline passes (the give-up is at 0.55 s)
     if first == "deadline":    # then two children report failures: the quorum is gone too
-        engine.child_failed(1, Fail(5, "node 0.1 did not get its local gradient"))
-        engine.child_failed(2, Fail(5, "node 0.2 did not get its local gradient"))
-    [fail] = parent.messages()
-    assert isinstance(fail, Fail) and fail.step == 5 and not fail.mismatch
+        engine.child_failed(1, Fail(5, "node 0.1 did not get its local gradient", FailKind.STALL))
+        engine.child_failed(2, Fail(5, "node 0.2 did not get its local gradient", FailKind.STALL))
+    opened, fail = parent.messages()
+    assert opened == Open(5)
+    assert fail.step == 5 and fail.kind is FailKind.STALL
     if first == "quorum":
         assert fail.reason == ("node 0 did not get 2 of 3 children: 2 of them are gone or failed "
                                "(child 1: disconnected; child 2: disconnected)")
     else:
-        assert fail.reason == ("node 0 did not get 2 of 3 children (got 0) within 0.05 s")
+        assert fail.reason == "node 0 did not get 2 of 3 children (got 0) within 0.05 s"
     # The parent decides: the step stays undecided here until it answers.
-    assert engine.resolved_through == -1 and watcher.got == [] and child0.messages() == []
+    assert engine.open_steps == [5] and not engine.is_decided(5)
+    assert answer.got == [] and child0.messages() == []
     engine.parent_failed(Fail(5, "master did not get 2 of 3 children"))
-    assert watcher.got == [Failed(5, "master did not get 2 of 3 children")]
-    assert child0.messages() == [Fail(5, "master did not get 2 of 3 children")]
-    assert parent.messages() == [fail]
+    assert answer.got == [Failed(5, "master did not get 2 of 3 children", tree_wide=True)]
+    assert child0.messages() == [Fail(5, "master did not get 2 of 3 children", FailKind.TREE)]
+    assert parent.messages() == [opened, fail]
+    assert engine.open_steps == [] and engine.tree_step == 5   # the master decided it
 
 
-async def test_a_leaf_sends_its_vector_up_and_reports_nothing_at_its_deadline(engine_at):
+async def test_a_node_reports_a_stall_at_timeout_and_gives_up_locally_after_grace(engine_at):
+    loop = asyncio.get_running_loop()
+    settings = EngineSettings(timeout=0.05)
+    assert settings.grace == defaults.GRACE_MIN           # 25% of 0.05 s is below the minimum
+    parent, children = FakeLink("parent"), [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, parent, timeout=settings.timeout)
+    answer = recorder(loop)
+    t0 = loop.time()
+    engine.request(5, np.zeros(8), answer)
+    assert parent.messages() == [Open(5)]
+
+    [stall] = await wait_until(lambda: parent.messages(Fail), "the stall report at the timeout")
+    assert stall == Fail(5, "node 0 did not get 2 of 3 children (got 0) within 0.05 s",
+                         FailKind.STALL)
+    [when] = parent.times_of(Fail)
+    assert t0 + settings.timeout - SLACK <= when < t0 + settings.answer_within
+    assert answer.got == [] and engine.open_steps == [5]   # waiting for the master's decision
+
+    outcome = await answer.future         # none came: the node gives up for its subtree
+    assert outcome == Failed(5, f"node 0 got no decision about step 5 from the master within "
+                                f"{settings.answer_within:g} s (its parent is cut off or frozen)",
+                             tree_wide=False)
+    assert answer.times[0] >= t0 + settings.timeout + settings.grace - SLACK
+    for link in children:
+        assert link.messages() == [Fail(5, outcome.reason, FailKind.LOCAL)]
+    assert parent.messages() == [Open(5), stall]   # one STALL; giving up says nothing up
+    assert engine.open_steps == [] and engine.tree_step == -1   # local: not the tree's
+    assert engine.stats.steps_failed == 1
+
+    # The master's decision, arriving after all, changes nothing here.
+    engine.parent_failed(Fail(5, "master did not get 2 of 3 children", FailKind.TREE))
+    assert answer.got == [outcome]
+    assert all(len(link.messages()) == 1 for link in children)
+
+
+async def test_a_node_without_a_parent_fails_its_steps_locally_at_the_timeout(engine_at):
+    loop = asyncio.get_running_loop()
+    settings = EngineSettings(timeout=0.05)
+    children = [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, None, timeout=settings.timeout)   # reconnecting
+    answer = recorder(loop)
+    t0 = loop.time()
+    engine.request(5, np.zeros(8), answer)
+    outcome = await answer.future
+    assert outcome == Failed(5, "node 0 has no parent (it is reconnecting) and could not get "
+                                "step 5 decided within 0.05 s", tree_wide=False)
+    # at the timeout, not after the grace (nobody could decide it anyway)
+    assert t0 + settings.timeout - SLACK <= answer.times[0] < t0 + settings.answer_within
+    for link in children:
+        assert link.messages() == [Fail(5, outcome.reason, FailKind.LOCAL)]
+
+
+async def test_a_leaf_sends_its_vector_up_reports_nothing_and_gives_up_after_grace(engine_at):
+    loop = asyncio.get_running_loop()
+    settings = EngineSettings(timeout=0.05)
     parent = FakeLink("parent")
-    engine = engine_at(node("0.1"), [], parent, timeout=0.05)
+    engine = engine_at(node("0.1"), [], parent, timeout=settings.timeout)
     vector = np.arange(10, dtype=np.float32)
-    assert engine.submit(3, vector) is None
-    await wait_until(lambda: not engine.open_steps, "step 3's deadline")
-    # Two chunks of 8 and 2 float32s went up, and nothing else: a leaf's part was done.
+    answer = recorder(loop)
+    t0 = loop.time()
+    engine.request(3, vector, answer)
+    # Two chunks of 8 and 2 float32s went up at once (no OPEN: the chunk says it).
     assert [type(m) for m in parent.messages()] == [Chunk, Chunk]
     np.testing.assert_array_equal(parent.vector(Chunk, 3), vector)
+    await asyncio.sleep(2 * settings.timeout)   # the deadline passes: a leaf's part was done
+    assert len(parent.messages()) == 2 and answer.got == [] and engine.open_steps == [3]
+    outcome = await answer.future
+    assert outcome == Failed(3, "node 0.1 got no decision about step 3 from the master within "
+                                "0.55 s (its parent is cut off or frozen)", tree_wide=False)
+    assert answer.times[0] >= t0 + settings.answer_within - SLACK
+    assert len(parent.messages()) == 2
 
 
-async def test_a_vector_that_does_not_fit_the_step_is_refused(engine_at):
+async def test_a_vector_that_does_not_fit_the_step_is_mismatched(engine_at):
     engine = engine_at(node("0.1"), [], FakeLink("parent"))
-    assert engine.submit(3, np.zeros(10, np.float32)) is None
-    assert engine.submit(3, np.zeros(12, np.float32)) == (
-        "this process's vector is 12 x float32 but the tree's for step 3 is 10 x float32")
+    first, second = recorder(), recorder()
+    engine.request(3, np.zeros(10, np.float32), first)
+    engine.request(3, np.zeros(12, np.float32), second)
+    assert second.got == [Mismatched(
+        3, "this process's vector is 12 x float32 but the tree's for step 3 is 10 x float32")]
+    assert first.got == [] and engine.open_steps == [3]   # the step goes on
+
+
+# ---------------------------------------------------------------- the parent's verdicts
+
+WHY = "the parent says so"
+
+
+@pytest.mark.parametrize("kind, outcome, down, tree_step", [
+    (FailKind.TREE, Failed(5, WHY, tree_wide=True), FailKind.TREE, 5),   # the master decided
+    (FailKind.LOCAL, Failed(5, WHY, tree_wide=False), FailKind.LOCAL, -1),
+    (FailKind.REFUSED, Refused(5, WHY), FailKind.REFUSED, -1),
+    (FailKind.LOST, Lost(5, WHY), FailKind.LOST, -1),
+], ids=["tree", "local", "refused", "lost"])
+async def test_the_parents_fail_decides_the_step_and_goes_down(engine_at, kind, outcome, down,
+                                                               tree_step):
+    parent, children = FakeLink("parent"), [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, parent)
+    answer = recorder()
+    engine.request(5, np.zeros(8), answer)
+    engine.parent_failed(Fail(5, WHY, kind))
+    assert answer.got == [outcome]
+    assert engine.is_decided(5) and engine.open_steps == [] and engine.tree_step == tree_step
+    for link in children:
+        assert link.messages() == [Fail(5, WHY, down)]
+    later = recorder()
+    engine.request(5, None, later)     # a later request gets the same, at once
+    if kind is FailKind.LOST:          # a lost outcome is not held here either
+        assert later.got == [Lost(5, "the outcome of step 5 is not held by this daemon (it "
+                                     "keeps the last 4); the tree is at step -1")]
+    else:
+        assert later.got == [outcome]
+    assert parent.messages() == [Open(5)]
+
+
+async def test_the_parents_mismatch_answers_the_request_and_the_step_goes_on(engine_at):
+    parent, children = FakeLink("parent"), [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, parent)
+    answer = recorder()
+    engine.request(5, np.zeros(8), answer)
+    why = "vector is 8 x float64 but the step's is 10 x float64"
+    engine.parent_failed(Fail(5, why, FailKind.MISMATCH))
+    assert answer.got == [Mismatched(5, why)]
+    assert engine.open_steps == [5] and not engine.is_decided(5)
+    assert all(link.messages() == [] for link in children)
+    # The rest of the tree resolves it; this node passes the result on.
+    result = np.arange(10.0)
+    send_result(engine, 5, result)
+    assert answer.got == [Mismatched(5, why)]        # answered once
+    fetch = recorder()
+    engine.request(5, None, fetch)
+    [resolved] = fetch.got
+    assert isinstance(resolved, Resolved)
+    np.testing.assert_array_equal(resolved.vector, result)
+    for link in children:
+        np.testing.assert_array_equal(link.vector(Result, 5), result)
+    assert engine.tree_step == 5
+
+
+async def test_a_stall_from_the_parent_decides_nothing(engine_at):
+    engine = engine_at(node("0"), [FakeLink() for _ in range(3)], FakeLink("parent"))
+    answer = recorder()
+    engine.request(5, np.zeros(8), answer)
+    engine.parent_failed(Fail(5, "a child's kind, sent down", FailKind.STALL))
+    assert answer.got == [] and engine.open_steps == [5] and not engine.is_decided(5)
+
+
+async def test_losing_the_parent_fails_open_steps_locally(engine_at):
+    children = [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, FakeLink("parent"))
+    answers = {step: recorder() for step in (3, 4)}
+    for step, answer in answers.items():
+        engine.request(step, np.zeros(8), answer)
+    engine.neighbours.parent = None
+    engine.parent_lost("lost the connection to its parent")
+    reason = "node 0 lost the connection to its parent"
+    assert {s: a.got for s, a in answers.items()} == {
+        3: [Failed(3, reason, tree_wide=False)], 4: [Failed(4, reason, tree_wide=False)]}
+    for link in children:
+        assert link.messages() == [Fail(3, reason, FailKind.LOCAL), Fail(4, reason, FailKind.LOCAL)]
+
+
+# ---------------------------------------------------------------- the window
+
+async def test_a_request_beyond_the_window_is_refused_at_once_and_opens_nothing(engine_at):
+    parent = FakeLink("parent")
+    engine = engine_at(node("0.1"), [], parent, window=4)
+    send_result(engine, 0, np.arange(4.0))
+    assert engine.tree_step == 0
+    far = recorder()
+    engine.request(5, np.ones(4), far)
+    assert far.got == [Refused(5, "step 5 is more than 4 steps ahead of the tree, which is at "
+                                  "step 0")]
+    assert engine.open_steps == [] and not engine.is_decided(5) and engine.newest_step == 0
+    assert parent.messages() == []               # no chunk, no OPEN
+    fetch = recorder()
+    engine.request(5, None, fetch)               # nor for a fetch
+    assert [type(o) for o in fetch.got] == [Refused] and parent.messages() == []
+    edge = recorder()
+    engine.request(4, np.ones(4), edge)          # the window's last step is taken
+    assert edge.got == [] and engine.open_steps == [4]
+    assert parent.messages() == [Chunk(4, 0, 4, "float64")]
+
+
+async def test_a_childs_pieces_beyond_the_window_get_one_refusal(engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, window=4)
+    for k in (0, 1):
+        assert all(send_vector(engine, k, 0, np.ones(10)))
+    assert engine.tree_step == 0
+    refusal = Fail(5, "step 5 is more than 4 steps ahead of the tree, which is at step 0",
+                   FailKind.REFUSED)
+    assert send_vector(engine, 2, 5, np.ones(10)) == [False, False, False]   # three chunks...
+    assert links[2].messages(Fail) == [refusal]                              # ... one FAIL
+    engine.child_opened(2, Open(5))
+    engine.child_failed(2, Fail(5, "node 2 stalled", FailKind.STALL))
+    assert links[2].messages(Fail) == [refusal]
+    assert links[0].messages(Fail) == links[1].messages(Fail) == []   # only the sender is told
+    assert engine.open_steps == [] and not engine.is_decided(5) and engine.newest_step == 0
+    engine.child_opened(1, Open(5))              # another child is refused too, once
+    assert links[1].messages(Fail) == [refusal]
+
+
+async def test_a_step_left_open_is_lost_when_the_tree_passes_it_by(engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, window=4, keep_results=2)
+    behind = engine.settings.behind
+    assert behind == 4
+    stuck = recorder()
+    engine.request(1, None, stuck)
+    assert send_chunk(engine, 0, 1, 0, np.ones(4))   # under way, but child 0 alone decodes nothing
+    reason = "step 1 was passed over: the tree went on to step 5 before it was decided here"
+    for step in range(2, 2 + behind):
+        for k in (1, 2):
+            send_chunk(engine, k, step, 0, np.ones(4))
+        assert engine.tree_step == step
+        if step - 1 < behind:
+            assert stuck.got == [] and engine.open_steps == [1] and not engine.is_decided(1)
+    assert engine.tree_step == 1 + behind
+    assert stuck.got == [Lost(1, reason)]
+    assert engine.open_steps == [] and engine.is_decided(1)
+    for link in links:
+        assert link.messages(Fail) == [Fail(1, reason, FailKind.LOST)]
+    assert not send_chunk(engine, 2, 1, 0, np.ones(4))   # a straggler's chunk for it: dropped
+    late = recorder()
+    engine.request(1, None, late)
+    assert late.got == [Lost(1, "the outcome of step 1 is not held by this daemon (it keeps the "
+                                "last 2); the tree is at step 5")]
+    assert engine.bookkeeping()["waiting"] == 0
+
+
+# ---------------------------------------------------------------- OPEN
+
+async def test_a_node_sends_open_once_when_a_step_begins_with_a_childs_chunk(engine_at):
+    parent, children = FakeLink("parent"), [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, parent)
+    assert all(send_vector(engine, 0, 7, np.ones(10)))
+    assert parent.messages() == [Open(7)]
+    assert all(send_vector(engine, 1, 7, np.ones(10)))
+    engine.request(7, np.ones(10), recorder())        # the local vector: chunks go up
+    assert parent.messages(Open) == [Open(7)] and parent.messages()[0] == Open(7)
+    assert [m.chunk for m in parent.messages(Chunk)] == [0, 1, 2]
+    engine.child_opened(2, Open(7))                   # a child's OPEN of an open step: nothing
+    assert parent.messages(Open) == [Open(7)]
+
+
+async def test_a_nodes_open_goes_on_up(engine_at):
+    parent = FakeLink("parent")
+    engine = engine_at(node("0"), [FakeLink() for _ in range(3)], parent)
+    engine.child_opened(1, Open(9))
+    assert parent.messages() == [Open(9)] and engine.open_steps == [9]
+
+
+async def test_a_leafs_own_vector_needs_no_open_but_a_fetch_does(engine_at):
+    parent = FakeLink("parent")
+    engine = engine_at(node("0.1"), [], parent)
+    engine.request(3, np.ones(4), recorder())
+    assert parent.messages() == [Chunk(3, 0, 4, "float64")]
+    engine.request(4, None, recorder())               # asks for step 4, contributes nothing
+    engine.request(4, None, recorder())
+    assert parent.messages() == [Chunk(3, 0, 4, "float64"), Open(4)]
+    assert engine.open_steps == [3, 4]
+
+
+async def test_open_from_a_child_starts_the_masters_clock(engine_at):
+    loop = asyncio.get_running_loop()
+    timeout = 0.2
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, timeout=timeout)
+    t0 = loop.time()
+    engine.child_opened(0, Open(4))
+    assert engine.open_steps == [4]
+    await asyncio.sleep(timeout / 2)   # the delay under test: the request comes later
+    answer, reference = recorder(loop), recorder(loop)
+    open_when_answered = []
+    engine.request(4, None, answer)
+    engine.request(4, None, lambda outcome: open_when_answered.append(engine.open_steps))
+    engine.request(5, None, reference)     # a step whose clock starts with this request
+    outcome = await answer.future
+    assert outcome == Failed(4, "master did not get 2 of 3 children (got 0) within 0.2 s")
+    assert answer.times[0] >= t0 + timeout - SLACK
+    # Step 4's clock ran from the OPEN: it ended while step 5, asked for together with
+    # it, was still open (timers fire in order, however late a loaded machine runs them).
+    assert open_when_answered == [[5]] and reference.got == []
+    await reference.future
+    for link in links:
+        assert link.messages(Fail)[0] == Fail(4, outcome.reason, FailKind.TREE)
+
+
+# ---------------------------------------------------------------- what the tree knows
+
+async def test_a_restarted_node_learns_where_the_tree_is(engine_at):
+    parent = FakeLink("parent")
+    engine = engine_at(node("0.1"), [], parent)
+    engine.learn(40, (8, "float64"))
+    assert (engine.tree_step, engine.tree_vector, engine.newest_step) == (40, (8, "float64"), 40)
+    engine.learn(30, (4, "float32"))   # older news: nothing changes
+    assert (engine.tree_step, engine.tree_vector) == (40, (8, "float64"))
+    behind, window = engine.settings.behind, engine.settings.window
+
+    old = recorder()
+    engine.request(40 - behind, np.zeros(8), old)
+    assert old.got == [Lost(40 - behind, f"the outcome of step {40 - behind} is not held by this "
+                                         "daemon (it keeps the last 4); the tree is at step 40")]
+    far = recorder()
+    engine.request(41 + window, np.zeros(8), far)
+    assert [type(o) for o in far.got] == [Refused]
+    bad = recorder()
+    engine.request(41, np.zeros(5), bad)  # the learned vector applies before any result here
+    assert bad.got == [Mismatched(41, "this process's vector is 5 x float64 but the tree's for "
+                                      "step 41 is 8 x float64")]
+    assert parent.messages() == []
+    engine.request(42, np.ones(8), recorder())
+    assert parent.messages() == [Chunk(42, 0, 8, "float64"), Chunk(42, 1, 8, "float64")]
+
+
+async def test_learning_passes_over_steps_left_behind(engine_at):
+    children = [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, FakeLink("parent"))
+    answer = recorder()
+    engine.request(3, np.zeros(8), answer)
+    engine.learn(3 + engine.settings.behind)
+    reason = "step 3 was passed over: the tree went on to step 19 before it was decided here"
+    assert answer.got == [Lost(3, reason)] and engine.open_steps == []
+    for link in children:
+        assert link.messages() == [Fail(3, reason, FailKind.LOST)]
+
+
+async def test_after_the_first_result_a_local_vector_that_differs_is_refused_alone(engine_at):
+    parent, children = FakeLink("parent"), [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, parent)
+    assert engine.tree_vector is None
+    send_result(engine, 0, np.arange(10.0))           # the tree's first result sets its vector
+    assert engine.tree_vector == (10, "float64")
+    bad = recorder()
+    engine.request(1, np.zeros(12), bad)
+    assert bad.got == [Mismatched(1, "this process's vector is 12 x float64 but the tree's for "
+                                     "step 1 is 10 x float64")]
+    assert engine.open_steps == [1]                   # the step goes on without it
+    for k in (0, 1):                                  # the children's vectors fit: taken
+        assert all(send_vector(engine, k, 1, np.ones(10)))
+    assert parent.messages(Chunk) == []               # without its own part, nothing goes up
+    result = np.arange(10.0) * 2
+    send_result(engine, 1, result)                    # the rest of the tree resolves it
+    fetch = recorder()
+    engine.request(1, None, fetch)
+    [resolved] = fetch.got
+    assert isinstance(resolved, Resolved)
+    np.testing.assert_array_equal(resolved.vector, result)
+    assert bad.got == [bad.got[0]]
+    assert engine.stats.times_skipped == 2            # steps 0 and 1 resolved without this node
+
+
+async def test_a_childs_chunk_that_does_not_fit_the_trees_vector_silences_it_for_the_step(
+        engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links)
+    for k in (0, 1):
+        assert all(send_vector(engine, k, 0, np.ones(10)))
+    assert engine.tree_vector == (10, "float64")
+    answer = recorder()
+    engine.request(1, None, answer)
+    assert not send_chunk(engine, 0, 1, 0, np.ones(12))
+    mismatch = Fail(1, "vector is 12 x float64 but the step's is 10 x float64", FailKind.MISMATCH)
+    assert links[0].messages(Fail) == [mismatch]
+    assert not send_chunk(engine, 0, 1, 1, np.ones(12))   # silenced: no second FAIL...
+    assert not send_chunk(engine, 0, 1, 0, np.ones(10))   # ... and out of step 1 even if it fits
+    assert links[0].messages(Fail) == [mismatch]
+    assert links[1].messages(Fail) == links[2].messages(Fail) == []
+    messages, want = coded(STAR)
+    for k in (1, 2):                                      # the others resolve it exactly
+        assert all(send_vector(engine, k, 1, messages[k]))
+    [outcome] = answer.got
+    assert isinstance(outcome, Resolved)
+    np.testing.assert_allclose(outcome.vector, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(links[0].vector(Result, 1), outcome.vector)   # it gets it too
+    assert send_chunk(engine, 0, 2, 0, np.ones(10))       # and takes part in the next step
 
 
 # ---------------------------------------------------------------- outcomes
 
-def test_watching_a_decided_step_answers_at_once_from_the_last_keep_results(engine_at):
+def test_requesting_a_decided_step_answers_at_once_from_the_last_keep_results(engine_at):
     engine = engine_at(master(), [None, None, None], keep_results=2)
     layout = ChunkLayout.of(3, np.float64, 32)
     vectors = {s: np.full(3, float(s)) for s in range(4)}
@@ -223,26 +684,27 @@ def test_watching_a_decided_step_answers_at_once_from_the_last_keep_results(engi
             engine.fail(2, "child 1: disconnected")
         else:
             engine.resolved(s, layout, vectors[s])
-    assert engine.resolved_through == 3
+    assert engine.tree_step == 3
     got = {}
     for s in range(4):
-        engine.watch(s, lambda outcome, s=s: got.setdefault(s, outcome))
-    assert set(got) == {0, 1, 2, 3}    # all answered during watch()
+        engine.request(s, None, lambda outcome, s=s: got.setdefault(s, outcome))
+    assert set(got) == {0, 1, 2, 3}    # all answered during request()
     assert got[3] == Resolved(3, layout, vectors[3])
-    assert got[2] == Failed(2, "child 1: disconnected")
+    assert got[2] == Failed(2, "child 1: disconnected", tree_wide=True)
     for s in (0, 1):
-        assert got[s] == Lost(s, f"the result of step {s} is no longer held by this daemon (it "
+        assert got[s] == Lost(s, f"the outcome of step {s} is not held by this daemon (it "
                                  "keeps the last 2); the tree is at step 3")
+    assert engine.open_steps == [] and engine.bookkeeping()["waiting"] == 0
 
 
-def test_a_waiting_watcher_is_answered_once_when_its_step_is_decided(engine_at):
+async def test_a_waiting_request_is_answered_once_when_its_step_is_decided(engine_at):
     engine = engine_at(master(), [None, None, None])
-    watcher = recorder()
-    engine.watch(0, watcher)
-    assert watcher.got == []
+    answer = recorder()
+    engine.request(0, None, answer)
+    assert answer.got == []
     engine.fail(0, "gone")
     engine.fail(0, "again")            # a decided step is not decided twice
-    assert watcher.got == [Failed(0, "gone")]
+    assert answer.got == [Failed(0, "gone")]
     assert engine.stats.steps_failed == 1
 
 
@@ -269,7 +731,114 @@ def test_a_child_that_joined_mid_step_catches_up_once(engine_at):
     engine.neighbours.slots[2] = ChildSlot(link=failed_late, missed_through=3)
     assert not send_chunk(engine, 2, 3, 0, np.zeros(10))
     assert not send_chunk(engine, 2, 3, 1, np.zeros(10))
-    assert failed_late.messages() == [Fail(3, "child 1: disconnected")]
+    assert failed_late.messages() == [Fail(3, "child 1: disconnected", FailKind.TREE)]
+
+
+# ---------------------------------------------------------------- bounded bookkeeping
+
+STEPS = 2000
+
+
+async def test_the_masters_bookkeeping_stays_bounded_over_a_long_run(engine_at):
+    links = [FakeLink("fast"), FakeLink("slow")]
+    engine = engine_at(master(PAIR), links, keep_results=3, window=5)
+    s = engine.settings
+    # The slow child's slot counts every step as possibly missed: each of its late chunks
+    # is caught up (``told``), so that table is exercised on every step.
+    engine.neighbours.slots[1].missed_through = STEPS
+    vector = np.ones(2)
+    peaks: Counter = Counter()
+    for step in range(STEPS):
+        answer = recorder()
+        engine.request(step, None, answer)
+        peak_of(peaks, engine)
+        assert send_chunk(engine, 0, step, 0, vector)       # either child decodes it
+        assert [type(o) for o in answer.got] == [Resolved]
+        assert not send_chunk(engine, 1, step, 0, vector)   # late: it gets the result again
+        peak_of(peaks, engine)
+    assert engine.tree_step == STEPS - 1 and engine.stats.steps_done == STEPS
+    assert dict(peaks) == {"open": 1, "decided": s.behind, "kept": s.keep_results,
+                           "waiting": 1, "told": s.behind}
+    assert engine.bookkeeping() == {"open": 0, "decided": s.behind, "kept": s.keep_results,
+                                    "waiting": 0, "told": s.behind}
+    scheme = engine.scheme
+    assert scheme.ups == {} and scheme.down == {} and scheme._ahead == {}
+    assert len(links[1].messages(Result)) == 2 * STEPS    # broadcast, plus the catch-up
+
+
+async def test_a_node_counts_the_steps_resolved_without_it_and_stays_bounded(engine_at):
+    parent = FakeLink("parent")
+    engine = engine_at(node("0.1"), [], parent, keep_results=3, window=5)
+    s = engine.settings
+    result = np.arange(4.0)
+    peaks: Counter = Counter()
+    for step in range(STEPS):
+        if step % 4 == 0:          # this node's process contributes to every fourth step
+            engine.request(step, np.ones(4), recorder())
+            peak_of(peaks, engine)
+        send_result(engine, step, result)
+        peak_of(peaks, engine)
+    assert engine.stats.steps_done == STEPS
+    assert engine.stats.times_skipped == STEPS - STEPS // 4
+    assert len(parent.messages(Chunk)) == STEPS // 4
+    assert dict(peaks) == {"open": 1, "decided": s.behind, "kept": s.keep_results,
+                           "waiting": 1, "told": 0}
+    assert engine.bookkeeping() == {"open": 0, "decided": s.behind, "kept": s.keep_results,
+                                    "waiting": 0, "told": 0}
+    assert engine.scheme.ups == {} and engine.scheme.down == {}
+
+
+async def test_a_run_of_failed_steps_keeps_the_bookkeeping_bounded(engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, keep_results=3, window=5)
+    s = engine.settings
+    peaks: Counter = Counter()
+    for step in range(STEPS):       # no step ever has a result
+        engine.child_failed(1, Fail(step, "node 1 stalled", FailKind.STALL))
+        engine.child_failed(2, Fail(step, "node 2 stalled", FailKind.STALL))
+        assert engine.is_decided(step)
+        peak_of(peaks, engine)
+    assert engine.tree_step == STEPS - 1 and engine.stats.steps_failed == STEPS
+    assert engine.tree_vector is None
+    assert dict(peaks) == {"open": 0, "decided": s.behind, "kept": s.keep_results,
+                           "waiting": 0, "told": 0}
+    assert engine.scheme._ahead == {} and engine.scheme.ups == {}
+
+
+async def test_the_window_moves_on_tree_wide_failures(engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, window=4)
+    messages, want = coded(STAR)
+    for k in (1, 2):
+        assert all(send_vector(engine, k, 0, messages[k]))
+    for step in range(1, 5):             # a bad spell: steps 1..4 fail for the whole tree
+        engine.child_failed(1, Fail(step, "node 1 stalled", FailKind.STALL))
+        engine.child_failed(2, Fail(step, "node 2 stalled", FailKind.STALL))
+    assert engine.tree_step == 4 and engine.stats.steps_failed == 4
+    answer = recorder()
+    engine.request(4 + 4, None, answer)  # the window runs from the newest decision, not result
+    assert answer.got == [] and engine.open_steps == [8]
+    refused = recorder()
+    engine.request(4 + 5, None, refused)
+    assert refused.got == [Refused(9, "step 9 is more than 4 steps ahead of the tree, which "
+                                      "is at step 4")]
+    for k in (1, 2):                     # the stragglers are back: step 8 resolves
+        assert all(send_vector(engine, k, 8, messages[k]))
+    [outcome] = answer.got
+    assert isinstance(outcome, Resolved)
+    np.testing.assert_allclose(outcome.vector, want, rtol=1e-12, atol=1e-12)
+    assert engine.tree_step == 8
+
+
+async def test_a_local_failure_does_not_move_the_tree(engine_at):
+    engine = engine_at(node("0"), [FakeLink() for _ in range(3)], None, window=4)
+    send_result(engine, 0, np.arange(8.0))
+    for step in range(1, 5):             # cut off from the master: failed here only
+        engine.fail(step, "node 0 has no parent", tree_wide=False)
+    assert engine.tree_step == 0
+    refused = recorder()
+    engine.request(5, np.zeros(8), refused)
+    assert [type(o) for o in refused.got] == [Refused]
 
 
 # ---------------------------------------------------------------- an exact decode at the master
@@ -282,25 +851,22 @@ def test_a_child_that_joined_mid_step_catches_up_once(engine_at):
 ], ids=["crc", "frc"])
 async def test_the_master_decodes_the_exact_sum_from_the_fastest_children(engine_at, tree, quorums,
                                                                          tolerance):
-    samples, dim, step = 24, 10, 7
-    grads = np.random.default_rng(1).integers(-8, 8, (samples, dim)).astype(np.float64)
-    shares = plan(tree, samples).nodes
-    messages = [sum(w * grads[a:b].sum(axis=0) for a, b, w in shares[str(k)].local)
-                for k in range(tree.fanout[0])]
+    step, dim = 7, 10
+    messages, want = coded(tree, dim)
     links = [FakeLink() for _ in range(tree.fanout[0])]
     engine = engine_at(master(tree, chunk_bytes=32), links)   # 3 chunks: 4 + 4 + 2 elements
-    watcher = recorder()
-    engine.submit(step, np.empty(dim))
-    engine.watch(step, watcher)
+    answer = recorder()
+    engine.request(step, np.empty(dim), answer)
     for chunk, quorum in enumerate(quorums):
         for k in quorum:
             assert send_chunk(engine, k, step, chunk, messages[k])
-    [outcome] = watcher.got
+    [outcome] = answer.got
     assert isinstance(outcome, Resolved) and outcome.step == step
-    np.testing.assert_allclose(outcome.vector, grads.sum(axis=0), rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(outcome.vector, want, rtol=tolerance, atol=tolerance)
     for link in links:    # every child gets the result, the slow ones too
         np.testing.assert_array_equal(link.vector(Result, step), outcome.vector)
-    assert engine.resolved_through == step and engine.stats.steps_done == 1
+    assert engine.tree_step == step and engine.stats.steps_done == 1
+    assert engine.tree_vector == (dim, "float64")
 
 
 async def test_a_child_that_stopped_reading_is_cut_off_and_the_others_get_the_result(engine_at):

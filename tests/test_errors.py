@@ -7,6 +7,7 @@ import pytest
 import crnet
 from crnet import errors
 from crnet.errors import (
+    AssignmentChanged,
     CrnetError,
     CrnetTimeout,
     DaemonBusy,
@@ -17,6 +18,7 @@ from crnet.errors import (
     RequestRejected,
     StepFailed,
     StepLost,
+    StepRefused,
 )
 
 ERROR_CLASSES = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
@@ -26,8 +28,13 @@ ERROR_CLASSES = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
 def test_the_module_defines_the_documented_errors():
     assert {cls.__name__ for cls in ERROR_CLASSES} == {
         "CrnetError", "ProtocolError", "JoinRefused", "DaemonNotRunning", "DaemonBusy",
-        "RequestRejected", "StepFailed", "StepLost", "MismatchError", "CrnetTimeout",
-        "LaunchError"}
+        "RequestRejected", "StepFailed", "StepLost", "StepRefused", "AssignmentChanged",
+        "MismatchError", "CrnetTimeout", "LaunchError"}
+
+
+def test_the_module_docstring_draws_every_error():
+    for cls in ERROR_CLASSES:
+        assert cls.__name__ in errors.__doc__
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda cls: cls.__name__)
@@ -47,10 +54,27 @@ def test_errors_that_are_also_builtin_errors(cls, builtin):
         raise cls("x")
 
 
-def test_step_failed_carries_its_step_and_reason():
-    e = StepFailed(12, "master did not get 2 of 3 children")
-    assert (e.step, e.reason) == (12, "master did not get 2 of 3 children")
+def test_step_failed_carries_its_step_reason_and_where_the_tree_is():
+    e = StepFailed(12, "master did not get 2 of 3 children", tree_step=11)
+    assert (e.step, e.reason, e.tree_step, e.tree_wide) == (
+        12, "master did not get 2 of 3 children", 11, True)
     assert str(e) == "step 12 failed: master did not get 2 of 3 children"
+    local = StepFailed(13, "node 0 got no decision", 11, tree_wide=False)
+    assert local.tree_wide is False
+    assert (StepFailed(1, "r").tree_step, StepFailed(1, "r").tree_wide) == (-1, True)
+
+
+@pytest.mark.parametrize("cls", [StepLost, StepRefused])
+def test_lost_and_refused_steps_say_where_the_tree_is(cls):
+    e = cls("the tree is at step 40", step=20, tree_step=40)
+    assert (str(e), e.step, e.tree_step) == ("the tree is at step 40", 20, 40)
+    assert (cls("r").step, cls("r").tree_step) == (None, -1)
+
+
+def test_assignment_changed_carries_the_new_assignment():
+    new = {"name": "0", "layer": 1, "samples": 24, "workers": 6, "ranges": ((0, 6, 1.0),)}
+    e = AssignmentChanged("the tree re-assigned this host", new)
+    assert (str(e), e.assignment) == ("the tree re-assigned this host", new)
 
 
 def test_join_refused_says_whether_to_retry():
@@ -63,6 +87,7 @@ def test_join_refused_says_whether_to_retry():
 @pytest.mark.parametrize("kind, cls", [
     (ErrorKind.FAILED, StepFailed),
     (ErrorKind.LOST, StepLost),
+    (ErrorKind.REFUSED, StepRefused),
     (ErrorKind.MISMATCH, MismatchError),
     (ErrorKind.BUSY, DaemonBusy),
     (ErrorKind.REQUEST, RequestRejected),
@@ -75,7 +100,8 @@ def test_error_kind_maps_to_its_exception(kind, cls):
 
 
 def test_every_error_kind_is_mapped():
-    assert {k.value for k in ErrorKind} == {"failed", "lost", "mismatch", "busy", "request", "shm"}
+    assert {k.value for k in ErrorKind} == {"failed", "lost", "refused", "mismatch", "busy",
+                                            "request", "shm"}
     for kind in ErrorKind:
         assert isinstance(kind.exception("r"), CrnetError)
 
@@ -83,6 +109,14 @@ def test_every_error_kind_is_mapped():
 def test_a_failed_kind_keeps_the_step_or_marks_it_unknown():
     assert ErrorKind.FAILED.exception("gone", step=7).step == 7
     assert ErrorKind.FAILED.exception("gone").step == -1
+
+
+def test_the_step_kinds_keep_where_the_tree_is():
+    failed = ErrorKind.FAILED.exception("cut off", 7, 6, False)
+    assert (failed.step, failed.tree_step, failed.tree_wide) == (7, 6, False)
+    for kind in (ErrorKind.LOST, ErrorKind.REFUSED):
+        e = kind.exception("far", 30, 6)
+        assert (e.step, e.tree_step) == (30, 6)
 
 
 def test_the_wire_value_of_a_kind_is_its_string():
@@ -93,7 +127,8 @@ def test_the_wire_value_of_a_kind_is_its_string():
 
 @pytest.mark.parametrize("name", [
     "CrnetError", "CrnetTimeout", "DaemonBusy", "DaemonNotRunning", "MismatchError",
-    "ProtocolError", "RequestRejected", "StepFailed", "StepLost"])
+    "ProtocolError", "RequestRejected", "StepFailed", "StepLost", "StepRefused",
+    "AssignmentChanged"])
 def test_the_package_exports_the_errors_a_training_process_sees(name):
     assert name in crnet.__all__
     assert getattr(crnet, name) is getattr(errors, name)

@@ -1,11 +1,14 @@
 """What each kind of peer may send, and when: a message out of place is a ProtocolError
-(its connection closes); a refusal is a REFUSE; a second training process is BUSY."""
+(its connection closes); a refusal is a REFUSE; a second training process is BUSY; each
+outcome of a step reaches the training process as DONE or the ERROR of its kind, with
+where the tree stands (``tree_step``)."""
 
 import numpy as np
 import pytest
 
-from crnet.errors import DaemonBusy, ErrorKind, JoinRefused, ProtocolError
+from crnet.errors import DaemonBusy, ErrorKind, JoinRefused, ProtocolError, StepFailed
 from crnet.messages import (
+    Assign,
     Attach,
     Attached,
     Chunk,
@@ -14,8 +17,12 @@ from crnet.messages import (
     ClientWelcome,
     Done,
     Fail,
+    FailKind,
+    Fetch,
     Hello,
     Joined,
+    NodeShare,
+    Open,
     PeerHello,
     PeerWelcome,
     Phase,
@@ -23,15 +30,17 @@ from crnet.messages import (
     Result,
     RingPlace,
     Segment,
+    StatsReply,
     StatsRequest,
     Submit,
     Welcome,
+    pack_allocation,
 )
-from crnet.node.engine import EngineSettings, StepEngine
+from crnet.node.engine import EngineSettings, Failed, StepEngine
 from crnet.node.links import ChildLink, ClientLink, ClientSeat, ParentLink
 from crnet.node.membership import Membership
 from crnet.node.neighbours import Neighbours
-from crnet.plan import Tree
+from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
 from crnet.shm import SharedRegion
@@ -81,7 +90,8 @@ def test_a_payload_before_hello_is_a_protocol_error(master, msg):
         child_link(master).payload_dest(FakeLink(), msg, 32)
 
 
-@pytest.mark.parametrize("msg", [Joined(1), Fail(0, "x"), Welcome("0", 1, (2,), (1,), "auto", 32, "cr")])
+@pytest.mark.parametrize("msg", [Joined(1), Fail(0, "x"), Open(0),
+                                 Welcome("0", 1, (2,), (1,), "auto", 32, "cr")])
 def test_a_message_before_hello_is_a_protocol_error(master, msg):
     with pytest.raises(ProtocolError, match=f"^unexpected {msg.TYPE.name} from a peer before HELLO$"):
         child_link(master).received(FakeLink(), msg, None)
@@ -138,6 +148,21 @@ async def test_a_chunk_from_a_child_goes_to_the_step_engine(master):
     assert master.engine.open_steps == [0]
 
 
+async def test_open_and_fail_from_a_child_go_to_the_step_engine(master):
+    assign_everyone(master)
+    link, conn = child_link(master), FakeLink()
+    master.child_lost(0, master.neighbours.slots[0].link)
+    link.received(conn, Hello("0"), None)
+    link.received(conn, Open(3), None)
+    assert master.engine.open_steps == [3]
+    outcomes = []
+    master.engine.request(3, None, outcomes.append)
+    link.received(conn, Fail(3, "node 0 stalled", FailKind.STALL), None)
+    assert outcomes == []               # s = 1: child 1 alone may still decode step 3
+    master.engine.child_failed(1, Fail(3, "node 1 stalled", FailKind.STALL))
+    assert [type(o) for o in outcomes] == [Failed]
+
+
 def ring_member(rooms, rank):
     return rooms(Place(str(rank), 1, RING, "rar", "auto", 32, RingPlace(rank, 3, None)))
 
@@ -192,6 +217,19 @@ async def test_a_welcome_the_node_cannot_take_fails_the_welcome(rooms):
         await link.welcome
 
 
+async def test_a_welcome_tells_the_node_where_the_tree_is_and_then_fail_decides(rooms):
+    m = rooms()
+    link, conn = ParentLink(m, m.engine), FakeLink("parent")
+    link.received(conn, Welcome("0", 1, (2,), (1,), "auto", 32, "cr", 7, 4, "float64"), None)
+    await link.welcome
+    assert m.engine.tree_step == 7 and m.engine.tree_vector == (4, "float64")
+    link.received(conn, Fail(9, "node 0's parent gave up", FailKind.LOCAL), None)
+    assert m.engine.is_decided(9)
+    assert m.engine.outcome(9) == Failed(9, "node 0's parent gave up", tree_wide=False)
+    with pytest.raises(ProtocolError, match=r"^unexpected OPEN from the parent$"):
+        link.received(conn, Open(9), None)
+
+
 async def test_a_parent_that_hangs_up_before_welcome_fails_the_welcome(rooms):
     link = ParentLink(rooms(), None)
     link.lost(FakeLink(), None)
@@ -233,12 +271,37 @@ def test_a_training_process_is_welcomed_once_its_host_is_assigned(master):
     link.received(conn, ClientHello(111), None)
     assert conn.messages() == []             # the tree has not assigned this host yet
     assign_everyone(master)
+    answer_within = master.engine.settings.answer_within
+    assert answer_within == EngineSettings().timeout + EngineSettings().grace
     assert conn.messages() == [ClientWelcome({"name": "", "layer": 0, "samples": 10,
-                                              "workers": 2, "ranges": ()}, -1)]
-    master.on_assigned[0]()                  # told again (a re-assignment): welcomed once
+                                              "workers": 2, "ranges": ()}, -1, answer_within)]
+    master.on_assigned[0]()                  # assigned again, the same share: not told again
     assert len(conn.messages()) == 1
     link.lost(conn, None)
     assert master.on_assigned == []
+
+
+def test_a_changed_assignment_welcomes_the_training_process_again(rooms):
+    m = rooms(Place("0", 1, Tree((2, 2), (1, 1)), "cr", "auto", 32))
+    m.listen_address = "10.0.0.1:7000"
+    link, conn = client_link(m, ClientSeat()), FakeLink()
+    link.received(conn, ClientHello(111), None)
+
+    def assign(samples):
+        p = plan(Tree((2, 2), (1, 1)), samples)
+        shares = {a.name: NodeShare(a.layer, tuple(a.local), tuple(a.responsibility))
+                  for a in p.nodes.values() if a.name == "0" or a.name.startswith("0.")}
+        m.assigned(Assign(samples), memoryview(pack_allocation(shares)))
+        a = m.assignment()     # as the process reads it off the wire: ranges are tuples
+        return {**a, "ranges": tuple(tuple(r) for r in a["ranges"])}
+
+    first = assign(12)
+    assert conn.messages() == [ClientWelcome(first, -1, m.engine.settings.answer_within)]
+    assign(12)                               # the master restarted with the same settings
+    assert len(conn.messages()) == 1
+    second = assign(24)                      # ... or with others: the process is told
+    assert second != first
+    assert conn.messages()[1:] == [ClientWelcome(second, -1, m.engine.settings.answer_within)]
 
 
 @pytest.mark.parametrize("msg", [Submit(0, 4, "float32"), StatsRequest()])
@@ -275,23 +338,87 @@ def test_shared_memory_that_cannot_be_mapped_is_reported(master, tmp_path):
     assert error.kind is ErrorKind.SHM and error.reason.startswith("cannot map shared memory:")
 
 
-async def test_a_result_reaches_the_training_process_through_shared_memory(master):
+@pytest.fixture
+def attached(master):
+    """The master's training process, attached with 64 bytes of shared memory:
+    ``(link, conn, region)``."""
     assign_everyone(master)
     link, conn = client_link(master, ClientSeat()), FakeLink()
     link.received(conn, ClientHello(111), None)
     region = SharedRegion.create(64)
-    try:
-        link.received(conn, Attach(region.path, 64), None)
-        link.received(conn, Submit(3, 4, "float64"), None)
-        assert conn.messages()[-1] == Attached()
-        result = np.array([1.0, 2.0, 3.0, 4.0])
-        master.engine.resolved(3, ChunkLayout.of(4, np.float64, 32), result)
+    link.received(conn, Attach(region.path, 64), None)
+    assert conn.messages()[-1] == Attached()
+    yield link, conn, region
+    region.unlink()
+
+
+async def test_a_result_reaches_the_training_process_through_shared_memory(master, attached):
+    link, conn, region = attached
+    link.received(conn, Submit(3, 4, "float64"), None)
+    assert conn.messages()[-1] == Attached()
+    result = np.array([1.0, 2.0, 3.0, 4.0])
+    master.engine.resolved(3, ChunkLayout.of(4, np.float64, 32), result)
+    done = conn.messages()[-1]
+    assert isinstance(done, Done) and done.step == 3
+    np.testing.assert_array_equal(region.output(np.float64, 4), result)
+    link.received(conn, Submit(4, 8, "float64"), None)   # 8 elements, the tree's are 4
+    master.engine.resolved(4, ChunkLayout.of(4, np.float64, 32), result)
+    error = conn.messages()[-1]
+    assert (error.reason, error.kind, error.step) == (
+        "this process's vector is 8 x float64 but the tree's for step 4 is 4 x float64",
+        ErrorKind.MISMATCH, 4)
+    link.received(conn, Fetch(3, 4, "float64"), None)    # a kept result, answered at once
+    assert conn.messages()[-1] == Done(3, 4)
+
+
+@pytest.mark.parametrize("decision", ["resolved", "failed"])
+async def test_the_answer_says_the_tree_is_at_the_step_just_decided(master, attached, decision):
+    link, conn, _ = attached
+    link.received(conn, Submit(3, 4, "float64"), None)
+    if decision == "resolved":
+        master.engine.resolved(3, ChunkLayout.of(4, np.float64, 32), np.ones(4))
         assert conn.messages()[-1] == Done(3, 3)
-        np.testing.assert_array_equal(region.output(np.float64, 4), result)
-        link.received(conn, Submit(4, 8, "float64"), None)   # 8 elements, the tree's are 4
-        master.engine.resolved(4, ChunkLayout.of(4, np.float64, 32), result)
-        assert conn.messages()[-1] == ClientError(
-            "this process's vector is 8 x float64 but the tree's for step 4 is 4 x float64",
-            ErrorKind.MISMATCH, 4)
-    finally:
-        region.unlink()
+    else:    # the process goes on at tree_step + 1: it must not ask for step 3 again
+        master.engine.fail(3, "master did not get 1 of 2 children")
+        assert conn.messages()[-1] == ClientError("master did not get 1 of 2 children",
+                                                  ErrorKind.FAILED, 3, 3, True)
+
+
+async def test_each_outcome_reaches_the_training_process_as_its_error(master, attached):
+    link, conn, _ = attached
+    engine = master.engine
+    engine.resolved(0, ChunkLayout.of(4, np.float64, 32), np.ones(4))
+    window, behind = engine.settings.window, engine.settings.behind
+
+    link.received(conn, Submit(window + 1, 4, "float64"), None)
+    assert conn.messages()[-1] == ClientError(
+        f"step {window + 1} is more than {window} steps ahead of the tree, which is at step 0",
+        ErrorKind.REFUSED, window + 1, 0, True)
+
+    link.received(conn, Submit(1, 4, "float64"), None)
+    engine.fail(1, "node 1 gave up: its parent is cut off", tree_wide=False)
+    error = conn.messages()[-1]
+    assert error == ClientError("node 1 gave up: its parent is cut off", ErrorKind.FAILED, 1,
+                                0, False)
+    e = error.exception()
+    assert isinstance(e, StepFailed) and (e.step, e.tree_step, e.tree_wide) == (1, 0, False)
+
+    engine.learn(40)                          # the tree is far ahead (this daemon restarted)
+    link.received(conn, Fetch(40 - behind, 4, "float64"), None)
+    assert conn.messages()[-1] == ClientError(
+        f"the outcome of step {40 - behind} is not held by this daemon (it keeps the last "
+        f"{engine.settings.keep_results}); the tree is at step 40", ErrorKind.LOST,
+        40 - behind, 40, True)
+
+
+def test_stats_report_the_counters_the_bookkeeping_and_the_tree_step(master):
+    assign_everyone(master)
+    master.engine.resolved(5, ChunkLayout.of(4, np.float64, 32), np.ones(4))
+    link, conn = client_link(master, ClientSeat()), FakeLink()
+    link.received(conn, ClientHello(111), None)
+    link.received(conn, StatsRequest(), None)
+    [reply] = conn.messages(StatsReply)
+    assert reply.tree_step == 5 and reply.open_steps == () and reply.state == "assigned"
+    assert reply.stats["steps_done"] == 1
+    assert {k: reply.stats[k] for k in ("open", "decided", "kept", "waiting", "told")} == {
+        "open": 0, "decided": 1, "kept": 1, "waiting": 0, "told": 0}

@@ -1,15 +1,18 @@
 """Membership with fake links: child slots, refusals, JOINED counts, the plan and ASSIGN,
-a child's loss, and a node taking (or refusing) its place."""
+a child's loss, a node taking (or refusing) its place, and what the tree knows (its
+newest result and its vector) passed on in WELCOME and JOINED."""
 
+import numpy as np
 import pytest
 
 from crnet.errors import JoinRefused, ProtocolError
 from crnet.messages import Assign, Chunk, Hello, Joined, NodeShare, Welcome, pack_allocation, parse_allocation
-from crnet.node.engine import EngineSettings, Failed, StepEngine
+from crnet.node.engine import EngineSettings, Failed, Lost, StepEngine
 from crnet.node.membership import JoinState, Membership
 from crnet.node.neighbours import Neighbours
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
+from crnet.schemes.chunks import ChunkLayout
 from crnet.stats import Stats
 
 from .fake_links import FakeLink
@@ -49,8 +52,9 @@ def master(membership):
     return membership(place(""), SAMPLES)
 
 
-def welcome(name, tree=TREE, scheme="cr"):
-    return Welcome(name, tree.layer(name), tree.fanout, tree.stragglers, "auto", CHUNK_BYTES, scheme)
+def welcome(name, tree=TREE, scheme="cr", tree_step=-1, total=None, dtype=None):
+    return Welcome(name, tree.layer(name), tree.fanout, tree.stragglers, "auto", CHUNK_BYTES, scheme,
+                   tree_step, total, dtype)
 
 
 def shares_of(subtree_root):
@@ -204,14 +208,17 @@ async def test_losing_children_is_told_to_the_step_engine(master):
     master.child_joined(0, Joined(3))
     master.child_joined(1, Joined(3))
     outcomes = []
-    master.engine.watch(7, outcomes.append)
+    master.engine.request(7, None, outcomes.append)
     # Child 1's chunk header arrived (the step is under way); then both children go.
     assert master.engine.child_chunk_dest(1, Chunk(7, 0, 4, "float64"), 32) is not None
     master.child_lost(1, b)
     assert outcomes == []                   # s = 1: child 0 alone still decodes
     master.child_lost(0, a)
     assert outcomes == [Failed(7, "master did not get 1 of 2 children: 2 of them are gone or "
-                                  "failed (child 0: disconnected; child 1: disconnected)")]
+                                  "failed (child 0: disconnected; child 1: disconnected)",
+                               tree_wide=True)]
+    for link in (a, b):                     # both were gone before the decision went down
+        assert [m for m in link.messages() if not isinstance(m, (Welcome, Assign))] == []
     assert master.neighbours.absent_children() == {0: "disconnected", 1: "disconnected"}
 
 
@@ -280,3 +287,50 @@ def test_an_assignment_without_this_nodes_share_is_a_protocol_error(membership):
     with pytest.raises(ProtocolError, match=r"^ASSIGN: the allocation has no share for node 1$"):
         m.assigned(Assign(SAMPLES), memoryview(pack_allocation(shares_of("0"))))
     assert m.state is JoinState.WELCOMED and m.allocation is None
+
+
+# ---------------------------------------------------------------- what the tree knows
+
+def test_welcome_tells_a_child_where_the_tree_is_and_its_vector(master):
+    before = FakeLink()
+    master.child_hello(before, Hello())     # before any result: nothing to tell
+    assert before.messages() == [welcome("0")]
+    master.engine.resolved(12, ChunkLayout.of(10, np.float32, CHUNK_BYTES), np.zeros(10, np.float32))
+    after = FakeLink()
+    master.child_hello(after, Hello())
+    assert after.messages() == [welcome("1", tree_step=12, total=10, dtype="float32")]
+
+
+def test_a_welcomed_node_learns_where_the_tree_is(membership):
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    m.welcomed(welcome("0", tree_step=40, total=10, dtype="float64"))
+    assert m.engine.tree_step == 40 and m.engine.tree_vector == (10, "float64")
+    outcomes = []                           # a step behind the window is decided here now
+    behind = m.engine.settings.behind
+    m.engine.request(40 - behind, None, outcomes.append)
+    assert [type(o) for o in outcomes] == [Lost]
+    m.welcomed(welcome("0", tree_step=3))   # a parent that knows less moves nothing back
+    assert m.engine.tree_step == 40 and m.engine.tree_vector == (10, "float64")
+
+
+def test_joined_carries_the_newest_result_up(membership):
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    m.welcomed(welcome("0", tree_step=21))
+    parent = FakeLink("parent")
+    m.neighbours.parent = parent
+    m.child_hello(FakeLink(), Hello())
+    m.child_joined(0, Joined(1, 21))
+    assert parent.messages() == [Joined(2, 21)]
+
+
+def test_a_restarted_master_resumes_where_its_children_are(master):
+    a, b = FakeLink(), FakeLink()
+    master.child_hello(a, Hello())
+    master.child_joined(0, Joined(3, 57))   # its children knew step 57's result
+    assert master.engine.tree_step == 57
+    master.child_hello(b, Hello())
+    master.child_joined(1, Joined(3, 50))   # an older count changes nothing
+    assert master.engine.tree_step == 57
+    assert b.messages()[0] == welcome("1", tree_step=57)

@@ -13,6 +13,7 @@ from crnet.errors import (
     RequestRejected,
     StepFailed,
     StepLost,
+    StepRefused,
 )
 from crnet.messages import (
     MAX_REASON,
@@ -25,10 +26,12 @@ from crnet.messages import (
     ClientWelcome,
     Done,
     Fail,
+    FailKind,
     Fetch,
     Hello,
     Joined,
     NodeShare,
+    Open,
     PeerHello,
     PeerWelcome,
     Phase,
@@ -53,27 +56,32 @@ EVERY_MESSAGE = [
     Hello(),
     Hello("0.1", "10.0.0.2:7000"),
     Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr"),
+    Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr", 41, 1000, "float32"),
     Refuse("all 3 child slots taken"),
     Refuse("the parent has not joined yet", retry=True),
     Joined(5),
+    Joined(5, 41),
     Assign(60),
     Assign(60, RingPlace(1, 3, "10.0.0.3:7000")),
     Chunk(3, 1, 100, "float32"),
     Result(INT64_MAX, 0, 1, "float64"),
-    Fail(3, "node 0 did not get 2 of 3 children", mismatch=True),
+    *(Fail(3, f"a FAIL of kind {kind.value}", kind) for kind in FailKind),
+    Open(INT64_MAX),
     PeerHello(2),
     PeerWelcome(),
     Segment(4, Phase.GATHER, 1, 2, 100, "float64"),
     ClientHello(4321),
     ClientWelcome({"name": "0", "layer": 1, "samples": 60, "workers": 3,
-                   "ranges": ((0, 20, 1.0), (40, 45, -0.5))}, -1),
+                   "ranges": ((0, 20, 1.0), (40, 45, -0.5))}, -1, 37.5),
     Attach("/dev/shm/crnet-1-abc", 1 << 20),
     Attached(),
     Submit(7, 100, "float32"),
     Fetch(7, 100, "float64"),
     Done(7, 9),
     ClientError("another training process is attached", ErrorKind.BUSY),
-    ClientError("master did not get 2 of 3 children", ErrorKind.FAILED, 11),
+    ClientError("master did not get 2 of 3 children", ErrorKind.FAILED, 11, 10, True),
+    ClientError("node 0 got no decision about step 11", ErrorKind.FAILED, 11, 10, False),
+    ClientError("step 99 is more than 16 steps ahead", ErrorKind.REFUSED, 99, 10),
     StatsRequest(),
     StatsReply({"steps_done": 3, "decode_seconds": 0.5}, "0", "assigned", 2, (3, 4),
                {"parent": True, "children": [True, False]}),
@@ -95,6 +103,10 @@ def through_the_wire(msg, payload=None):
 
 def test_every_message_type_has_a_case_here():
     assert {m.TYPE for m in EVERY_MESSAGE} == set(MsgType)
+
+
+def test_every_fail_kind_has_a_case_here():
+    assert {m.kind for m in EVERY_MESSAGE if isinstance(m, Fail)} == set(FailKind)
 
 
 @pytest.mark.parametrize("msg", EVERY_MESSAGE, ids=lambda m: type(m).__name__)
@@ -126,12 +138,21 @@ def segment(**fields):
 
 def welcome(**fields):
     return {"name": "0", "layer": 1, "fanout": [3], "stragglers": [1], "code": "auto",
-            "chunk_bytes": 4096, "scheme": "cr", **fields}
+            "chunk_bytes": 4096, "scheme": "cr", "tree_step": -1, **fields}
 
 
 def stats_reply(**fields):
-    return {"stats": {}, "name": None, "state": "joining", "resolved_through": -1,
+    return {"stats": {}, "name": None, "state": "joining", "tree_step": -1,
             "open_steps": [], "links": {}, **fields}
+
+
+def fail(**fields):
+    return {"step": 1, "reason": "x", "kind": "tree", **fields}
+
+
+def client_welcome(**fields):
+    return {"assignment": {"name": "0", "layer": 1, "samples": 10, "workers": 3, "ranges": []},
+            "tree_step": -1, "answer_within": 35.0, **fields}
 
 
 BAD_FIELDS = [
@@ -144,12 +165,34 @@ BAD_FIELDS = [
      f"DONE: field 'step' must be an integer in 0..{INT64_MAX}, got 1.0"),
     (MsgType.SUBMIT, {"step": 1, "dtype": "float32"}, 0,
      "SUBMIT: field 'length' must be an integer in 1..1099511627776, got '<missing>'"),
-    (MsgType.FAIL, {"step": 1, "reason": 42}, 0, "FAIL: field 'reason' must be a string, got 42"),
+    (MsgType.FAIL, fail(reason=42), 0, "FAIL: field 'reason' must be a string, got 42"),
     (MsgType.REFUSE, {"reason": "full", "retry": 1}, 0,
      "REFUSE: field 'retry' must be true or false, got 1"),
     # steps out of range
-    (MsgType.FAIL, {"step": -1, "reason": "x"}, 0,
+    (MsgType.FAIL, fail(step=-1), 0,
      f"FAIL: field 'step' must be an integer in 0..{INT64_MAX}, got -1"),
+    (MsgType.OPEN, {"step": -1}, 0, f"OPEN: field 'step' must be an integer in 0..{INT64_MAX}"),
+    (MsgType.WELCOME, {k: v for k, v in welcome().items() if k != "tree_step"}, 0,
+     f"WELCOME: field 'tree_step' must be an integer in -1..{INT64_MAX}, got '<missing>'"),
+    (MsgType.WELCOME, welcome(tree_step=-2), 0,
+     f"WELCOME: field 'tree_step' must be an integer in -1..{INT64_MAX}, got -2"),
+    (MsgType.JOINED, {"workers": 1, "tree_step": -2}, 0,
+     f"JOINED: field 'tree_step' must be an integer in -1..{INT64_MAX}, got -2"),
+    (MsgType.DONE, {"step": 1, "tree_step": -2}, 0, "DONE: field 'tree_step' must be an integer"),
+    (MsgType.ERROR, {"reason": "r", "kind": "failed", "tree_step": "3"}, 0,
+     "ERROR: field 'tree_step' must be an integer in -1.."),
+    (MsgType.ERROR, {"reason": "r", "kind": "failed", "tree_step": 3, "tree_wide": 1}, 0,
+     "ERROR: field 'tree_wide' must be true or false, got 1"),
+    (MsgType.STATS_REPLY, stats_reply(tree_step=None), 0,
+     "STATS_REPLY: field 'tree_step' must be an integer in -1.."),
+    (MsgType.CLIENT_WELCOME, client_welcome(answer_within=-1), 0,
+     "CLIENT_WELCOME: field 'answer_within' must be a number in 0..1e+07, got -1"),
+    (MsgType.CLIENT_WELCOME, client_welcome(answer_within=True), 0,
+     "CLIENT_WELCOME: field 'answer_within' must be a number in 0..1e+07, got True"),
+    (MsgType.WELCOME, welcome(total=0, dtype="float32"), 0,
+     "WELCOME: field 'total' must be an integer in 1..1099511627776, got 0"),
+    (MsgType.WELCOME, welcome(total=10, dtype="int8"), 0,
+     "WELCOME: field 'dtype' must be one of float32, float64, got 'int8'"),
     (MsgType.RESULT, piece(step=1 << 63), 8,
      f"RESULT: field 'step' must be an integer in 0..{INT64_MAX}, got {1 << 63}"),
     (MsgType.SEGMENT, segment(step=-5), 8, "SEGMENT: field 'step' must be an integer"),
@@ -165,7 +208,11 @@ BAD_FIELDS = [
      "WELCOME: field 'code' must be one of auto, frc, crc, got 'lt'"),
     (MsgType.SEGMENT, segment(phase="xx"), 8, "SEGMENT: field 'phase' must be one of rs, ag"),
     (MsgType.ERROR, {"reason": "r", "kind": "oops"}, 0,
-     "ERROR: field 'kind' must be one of failed, lost, mismatch, busy, request, shm"),
+     "ERROR: field 'kind' must be one of failed, lost, refused, mismatch, busy, request, shm"),
+    (MsgType.FAIL, fail(kind="mismatch!"), 0,
+     "FAIL: field 'kind' must be one of tree, local, stall, mismatch, refused, lost"),
+    (MsgType.FAIL, {"step": 1, "reason": "x"}, 0,
+     "FAIL: field 'kind' must be a string of at most 256 characters, got '<missing>'"),
     # strings over their limit
     (MsgType.HELLO, {"name": "x" * 257}, 0,
      "HELLO: field 'name' must be a string of at most 256 characters, got 'xxxx"),
@@ -178,7 +225,7 @@ BAD_FIELDS = [
     (MsgType.ASSIGN, {"samples": 60, "ring": {"rank": 3, "size": 3}}, 8,
      "ASSIGN ring: field 'rank' must be an integer in 0..2, got 3"),
     (MsgType.ASSIGN, {"samples": 0}, 8, "ASSIGN: field 'samples' must be an integer in 1.."),
-    (MsgType.CLIENT_WELCOME, {"assignment": {"name": "0", "layer": "1"}, "tree_step": 0}, 0,
+    (MsgType.CLIENT_WELCOME, client_welcome(assignment={"name": "0", "layer": "1"}), 0,
      "CLIENT_WELCOME assignment: field 'samples' must be an integer"),
     (MsgType.STATS_REPLY, stats_reply(open_steps=[1, "2"]), 0,
      "STATS_REPLY: field 'open_steps' must be a list of integers"),
@@ -197,8 +244,8 @@ def test_a_bad_field_is_a_protocol_error_naming_the_message_and_field(msg_type, 
 
 
 def test_a_bad_range_in_client_welcome_names_client_welcome():
-    header = {"assignment": {"name": "0", "layer": 1, "samples": 10, "workers": 3,
-                             "ranges": [[5, 11, 1.0]]}, "tree_step": -1}
+    header = client_welcome(assignment={"name": "0", "layer": 1, "samples": 10, "workers": 3,
+                                        "ranges": [[5, 11, 1.0]]})
     with pytest.raises(ProtocolError, match=r"^CLIENT_WELCOME"):
         parse(MsgType.CLIENT_WELCOME, header, 0)
 
@@ -223,7 +270,8 @@ def test_a_payload_type_without_a_payload_is_refused(msg_type, header):
 
 @pytest.mark.parametrize("msg_type, header", [
     (MsgType.HELLO, {}),
-    (MsgType.FAIL, {"step": 1, "reason": "x"}),
+    (MsgType.FAIL, fail()),
+    (MsgType.OPEN, {"step": 1}),
     (MsgType.JOINED, {"workers": 1}),
     (MsgType.SUBMIT, {"step": 1, "length": 4, "dtype": "float32"}),
     (MsgType.STATS, {}),
@@ -254,6 +302,18 @@ def test_welcome_with_a_name_not_in_the_tree_at_that_layer_is_refused(name, laye
     with pytest.raises(ProtocolError,
                        match=re.escape(f"WELCOME: field 'name' {name!r} is not a layer-{layer} node")):
         parse(MsgType.WELCOME, welcome(name=name, layer=layer), 0)
+
+
+@pytest.mark.parametrize("fields", [{"total": 10}, {"dtype": "float32"}])
+def test_welcome_with_half_of_the_trees_vector_is_refused(fields):
+    with pytest.raises(ProtocolError,
+                       match=r"^WELCOME: fields 'total' and 'dtype' come together$"):
+        parse(MsgType.WELCOME, welcome(**fields), 0)
+
+
+def test_welcome_before_any_result_has_no_vector():
+    msg = parse(MsgType.WELCOME, welcome(), 0)
+    assert (msg.tree_step, msg.total, msg.dtype) == (-1, None, None)
 
 
 def test_welcome_for_a_deep_node_names_its_tree():
@@ -301,15 +361,25 @@ def test_an_allocation_may_cover_the_whole_batch_and_nothing():
 # ---------------------------------------------------------------- ERROR -> exception
 
 @pytest.mark.parametrize("kind, cls", [
-    ("failed", StepFailed), ("lost", StepLost), ("mismatch", MismatchError),
-    ("busy", DaemonBusy), ("request", RequestRejected), ("shm", RequestRejected),
+    ("failed", StepFailed), ("lost", StepLost), ("refused", StepRefused),
+    ("mismatch", MismatchError), ("busy", DaemonBusy), ("request", RequestRejected),
+    ("shm", RequestRejected),
 ])
 def test_a_client_error_becomes_its_exception(kind, cls):
-    msg = parse(MsgType.ERROR, {"reason": "because", "kind": kind, "step": 5}, 0)
-    assert msg == ClientError("because", ErrorKind(kind), 5)
-    e = msg.kind.exception(msg.reason, msg.step)
+    msg, _ = through_the_wire(ClientError("because", ErrorKind(kind), 5, 4, False))
+    assert msg == ClientError("because", ErrorKind(kind), 5, 4, False)
+    e = msg.exception()
     assert type(e) is cls
     assert "because" in str(e)
     if cls is StepFailed:
-        assert (e.step, e.reason) == (5, "because")
+        assert (e.step, e.reason, e.tree_step, e.tree_wide) == (5, "because", 4, False)
+    if cls in (StepLost, StepRefused):
+        assert (e.step, e.tree_step) == (5, 4)
+
+
+def test_a_client_error_without_a_step_keeps_the_tree_step():
+    msg = parse(MsgType.ERROR, {"reason": "no shm", "kind": "shm", "step": None, "tree_step": 8,
+                                "tree_wide": True}, 0)
+    assert (msg.step, msg.tree_step) == (None, 8)
+    assert type(msg.exception()) is RequestRejected
 

@@ -5,14 +5,28 @@ parent's result chunks, ring segments) as typed messages; it passes those of ope
 steps to the scheme (``crnet.schemes``), which combines them and sends pieces on
 through the engine's ``Ports``. The engine owns what every scheme shares:
 
-- one deadline per open step: a step that has not finished at this node within
-  ``timeout`` of starting here fails (the master) or is reported to the parent,
-  which counts this node as a straggler;
-- outcomes: a step resolves with its full gradient or fails; everything up to
-  ``resolved_through`` is decided; the last ``keep_results`` outcomes are kept for
-  training processes and children that fell behind (``catch up``);
-- who waits: a training process's request is answered the moment its step's outcome
-  is known (``watch``).
+- **Decisions, one step at a time.** A step resolves (its full gradient) or fails;
+  deciding one step never decides another. The master decides for the whole tree; a
+  node decides alone only when it is cut off from the master (then its processes learn
+  that the failure is local). ``tree_step`` is the newest step the master decided
+  (a result or a tree-wide failure): after an error a training process goes on at
+  ``tree_step + 1``, so processes that drifted apart meet again on the same step.
+- **A window.** Steps more than ``window`` ahead of ``tree_step`` are refused to
+  whoever sent them (a process, or a child), and only to them. Steps further behind
+  than the window (or the kept results) are decided here: a late process gets their
+  result if it is kept, else StepLost with ``tree_step``.
+- **A deadline for every wait.** A step that begins here (its first piece, or a
+  process asking for it) must be decided within ``timeout``: the master fails it
+  then; a node tells its parent it stalled, and gives up for its own subtree only if
+  no decision came ``grace`` seconds later (its parent is gone or frozen). So every
+  request a training process makes is answered within ``answer_within``. A node
+  tells its parent when a step begins below it (OPEN), so the master's clock starts
+  when the step begins anywhere.
+- **Who waits**: a process's request is answered the moment its step is decided
+  (``request``); children that missed a decision get it once (``catch up``).
+- **The tree's vector**: its length and dtype are set by the first step with a result
+  (or learned from the parent when joining); afterwards a vector that does not fit
+  is refused to whoever sent it, wherever it enters the tree.
 """
 
 from __future__ import annotations
@@ -26,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import defaults
-from ..messages import Chunk, Fail, Message, Result, Segment
+from ..messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
 from ..schemes import Place, Scheme, driver
 from ..schemes.buffers import BufferPool
 from ..schemes.chunks import ChunkLayout
@@ -47,11 +61,20 @@ class Resolved:
 class Failed:
     step: int
     reason: str
+    tree_wide: bool = True      # decided by the master: every process gets the same
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The step is outside the window (here or at an ancestor)."""
+
+    step: int
+    reason: str
 
 
 @dataclass(frozen=True)
 class Lost:
-    """The step is decided but its outcome is no longer held here."""
+    """The step is decided, but its outcome is not held here."""
 
     step: int
     reason: str
@@ -59,20 +82,36 @@ class Lost:
 
 @dataclass(frozen=True)
 class Mismatched:
-    """The step goes on, but this node's vector was refused by its parent."""
+    """This process's vector does not fit the tree's; the step goes on without it."""
 
     step: int
     reason: str
 
 
-Outcome = Resolved | Failed | Lost | Mismatched
+Outcome = Resolved | Failed | Refused | Lost | Mismatched
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     timeout: float = defaults.TIMEOUT
     keep_results: int = defaults.KEEP_RESULTS
+    window: int = defaults.STEP_WINDOW
     send_queue_bytes: int | None = None     # None: max(SEND_QUEUE_BYTES, 4 vectors)
+
+    @property
+    def grace(self) -> float:
+        """How much longer than ``timeout`` a node waits for the master's decision."""
+        return min(defaults.GRACE_MAX, max(defaults.GRACE_MIN, self.timeout * defaults.GRACE_SHARE))
+
+    @property
+    def answer_within(self) -> float:
+        """Every request of a training process is answered within this many seconds."""
+        return self.timeout + self.grace
+
+    @property
+    def behind(self) -> int:
+        """Steps this many or more behind ``tree_step`` count as decided."""
+        return max(self.keep_results, self.window)
 
 
 class StepEngine:
@@ -84,17 +123,25 @@ class StepEngine:
         self.neighbours = neighbours
         self.place: Place | None = None
         self.scheme: Scheme | None = None
-        self.resolved_through = -1
+        self.tree_step = -1                     # the newest step the master decided
+        self.tree_vector: tuple[int, str] | None = None   # (length, dtype) of the tree's vectors
         self.newest_step = -1                   # the newest step seen here in any form
-        self.pool = BufferPool()                # outputs and results, reused once unreferenced
-        self._outcomes: collections.OrderedDict[int, Resolved | Failed] = collections.OrderedDict()
-        self._deadlines: dict[int, asyncio.TimerHandle] = {}
-        self._reported: set[int] = set()        # steps this node told its parent it failed
+        self.pool = BufferPool(keep=16)         # outputs, receive buffers, results
+        self._outcomes: collections.OrderedDict[int, Resolved | Failed | Refused] = \
+            collections.OrderedDict()           # the last keep_results decisions
+        self._decided: set[int] = set()         # decided steps within the window behind
+        self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
+        self._reported: set[int] = set()        # steps this node told its parent it stalled
+        self._last_stall = ""                   # why, as last logged
         self._waiters: dict[int, list[Callable[[Outcome], None]]] = {}
 
     @property
     def label(self) -> str:
         return "node (joining)" if self.place is None else self.place.label
+
+    @property
+    def is_master(self) -> bool:
+        return self.place is not None and self.place.is_master
 
     def start(self, place: Place) -> None:
         """This node knows its place and its share: steps may begin."""
@@ -103,168 +150,254 @@ class StepEngine:
         self.place = place
         self.scheme = driver(place, self)
 
+    def learn(self, tree_step: int, vector: tuple[int, str] | None = None) -> None:
+        """What a peer knows of the tree (a parent's WELCOME, a child's JOINED): a node that
+        restarted resumes where the tree is."""
+        if tree_step > self.tree_step:
+            self.tree_step = tree_step
+            self.newest_step = max(self.newest_step, tree_step)
+            self._prune()
+        if self.tree_vector is None and vector is not None:
+            self.tree_vector = vector
+
     def close(self) -> None:
-        for handle in self._deadlines.values():
-            handle.cancel()
-        self._deadlines.clear()
+        for handles in self._open.values():
+            for handle in handles:
+                handle.cancel()
+        self._open.clear()
 
     @property
     def open_steps(self) -> list[int]:
-        return sorted(self._deadlines)
+        return sorted(self._open)
+
+    def bookkeeping(self) -> dict[str, int]:
+        """How many steps each table tracks: bounded by the window, whatever the run's length."""
+        return {"open": len(self._open), "decided": len(self._decided),
+                "kept": len(self._outcomes), "waiting": len(self._waiters),
+                "told": sum(len(slot.told) for slot in self.neighbours.slots)}
 
     # ---------------------------------------------------------------- the training process
-    def submit(self, step: int, vector: np.ndarray) -> str | None:
-        """This host's local vector for ``step``; returns why it does not fit, or None.
-        Its outcome reaches whoever ``watch``es the step."""
-        if step <= self.resolved_through:
-            return None
-        if self.scheme is None:
-            return f"{self.label} has no share of the data yet"
-        return self.scheme.local(step, vector)
+    def request(self, step: int, vector: np.ndarray | None,
+                answer: Callable[[Outcome], None]) -> None:
+        """A process asks for ``step``'s outcome, contributing ``vector`` (or not): ``answer``
+        is called once, within ``answer_within``."""
+        if self.is_decided(step):
+            answer(self.outcome(step))
+            return
+        refusal = self._refusal(step)
+        if refusal is not None:
+            answer(Refused(step, refusal))
+            return
+        if vector is not None:
+            problem = (f"{self.label} has no share of the data yet" if self.scheme is None
+                       else self.scheme.local(step, vector))
+            if problem is not None:
+                answer(Mismatched(step, problem))
+                return
+            if self.is_decided(step):   # the vector completed it (a one-node tree)
+                answer(self.outcome(step))
+                return
+        self._open_step(step, announce=True)
+        self._waiters.setdefault(step, []).append(answer)
 
-    def watch(self, step: int, callback: Callable[[Outcome], None]) -> None:
-        """Call ``callback`` once with ``step``'s outcome (now, if it is known)."""
-        if step <= self.resolved_through:
-            callback(self.outcome(step))
-        else:
-            self._waiters.setdefault(step, []).append(callback)
+    def is_decided(self, step: int) -> bool:
+        return step in self._decided or step <= self.tree_step - self.settings.behind
 
     def outcome(self, step: int) -> Outcome:
-        """The outcome of a decided step (``step <= resolved_through``)."""
+        """The outcome of a decided step."""
         found = self._outcomes.get(step)
         if found is not None:
             return found
-        return Lost(step, f"the result of step {step} is no longer held by this daemon (it keeps "
+        return Lost(step, f"the outcome of step {step} is not held by this daemon (it keeps "
                           f"the last {self.settings.keep_results}); the tree is at step "
-                          f"{self.resolved_through}")
+                          f"{self.tree_step}")
+
+    def _refusal(self, step: int) -> str | None:
+        ahead = self.settings.window
+        if self.tree_step >= 0 and step > self.tree_step + ahead:
+            return (f"step {step} is more than {ahead} steps ahead of the tree, which is at "
+                    f"step {self.tree_step}")
+        return None
 
     # ---------------------------------------------------------------- children
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
-        if msg.step <= self.resolved_through:
-            self._catch_up(k, msg.step)
-            return None  # a straggler's late chunk: dropped unread
-        if self.scheme is None:
-            return None  # not assigned yet (this node restarted): the child is a straggler
+        if not self._admit_child(k, msg.step) or self.scheme is None:
+            return None  # decided (a straggler's late chunk: dropped unread), or refused
         return self.scheme.child_chunk_dest(k, msg, nbytes)
 
     def child_chunk(self, k: int, msg: Chunk) -> None:
-        if self.scheme is not None and msg.step > self.resolved_through:
+        if self.scheme is not None and not self.is_decided(msg.step):
             self.scheme.child_chunk(k, msg)
 
     def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
-        if msg.step <= self.resolved_through or self.scheme is None:
+        if not self._admit_child(k, msg.step) or self.scheme is None:
             return None
         return self.scheme.child_result_dest(k, msg, nbytes)
 
     def child_result(self, k: int, msg: Result) -> None:
-        if self.scheme is not None and msg.step > self.resolved_through:
+        if self.scheme is not None and not self.is_decided(msg.step):
             self.scheme.child_result(k, msg)
+
+    def child_opened(self, k: int, msg: Open) -> None:
+        if self._admit_child(k, msg.step):
+            self._open_step(msg.step, announce=True)
 
     def child_failed(self, k: int, msg: Fail) -> None:
         log.info("step %d: child %d reports: %s", msg.step, k, msg.reason)
-        if self.scheme is not None and msg.step > self.resolved_through:
+        if self.scheme is not None and self._admit_child(k, msg.step):
             self.scheme.child_silent(k, msg.step, msg.reason)
 
     def child_lost(self, k: int) -> None:
         if self.scheme is not None:
             self.scheme.child_silent(k, None, "disconnected")
 
+    def _admit_child(self, k: int, step: int) -> bool:
+        """May child ``k`` take part in ``step``? If it is decided, the child gets the
+        outcome if it may have missed it; if it is out of the window, it is refused."""
+        if self.is_decided(step):
+            self._catch_up(k, step)
+            return False
+        refusal = self._refusal(step)
+        if refusal is not None:
+            self._tell_child(k, step, Fail(step, refusal, FailKind.REFUSED))
+            return False
+        self.newest_step = max(self.newest_step, step)
+        return True
+
     def _catch_up(self, k: int, step: int) -> None:
-        """A child sent a chunk for a decided step it may never have received (it joined
-        while the step was under way): send it the outcome, once."""
+        """A child is busy with a decided step: if it joined while the step was under way
+        it may never have got the outcome: send it, once."""
         slot = self.neighbours.slots[k]
-        if step > slot.missed_through or step in slot.caught_up or slot.link is None:
-            return
-        slot.caught_up.add(step)
+        if step > slot.missed_through:
+            return  # decided after the child joined: the decision went to it
         outcome = self.outcome(step)
         if isinstance(outcome, Resolved):
+            if step in slot.told or slot.link is None:
+                return
+            slot.told.add(step)
             layout = outcome.layout
             for c in range(layout.chunks):
                 start, stop = layout.bounds(c)
                 slot.link.send(Result(step, c, layout.total, layout.dtype.name),
                                outcome.vector[start:stop])
         else:
-            slot.link.send(Fail(step, outcome.reason))
+            self._tell_child(k, step, _fail_of(outcome))
+
+    def _tell_child(self, k: int, step: int, msg: Message) -> None:
+        """Send a child a verdict about ``step`` once, however many of its chunks come."""
+        slot = self.neighbours.slots[k]
+        if slot.link is not None and step not in slot.told:
+            slot.told.add(step)
+            slot.link.send(msg)
 
     # ---------------------------------------------------------------- the parent
     def parent_result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
-        if msg.step <= self.resolved_through or self.scheme is None:
+        if self.is_decided(msg.step) or self.scheme is None:
             return None
         self.newest_step = max(self.newest_step, msg.step)
         return self.scheme.result_dest(msg, nbytes)
 
     def parent_result(self, msg: Result) -> None:
-        if self.scheme is not None and msg.step > self.resolved_through:
+        if self.scheme is not None and not self.is_decided(msg.step):
             self.scheme.result(msg)
 
     def parent_failed(self, msg: Fail) -> None:
-        if msg.mismatch:
-            log.error("step %d: the parent rejected this node's vector: %s", msg.step, msg.reason)
-            for callback in self._waiters.pop(msg.step, []):
-                callback(Mismatched(msg.step, msg.reason))
-            return
-        self.fail(msg.step, msg.reason)
+        if msg.kind is FailKind.MISMATCH:
+            log.error("step %d: the parent refused this node's vector: %s", msg.step, msg.reason)
+            for answer in self._waiters.pop(msg.step, []):
+                answer(Mismatched(msg.step, msg.reason))
+        elif msg.kind is FailKind.REFUSED:
+            self._decide(msg.step, Refused(msg.step, msg.reason))
+        elif msg.kind is FailKind.LOST:
+            self._decide(msg.step, Lost(msg.step, msg.reason))
+        elif msg.kind is FailKind.STALL:
+            log.warning("step %d: the parent sent a child's FAIL kind: %s", msg.step, msg.reason)
+        else:
+            self.fail(msg.step, msg.reason, tree_wide=msg.kind is FailKind.TREE)
 
     def parent_lost(self, reason: str) -> None:
-        """Steps under way here cannot finish without the parent: fail them."""
-        for step in sorted(set(self._deadlines) | set(self._waiters)):
-            self.fail(step, f"{self.label} {reason}")
+        """Steps under way here cannot be decided without the master: fail them here."""
+        for step in sorted(set(self._open) | set(self._waiters)):
+            self.fail(step, f"{self.label} {reason}", tree_wide=False)
 
     # ---------------------------------------------------------------- the ring predecessor
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
-        if msg.step <= self.resolved_through or self.scheme is None:
+        if self.is_decided(msg.step) or self._refusal(msg.step) or self.scheme is None:
             return None
         return self.scheme.segment_dest(msg, nbytes)
 
     def segment(self, msg: Segment) -> None:
-        if self.scheme is not None and msg.step > self.resolved_through:
+        if self.scheme is not None and not self.is_decided(msg.step):
             self.scheme.segment(msg)
 
     # ---------------------------------------------------------------- Ports: what the scheme calls
     def open(self, step: int) -> None:
-        if step <= self.resolved_through or step in self._deadlines:
+        # A leaf's chunk goes up at once: it tells the parent the step began.
+        self._open_step(step, announce=self.place is not None and not self.place.is_leaf)
+
+    def _open_step(self, step: int, announce: bool) -> None:
+        if self.is_decided(step) or step in self._open:
             return
         self.newest_step = max(self.newest_step, step)
         loop = asyncio.get_running_loop()
-        self._deadlines[step] = loop.call_later(self.settings.timeout, self._deadline, step)
+        s = self.settings
+        handles = [loop.call_later(s.timeout, self._deadline, step)]
+        if not self.is_master:
+            handles.append(loop.call_later(s.timeout + s.grace, self._give_up, step))
+            if announce:
+                self.neighbours.to_parent(Open(step))
+        self._open[step] = handles
 
     def _deadline(self, step: int) -> None:
-        self._deadlines.pop(step, None)
-        if step <= self.resolved_through or self.scheme is None:
+        if self.is_decided(step):
             return
-        stall = self.scheme.stalled(step)
+        if not self.is_master and self.neighbours.parent is None:
+            self.fail(step, f"{self.label} has no parent (it is reconnecting) and could not "
+                            f"get step {step} decided within {self.settings.timeout:g} s",
+                      tree_wide=False)
+            return
+        stall = None if self.scheme is None else self.scheme.stalled(step)
         if stall is not None:
             self.stall(step, f"{self.label} did not get {stall.lacking} within "
                              f"{self.settings.timeout:g} s", stall.here)
 
+    def _give_up(self, step: int) -> None:
+        """No decision reached this node from the master in time: its parent is gone or
+        frozen. Its subtree's processes must not wait longer."""
+        if not self.is_decided(step):
+            self.fail(step, f"{self.label} got no decision about step {step} from the master "
+                            f"within {self.settings.answer_within:g} s (its parent is cut off "
+                            "or frozen)", tree_wide=False)
+
     def stall(self, step: int, reason: str, here: bool = False) -> None:
-        if step <= self.resolved_through:
+        if self.is_decided(step):
             return
-        master = self.place is not None and self.place.is_master
-        if not master and step not in self._reported:
-            self._reported.add(step)
-            log.warning("step %d: %s; telling the parent", step, reason)
-            self.neighbours.to_parent(Fail(step, reason))
-        if master or here:
+        if self.is_master:
             self.fail(step, reason)
+            return
+        if step not in self._reported:
+            self._reported.add(step)
+            # Said loudly when it changes; a node that stays degraded says it once.
+            why = reason.partition(":")[2] or reason
+            level = logging.DEBUG if why == self._last_stall else logging.WARNING
+            self._last_stall = why
+            log.log(level, "step %d: %s; telling the parent (this subtree straggles)", step, reason)
+            self.neighbours.to_parent(Fail(step, reason, FailKind.STALL))
+        if here or self.neighbours.parent is None:
+            self.fail(step, reason, tree_wide=False)
 
     def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
-        self._keep(step, Resolved(step, layout, vector))
-        self.stats.steps_done += 1
-        log.debug("step %d done", step)
-        self._decided(step)
+        if self._decide(step, Resolved(step, layout, vector)):
+            self.stats.steps_done += 1
+            log.debug("step %d done", step)
 
-    def fail(self, step: int, reason: str) -> None:
-        if step <= self.resolved_through:
+    def fail(self, step: int, reason: str, tree_wide: bool = True) -> None:
+        """``step`` failed: for the whole tree (the master decided), or for this subtree."""
+        outcome = Failed(step, reason, tree_wide)
+        if not self._decide(step, outcome):
             return
-        log.error("step %d failed: %s", step, reason)
-        self._keep(step, Failed(step, reason))
+        log.error("step %d failed%s: %s", step, "" if tree_wide else " here", reason)
         self.stats.steps_failed += 1
-        failure = Fail(step, reason)
-        for slot in self.neighbours.slots:
-            if slot.link is not None:
-                slot.link.send(failure)
-        self._decided(step)
 
     def to_parent(self, msg: Message, payload=None) -> bool:
         return self.neighbours.to_parent(msg, payload)
@@ -289,28 +422,58 @@ class StepEngine:
     def alloc(self, total: int, dtype) -> np.ndarray:
         return self.pool.get(total, dtype)
 
-    # ---------------------------------------------------------------- outcomes
-    def _keep(self, step: int, outcome: Resolved | Failed) -> None:
-        """Remember a step's outcome for the last ``keep_results`` steps."""
-        self._outcomes[step] = outcome
-        self._outcomes.move_to_end(step)
+    # ---------------------------------------------------------------- decisions
+    def _decide(self, step: int, outcome: Resolved | Failed | Refused | Lost) -> bool:
+        """``step`` is decided here: stop its clocks, tell the subtree, drop the scheme's
+        state, answer whoever waits. False if it already was."""
+        if step in self._decided or (self.is_decided(step) and step not in self._open
+                                     and step not in self._waiters):
+            return False
+        self._decided.add(step)
+        self.newest_step = max(self.newest_step, step)
+        for handle in self._open.pop(step, ()):
+            handle.cancel()
+        self._reported.discard(step)
+        if isinstance(outcome, Resolved):
+            if self.tree_vector is None:
+                self.tree_vector = (outcome.layout.total, outcome.layout.dtype.name)
+        else:  # a result went down chunk by chunk already; anything else goes now
+            for slot in self.neighbours.slots:
+                if slot.link is not None:
+                    slot.link.send(_fail_of(outcome))
+        if not isinstance(outcome, Lost):
+            self._outcomes[step] = outcome
         while len(self._outcomes) > self.settings.keep_results:
             self._outcomes.popitem(last=False)
-
-    def _decided(self, step: int) -> None:
-        """Everything up to ``step`` is decided: stop its clocks, drop the scheme's state,
-        answer whoever waits (an older step still open was superseded)."""
-        self.resolved_through = max(self.resolved_through, step)
-        self.newest_step = max(self.newest_step, step)
-        for old in [s for s in self._deadlines if s <= step]:
-            self._deadlines.pop(old).cancel()
-        self._reported = {s for s in self._reported if s > step}
         if self.scheme is not None:
-            self.scheme.forget(step)
+            self.scheme.forget(step, resolved=isinstance(outcome, Resolved))
         self.neighbours.forget(step)
-        for waiting in sorted(s for s in self._waiters if s <= step):
-            outcome = self._outcomes.get(waiting) or Lost(
-                waiting, f"step {waiting} was passed over: {self.label} went on to step {step} "
-                         "before it finished")
-            for callback in self._waiters.pop(waiting):
-                callback(outcome)
+        decided_by_master = isinstance(outcome, Resolved) or (isinstance(outcome, Failed)
+                                                               and outcome.tree_wide)
+        if decided_by_master and step > self.tree_step:
+            self.tree_step = step   # before the answers: they say where the tree is
+            self._prune()
+        for answer in self._waiters.pop(step, []):
+            answer(outcome)
+        return True
+
+    def _prune(self) -> None:
+        """The window moved: forget what lies behind it; steps still open there were
+        passed over by the tree."""
+        low = self.tree_step - self.settings.behind
+        for step in sorted(s for s in set(self._open) | set(self._waiters) if s <= low):
+            self._decide(step, Lost(step, f"step {step} was passed over: the tree went on to "
+                                          f"step {self.tree_step} before it was decided here"))
+        self._decided = {s for s in self._decided if s > low}
+        for slot in self.neighbours.slots:
+            slot.told = {s for s in slot.told if s > low}
+
+
+def _fail_of(outcome: Failed | Refused | Lost | Mismatched) -> Fail:
+    """The FAIL a child gets for a decided step that has no result to send."""
+    if isinstance(outcome, Failed):
+        return Fail(outcome.step, outcome.reason,
+                    FailKind.TREE if outcome.tree_wide else FailKind.LOCAL)
+    if isinstance(outcome, Refused):
+        return Fail(outcome.step, outcome.reason, FailKind.REFUSED)
+    return Fail(outcome.step, outcome.reason, FailKind.LOST)

@@ -50,6 +50,7 @@ class Settings:
     client_socket: str | None = None
     timeout: float = defaults.TIMEOUT
     keep_results: int = defaults.KEEP_RESULTS
+    window: int = defaults.STEP_WINDOW         # steps ahead of the tree's newest result
     send_queue_bytes: int | None = None        # None: max(64 MiB, 4 vectors)
     strict: bool = False                       # an internal error stops the daemon (tests)
 
@@ -64,7 +65,7 @@ class Node:
         self.stats = Stats()
         self.neighbours = Neighbours()
         self.engine = StepEngine(EngineSettings(settings.timeout, settings.keep_results,
-                                                settings.send_queue_bytes),
+                                                settings.window, settings.send_queue_bytes),
                                  self.stats, self.neighbours)
         place = None
         if settings.is_master:

@@ -35,6 +35,7 @@ from ..messages import (
     Hello,
     Joined,
     Message,
+    Open,
     PeerHello,
     PeerWelcome,
     Refuse,
@@ -49,7 +50,7 @@ from ..schemes.chunks import DTYPES, ChunkLayout
 from ..shm import SharedRegion
 from ..stats import Stats
 from ..transport import Connection
-from .engine import Failed, Lost, Mismatched, Outcome, Resolved, StepEngine
+from .engine import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
 from .membership import Membership
 
 log = logging.getLogger("crnet.node")
@@ -87,6 +88,8 @@ class ChildLink:
                 self.membership.child_joined(self.slot, msg)
             elif isinstance(msg, Fail):
                 self.engine.child_failed(self.slot, msg)
+            elif isinstance(msg, Open):
+                self.engine.child_opened(self.slot, msg)
             elif isinstance(msg, Result):
                 self.engine.child_result(self.slot, msg)
             else:
@@ -211,7 +214,7 @@ class ClientLink:
         self.conn: Connection | None = None
         self.region: SharedRegion | None = None
         self.pid: int | None = None
-        self.welcomed = False
+        self.assignment: dict | None = None   # as the process was last told it
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
 
     def payload_dest(self, conn, msg, nbytes):
@@ -233,9 +236,10 @@ class ClientLink:
             self._request(msg, contribute=not isinstance(msg, Fetch))
         elif isinstance(msg, StatsRequest):
             m = self.membership
-            conn.send(StatsReply(self.stats.as_dict(), None if m.place is None else m.place.name,
-                                 m.state.value, self.engine.resolved_through,
-                                 tuple(self.engine.open_steps), m.neighbours.summary()))
+            stats = {**self.stats.as_dict(), **self.engine.bookkeeping()}
+            conn.send(StatsReply(stats, None if m.place is None else m.place.name, m.state.value,
+                                 self.engine.tree_step, tuple(self.engine.open_steps),
+                                 m.neighbours.summary()))
         else:
             raise ProtocolError(f"unexpected {msg.TYPE.name} from the training process")
 
@@ -253,11 +257,17 @@ class ClientLink:
         self._welcome()
 
     def _welcome(self) -> None:
-        """Once: this host's share (the process waits for it before its first step)."""
+        """This host's share: once the tree assigned it (the process waits for it), and
+        again only if a re-assignment changed it (the process gets AssignmentChanged)."""
         assignment = self.membership.assignment()
-        if self.conn is not None and assignment is not None and not self.welcomed:
-            self.welcomed = True
-            self.conn.send(ClientWelcome(assignment, self.engine.resolved_through))
+        if self.conn is None or assignment is None or assignment == self.assignment:
+            return
+        if self.assignment is not None:
+            log.warning("this host's share of the data changed; telling training process %s",
+                        self.pid)
+        self.assignment = assignment
+        self.conn.send(ClientWelcome(assignment, self.engine.tree_step,
+                                     self.engine.settings.answer_within))
 
     def _request(self, msg: Submit, contribute: bool) -> None:
         dtype = DTYPES[msg.dtype]
@@ -265,12 +275,8 @@ class ClientLink:
             self._error("vector does not fit the attached shared memory", ErrorKind.REQUEST)
             return
         self.waiting = (msg.step, msg.length, dtype)
-        if contribute:
-            problem = self.engine.submit(msg.step, self.region.input(dtype, msg.length))
-            if problem:
-                self._error(problem, ErrorKind.MISMATCH, msg.step)
-                return
-        self.engine.watch(msg.step, self._answer)
+        vector = self.region.input(dtype, msg.length) if contribute else None
+        self.engine.request(msg.step, vector, self._answer)
 
     def _answer(self, outcome: Outcome) -> None:
         if self.waiting is None or self.waiting[0] != outcome.step or self.conn is None:
@@ -285,19 +291,22 @@ class ClientLink:
             assert self.region is not None
             np.copyto(self.region.output(dtype, length), outcome.vector)
             self.waiting = None
-            self.conn.send(Done(step, self.engine.resolved_through))
+            self.conn.send(Done(step, self.engine.tree_step))
         elif isinstance(outcome, Failed):
-            self._error(outcome.reason, ErrorKind.FAILED, step)
+            self._error(outcome.reason, ErrorKind.FAILED, step, outcome.tree_wide)
         elif isinstance(outcome, Mismatched):
             self._error(outcome.reason, ErrorKind.MISMATCH, step)
+        elif isinstance(outcome, Refused):
+            self._error(outcome.reason, ErrorKind.REFUSED, step)
         else:
             assert isinstance(outcome, Lost)
             self._error(outcome.reason, ErrorKind.LOST, step)
 
-    def _error(self, reason: str, kind: ErrorKind, step: int | None = None) -> None:
+    def _error(self, reason: str, kind: ErrorKind, step: int | None = None,
+               tree_wide: bool = True) -> None:
         self.waiting = None
         if self.conn is not None:
-            self.conn.send(ClientError(reason, kind, step))
+            self.conn.send(ClientError(reason, kind, step, self.engine.tree_step, tree_wide))
 
     def lost(self, conn, exc):
         if self.seat.holder is self:

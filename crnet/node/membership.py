@@ -126,14 +126,17 @@ class Membership:
             # It listens everywhere: reach it at the address it connected from.
             listen = f"{conn.label.rpartition(':')[0]}:{listen.rpartition(':')[2]}"
         slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.newest_step)
+        total, dtype = self.engine.tree_vector or (None, None)
         conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
-                          place.code_kind, place.chunk_bytes, place.scheme))
+                          place.code_kind, place.chunk_bytes, place.scheme,
+                          self.engine.tree_step, total, dtype))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
 
     def child_joined(self, k: int, msg: Joined) -> None:
         slot = self.neighbours.slots[k]
         slot.workers = msg.workers
+        self.engine.learn(msg.tree_step)   # a restarted master resumes where its children are
         self._report_joined()
         if self.allocation is not None and not slot.assigned and msg.workers:
             self._assign_child(k)
@@ -169,7 +172,7 @@ class Membership:
             return
         self._joined_reported = count
         if not place.is_master:
-            self.neighbours.to_parent(Joined(count))
+            self.neighbours.to_parent(Joined(count, self.engine.tree_step))
             return
         log.info("%d/%d workers joined", count, place.tree.workers)
         if count == place.tree.workers and self.allocation is None:
@@ -257,7 +260,10 @@ class Membership:
         if self.state is JoinState.JOINING:
             self.state = JoinState.WELCOMED
         self._size_slots()
-        log.info("joined as %s (layer %d of %d)", place.name, place.layer, tree.layers)
+        vector = None if msg.total is None or msg.dtype is None else (msg.total, msg.dtype)
+        self.engine.learn(msg.tree_step, vector)
+        log.info("joined as %s (layer %d of %d); the tree is at step %d", place.name, place.layer,
+                 tree.layers, self.engine.tree_step)
 
     def assigned(self, msg: Assign, payload: memoryview) -> None:
         """The parent's ASSIGN: this subtree's shares (and the ring place, rar)."""

@@ -26,7 +26,7 @@ class ChildSlot:
     # Steps up to this one may not have reached this link in full (they were under way
     # when it joined): a late chunk of one of them gets the outcome sent once.
     missed_through: int = -1
-    caught_up: set[int] = field(default_factory=set)
+    told: set[int] = field(default_factory=set)   # steps it was sent a verdict about (pruned)
 
 
 class Neighbours:
@@ -77,8 +77,8 @@ class Neighbours:
         self._successor_queue.clear()
 
     def forget(self, step: int) -> None:
-        """Steps up to ``step`` are resolved: queued ring segments of them are moot."""
-        self._successor_queue = [(s, f) for s, f in self._successor_queue if s > step]
+        """``step`` is decided: its ring segments still queued are moot."""
+        self._successor_queue = [(s, f) for s, f in self._successor_queue if s != step]
 
     def close(self) -> None:
         for conn in (self.parent, self.successor, self.predecessor,

@@ -63,6 +63,13 @@ class Place:
     def layout(self, total: int, dtype) -> ChunkLayout:
         return ChunkLayout.of(total, dtype, self.chunk_bytes)
 
+    def step_layout(self, ports: Ports, total: int, dtype) -> ChunkLayout:
+        """A step's layout: the tree's once it is known (a vector that differs is refused
+        to its sender), else that of the step's first vector here."""
+        if ports.tree_vector is not None:
+            total, dtype = ports.tree_vector
+        return self.layout(total, dtype)
+
 
 @dataclass(frozen=True)
 class Stall:
@@ -79,8 +86,11 @@ class Ports(Protocol):
     stats: Stats
 
     @property
-    def resolved_through(self) -> int:
-        """Every step up to this one has a result or failed at this node."""
+    def tree_vector(self) -> tuple[int, str] | None:
+        """The (length, dtype) every vector of the tree has, once a step has a result."""
+
+    def is_decided(self, step: int) -> bool:
+        """``step`` has a result, failed, or lies behind the window at this node."""
 
     def open(self, step: int) -> None:
         """``step`` started at this node: its deadline runs from now (once per step)."""
@@ -159,5 +169,5 @@ class Scheme:
         node's part is done (the parent decides)."""
         raise NotImplementedError
 
-    def forget(self, step: int) -> None:
-        """Every step up to ``step`` is resolved: drop their state."""
+    def forget(self, step: int, resolved: bool) -> None:
+        """``step`` is decided (``resolved``: with a result): drop its state."""

@@ -19,7 +19,7 @@ import numpy as np
 from ..codes import GradientCode
 from ..errors import ProtocolError
 from ..kernels import coded_sum
-from ..messages import Chunk, Fail, Result
+from ..messages import Chunk, Fail, FailKind, Result
 from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
 from .chunks import ChunkLayout, byte_view
@@ -179,45 +179,41 @@ class ResultStep:
 
 
 class CodedReduce(Scheme):
-    """cr, gc and tree at one node: one step up at a time, results down as they come."""
+    """cr, gc and tree at one node: each open step up, results down as they come."""
 
     def __init__(self, place: Place, ports: Ports):
         super().__init__(place, ports)
         self.code = place.code()
-        self.up: UpStep | None = None
+        self.ups: dict[int, UpStep] = {}
         self.down: dict[int, ResultStep] = {}
         # Steps known here before any piece of them came (the master's training process
         # asked, or a child gave up early), with the children already out of each.
         self._ahead: dict[int, dict[int, str]] = {}
-        self._child_buffers: tuple | None = None
 
     # -- up: the local vector and the children's chunks --------------------------------
     def local(self, step: int, vector: np.ndarray) -> str | None:
         if self.place.is_master:  # the master computes nothing; its process only waits
             self.ports.open(step)
-            if self.up is None or step > self.up.step:
+            if step not in self.ups:
                 self._ahead.setdefault(step, {})
                 self._check_ahead(step)
             return None
-        layout = self.place.layout(vector.size, vector.dtype)
-        up = self._up_for(step, layout)
+        up = self._up_for(step, vector.size, vector.dtype)
         if up is None:
             return None
-        problem = up.layout.mismatch(layout, step)
+        problem = up.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
         if problem is None:
             self._emit(up, up.local_arrived(vector))
         return problem
 
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
-        up = self.up
-        if up is None or up.step != msg.step:  # the step's first chunk here: its layout
-            up = self._up_for(msg.step, self.place.layout(msg.total, msg.dtype))
+        up = self._up_for(msg.step, msg.total, msg.dtype)
         if up is None or k in up.silent:
             return None
         problem = up.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
         if problem:
             log.warning("step %d: child %d: %s; ignoring it this step", msg.step, k, problem)
-            self.ports.to_child(k, Fail(msg.step, problem, mismatch=True))
+            self.ports.to_child(k, Fail(msg.step, problem, FailKind.MISMATCH))
             self.child_silent(k, msg.step, f"its vector does not fit: {problem}")
             return None
         if up.first_byte is None:
@@ -225,31 +221,33 @@ class CodedReduce(Scheme):
         return up.child_buffer(k, msg.chunk)
 
     def child_chunk(self, k: int, msg: Chunk) -> None:
-        up = self.up
-        if up is None or up.step != msg.step:
-            return
-        self.ports.stats.bytes_up += up.layout.nbytes(msg.chunk)
-        self._emit(up, up.child_arrived(k, msg.chunk))
+        up = self.ups.get(msg.step)
+        if up is not None:
+            self.ports.stats.bytes_up += up.layout.nbytes(msg.chunk)
+            self._emit(up, up.child_arrived(k, msg.chunk))
 
     def child_silent(self, k: int, step: int | None, why: str) -> None:
         if self.code is None:
             return
-        up = self.up
-        if step is not None and (up is None or step > up.step):
+        if step is None:  # the link is gone: every step known here lost the child
+            for known in list(self._ahead):
+                if known in self._ahead:   # a stall may have decided (and dropped) it
+                    self._check_ahead(known)
+            for open_up in list(self.ups.values()):
+                if open_up.step in self.ups and k not in open_up.silent:
+                    open_up.silent[k] = why
+                    self._check_quorum(open_up)
+            return
+        up = self.ups.get(step)
+        if up is None:
             # A step not begun here yet (the child gave up before anything else came):
             # remember, and fail it now if too many children are already out.
             self._ahead.setdefault(step, {})[k] = why
             self.ports.open(step)
             self._check_ahead(step)
-            return
-        if step is None:  # the link is gone: every step known here lost the child
-            for ahead in list(self._ahead):
-                if ahead in self._ahead:   # a stall may have decided (and dropped) it
-                    self._check_ahead(ahead)
-        if up is None or step not in (None, up.step) or k in up.silent:
-            return
-        up.silent[k] = why
-        self._check_quorum(up)
+        elif k not in up.silent:
+            up.silent[k] = why
+            self._check_quorum(up)
 
     def _check_ahead(self, step: int) -> None:
         """A step known here before any piece of it came: fail it now if more than s
@@ -259,22 +257,22 @@ class CodedReduce(Scheme):
         if len(out) > self.code.s:
             self._stall(step, out)
 
-    def _up_for(self, step: int, layout: ChunkLayout) -> UpStep | None:
-        """The UpStep for ``step``, started if new; None if the step is older."""
-        if self.up is not None:
-            if self.up.step == step:
-                return self.up
-            if self.up.step > step:
-                return None
-            self._abandon_up()
-        up = self.up = UpStep(step, layout, self.code, has_local=not self.place.is_master,
-                              child_buffers=self._buffers_for(layout), alloc=self.ports.alloc)
+    def _up_for(self, step: int, total: int, dtype) -> UpStep | None:
+        """The UpStep for ``step``, begun if new (None if the step is decided)."""
+        up = self.ups.get(step)
+        if up is not None or self.ports.is_decided(step):
+            return up
+        layout = self.place.step_layout(self.ports, total, dtype)
+        buffers = (None if self.code is None else
+                   [self.ports.alloc(layout.total, layout.dtype) for _ in range(self.code.n)])
+        up = self.ups[step] = UpStep(step, layout, self.code, has_local=not self.place.is_master,
+                                     child_buffers=buffers, alloc=self.ports.alloc)
         self.ports.open(step)
         if self.code is not None:
             up.silent.update(self.ports.absent_children())
             up.silent.update(self._ahead.pop(step, {}))
             self._check_quorum(up)
-        return self.up
+        return self.ups.get(step)   # a stall may have decided it already
 
     def _check_quorum(self, up: UpStep) -> None:
         if not (up.decodable or up.complete):
@@ -288,16 +286,6 @@ class CodedReduce(Scheme):
         self.ports.stall(step, f"{self.place.label} did not get {self.code.n - self.code.s} of "
                                f"{self.code.n} children: {n} of them {'is' if n == 1 else 'are'} "
                                f"gone or failed ({gone})")
-
-    def _buffers_for(self, layout: ChunkLayout) -> list[np.ndarray] | None:
-        """Per-child receive arrays, reused from step to step (nothing else holds them)."""
-        if self.code is None:
-            return None
-        key = (layout.total, layout.dtype, self.code.n)
-        if self._child_buffers is None or self._child_buffers[0] != key:
-            self._child_buffers = (key, [np.empty(layout.total, layout.dtype)
-                                         for _ in range(self.code.n)])
-        return self._child_buffers[1]
 
     def _emit(self, up: UpStep, chunks: list[int]) -> None:
         """Decode the chunks that are ready; each goes up, or down from the master."""
@@ -318,17 +306,13 @@ class CodedReduce(Scheme):
             if up.first_byte is not None:
                 stats.receive_seconds += time.perf_counter() - up.first_byte
 
-    def _abandon_up(self) -> None:
-        up, self.up = self.up, None
-        if up is not None and not up.complete and not self.place.is_master:
-            self.ports.stats.times_skipped += 1
-            log.info("step %d finished without this node (%s missing)", up.step, up.waiting_for())
-
     def stalled(self, step: int) -> Stall | None:
-        up = self.up if self.up is not None and self.up.step == step else None
-        if up is not None and up.complete:
-            return None  # our part is done; the parent decides
-        return Stall(up.waiting_for() if up is not None else "any message for this step")
+        up = self.ups.get(step)
+        if up is not None:
+            return None if up.complete else Stall(up.waiting_for())  # complete: the parent decides
+        if self.code is None:
+            return Stall("the local training process's gradient")
+        return Stall(f"{self.code.n - self.code.s} of {self.code.n} children (got 0)")
 
     # -- down: the full gradient ------------------------------------------------------
     def result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
@@ -357,9 +341,11 @@ class CodedReduce(Scheme):
             del self.down[result.step]
             self.ports.resolved(result.step, layout, result.vector)
 
-    def forget(self, step: int) -> None:
-        for table in (self.down, self._ahead):
-            for old in [s for s in table if s <= step]:
-                del table[old]  # superseded: its remaining chunks are never coming
-        if self.up is not None and self.up.step <= step:
-            self._abandon_up()
+    def forget(self, step: int, resolved: bool) -> None:
+        self.down.pop(step, None)
+        self._ahead.pop(step, None)
+        up = self.ups.pop(step, None)
+        if resolved and not self.place.is_master and (up is None or not up.complete):
+            self.ports.stats.times_skipped += 1
+            log.info("step %d finished without this node (%s)", step,
+                     "nothing of it came here" if up is None else f"{up.waiting_for()} missing")

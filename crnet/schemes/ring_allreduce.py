@@ -146,11 +146,10 @@ class RingAllreduce(Scheme):
         if self.place.is_master:
             self.ports.open(step)
             return None
-        layout = self.place.layout(vector.size, vector.dtype)
-        ring = self._step(step, layout)
+        ring = self._step(step, self.place.step_layout(self.ports, vector.size, vector.dtype))
         if ring is None:
             return None
-        problem = ring.layout.mismatch(layout, step)
+        problem = ring.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
         if problem is None:
             self._send(ring, ring.local_arrived(vector))
         return problem
@@ -158,7 +157,7 @@ class RingAllreduce(Scheme):
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
         if self.place.is_master:
             return super().segment_dest(msg, nbytes)
-        ring = self._step(msg.step, self.place.layout(msg.total, msg.dtype))
+        ring = self._step(msg.step, self.place.step_layout(self.ports, msg.total, msg.dtype))
         if ring is None:
             return None
         problem = ring.check(msg.phase, msg.round, msg.segment, nbytes)
@@ -173,7 +172,7 @@ class RingAllreduce(Scheme):
             self._send(ring, ring.received(msg.phase, msg.round, msg.segment))
 
     def _step(self, step: int, layout: ChunkLayout) -> RingStep | None:
-        if step <= self.ports.resolved_through:
+        if self.ports.is_decided(step):
             return None
         ring = self.steps.get(step)
         if ring is None:
@@ -231,9 +230,9 @@ class RingAllreduce(Scheme):
         if self.place.is_master:
             return Stall("the ring's result (a ring waits for every worker)", here=True)
         waiting = "its local vector" if step not in self.steps else "the ring's segments"
-        return Stall(f"{waiting} (a ring waits for every worker)", here=True)
+        # Told, the master fails the step for the whole ring at once.
+        return Stall(f"{waiting} (a ring waits for every worker)")
 
-    def forget(self, step: int) -> None:
-        for table in (self.steps, self.results):
-            for old in [s for s in table if s <= step]:
-                del table[old]
+    def forget(self, step: int, resolved: bool) -> None:
+        self.steps.pop(step, None)
+        self.results.pop(step, None)
