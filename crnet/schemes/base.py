@@ -63,13 +63,6 @@ class Place:
     def layout(self, total: int, dtype) -> ChunkLayout:
         return ChunkLayout.of(total, dtype, self.chunk_bytes)
 
-    def step_layout(self, ports: Ports, total: int, dtype) -> ChunkLayout:
-        """A step's layout: the tree's once it is known (a vector that differs is refused
-        to its sender), else that of the step's first vector here."""
-        if ports.tree_vector is not None:
-            total, dtype = ports.tree_vector
-        return self.layout(total, dtype)
-
 
 @dataclass(frozen=True)
 class Stall:
@@ -104,6 +97,10 @@ class Ports(Protocol):
 
     def fail(self, step: int, reason: str) -> None:
         """The step failed here (the engine tells the subtree and the training process)."""
+
+    def refuse_local(self, step: int, reason: str) -> None:
+        """The local process's vector for ``step`` does not fit: it gets MismatchError;
+        the step goes on without it."""
 
     def to_parent(self, msg: Message, payload=None) -> bool: ...
 

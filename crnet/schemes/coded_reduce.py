@@ -45,6 +45,7 @@ class UpStep:
         self.has_local = has_local
         self.local: np.ndarray | None = None
         self.silent: dict[int, str] = {}       # children that won't answer this step, and why
+        self.senders: set[int] = set()         # children some chunk was received from
         self.used: set[int] = set()            # children some chunk was decoded from
         self.first_byte: float | None = None   # when the first child chunk started (stats)
         self._children = child_buffers
@@ -198,7 +199,7 @@ class CodedReduce(Scheme):
                 self._ahead.setdefault(step, {})
                 self._check_ahead(step)
             return None
-        up = self._up_for(step, vector.size, vector.dtype)
+        up = self._accept(step, vector.size, vector.dtype.name)
         if up is None:
             return None
         problem = up.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
@@ -207,7 +208,7 @@ class CodedReduce(Scheme):
         return problem
 
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
-        up = self._up_for(msg.step, msg.total, msg.dtype)
+        up = self._accept(msg.step, msg.total, msg.dtype)
         if up is None or k in up.silent:
             return None
         problem = up.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
@@ -218,11 +219,13 @@ class CodedReduce(Scheme):
             return None
         if up.first_byte is None:
             up.first_byte = time.perf_counter()
+        up.senders.add(k)
         return up.child_buffer(k, msg.chunk)
 
     def child_chunk(self, k: int, msg: Chunk) -> None:
         up = self.ups.get(msg.step)
-        if up is not None:
+        # (A chunk received into a step that began again since is not this step's.)
+        if up is not None and _fits(up.layout, msg.total, msg.dtype):
             self.ports.stats.bytes_up += up.layout.nbytes(msg.chunk)
             self._emit(up, up.child_arrived(k, msg.chunk))
 
@@ -257,12 +260,34 @@ class CodedReduce(Scheme):
         if len(out) > self.code.s:
             self._stall(step, out)
 
+    def _accept(self, step: int, total: int, dtype: str) -> UpStep | None:
+        """The UpStep a vector of this layout joins. A step that began with vectors that
+        do not fit the tree's (the last result's) begins again when one that does arrives:
+        those were wrong, and their senders are told, not this one. If every vector of a
+        step has a new layout, the tree's changes with it (a new model)."""
+        up = self._up_for(step, total, dtype)
+        if up is None or _fits(up.layout, total, dtype) or self.ports.tree_vector != (total, dtype):
+            return up
+        wrong = f"{up.layout.describe()}, but the tree's is {total} x {dtype}"
+        log.warning("step %d began here with vectors of %s: beginning it again", step, wrong)
+        for k in up.senders:
+            self.ports.to_child(k, Fail(step, f"this subtree's vector is {wrong}", FailKind.MISMATCH))
+        if up.local is not None:
+            self.ports.refuse_local(step, f"this process's vector is {wrong}")
+        silent = {**up.silent, **{k: f"its vector is {up.layout.describe()}" for k in up.senders}}
+        del self.ups[step]
+        again = self._up_for(step, total, dtype)
+        if again is not None:
+            again.silent.update(silent)
+            self._check_quorum(again)
+        return self.ups.get(step)
+
     def _up_for(self, step: int, total: int, dtype) -> UpStep | None:
         """The UpStep for ``step``, begun if new (None if the step is decided)."""
         up = self.ups.get(step)
         if up is not None or self.ports.is_decided(step):
             return up
-        layout = self.place.step_layout(self.ports, total, dtype)
+        layout = self.place.layout(total, dtype)
         buffers = (None if self.code is None else
                    [self.ports.alloc(layout.total, layout.dtype) for _ in range(self.code.n)])
         up = self.ups[step] = UpStep(step, layout, self.code, has_local=not self.place.is_master,
@@ -349,3 +374,7 @@ class CodedReduce(Scheme):
             self.ports.stats.times_skipped += 1
             log.info("step %d finished without this node (%s)", step,
                      "nothing of it came here" if up is None else f"{up.waiting_for()} missing")
+
+
+def _fits(layout: ChunkLayout, total: int, dtype: str) -> bool:
+    return layout.total == total and layout.dtype.name == dtype

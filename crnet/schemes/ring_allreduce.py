@@ -146,7 +146,7 @@ class RingAllreduce(Scheme):
         if self.place.is_master:
             self.ports.open(step)
             return None
-        ring = self._step(step, self.place.step_layout(self.ports, vector.size, vector.dtype))
+        ring = self._step(step, self.place.layout(vector.size, vector.dtype))
         if ring is None:
             return None
         problem = ring.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
@@ -157,7 +157,7 @@ class RingAllreduce(Scheme):
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
         if self.place.is_master:
             return super().segment_dest(msg, nbytes)
-        ring = self._step(msg.step, self.place.step_layout(self.ports, msg.total, msg.dtype))
+        ring = self._step(msg.step, self.place.layout(msg.total, msg.dtype))
         if ring is None:
             return None
         problem = ring.check(msg.phase, msg.round, msg.segment, nbytes)
