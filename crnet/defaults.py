@@ -10,6 +10,8 @@ CHUNK_BYTES = 1 << 20              # the pipelining unit; the whole tree uses th
 TIMEOUT = 30.0                     # seconds a step may wait for its quorum at one node
 KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for stragglers
 STEP_WINDOW = 16                   # steps further ahead of the tree's newest result are refused
+OPEN_DELAY = 0.05                  # a step that began below a node and sent nothing up yet
+                                   # this long after is announced (OPEN): the master's clock
 # A node cut off from the master gives up on a step this long after --timeout:
 # GRACE_SHARE of the timeout, between GRACE_MIN and GRACE_MAX seconds.
 GRACE_SHARE, GRACE_MIN, GRACE_MAX = 0.25, 0.5, 5.0

@@ -349,6 +349,9 @@ class _Piece(Message):
 
     PAYLOAD = True
 
+    def header(self) -> dict[str, Any]:   # written out: the hot path's message
+        return {"step": self.step, "chunk": self.chunk, "total": self.total, "dtype": self.dtype}
+
     @classmethod
     def from_header(cls, h: _Fields):
         return cls(h.integer("step"), h.integer("chunk", 0, 1 << 40), h.integer("total", 1, 1 << 40),
@@ -525,6 +528,9 @@ class Submit(Message):
     length: int
     dtype: str
 
+    def header(self) -> dict[str, Any]:   # once per step: written out
+        return {"step": self.step, "length": self.length, "dtype": self.dtype}
+
     @classmethod
     def from_header(cls, h: _Fields):
         return cls(h.integer("step"), h.integer("length", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES))
@@ -544,6 +550,9 @@ class Done(Message):
     TYPE = MsgType.DONE
     step: int
     tree_step: int
+
+    def header(self) -> dict[str, Any]:   # once per step: written out
+        return {"step": self.step, "tree_step": self.tree_step}
 
     @classmethod
     def from_header(cls, h: _Fields) -> Done:

@@ -121,9 +121,11 @@ class StepEngine:
 
     def __init__(self, settings: EngineSettings, stats: Stats, neighbours: Neighbours):
         self.settings = settings
+        self._behind = settings.behind
         self.stats = stats
         self.neighbours = neighbours
         self.place: Place | None = None
+        self.is_master = False
         self.scheme: Scheme | None = None
         self.tree_step = -1                     # the newest step the master decided
         self.tree_vector: tuple[int, str] | None = None   # (length, dtype) of the tree's vectors
@@ -134,6 +136,7 @@ class StepEngine:
         self._decided: set[int] = set()         # decided steps within the window behind
         self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
         self._reported: set[int] = set()        # steps this node told its parent it stalled
+        self._sent_up: set[int] = set()         # steps this node sent a chunk of up
         self._last_stall = ""                   # why, as last logged
         self._waiters: dict[int, list[Callable[[Outcome], None]]] = {}
 
@@ -141,15 +144,12 @@ class StepEngine:
     def label(self) -> str:
         return "node (joining)" if self.place is None else self.place.label
 
-    @property
-    def is_master(self) -> bool:
-        return self.place is not None and self.place.is_master
-
     def start(self, place: Place) -> None:
         """This node knows its place and its share: steps may begin."""
         if self.place == place and self.scheme is not None:
             return  # rejoined the same place (the parent restarted): nothing changes
         self.place = place
+        self.is_master = place.is_master
         self.scheme = driver(place, self)
 
     def learn(self, tree_step: int, vector: tuple[int, str] | None = None) -> None:
@@ -203,7 +203,7 @@ class StepEngine:
         self._waiters.setdefault(step, []).append(answer)
 
     def is_decided(self, step: int) -> bool:
-        return step in self._decided or step <= self.tree_step - self.settings.behind
+        return step in self._decided or step <= self.tree_step - self._behind
 
     def outcome(self, step: int) -> Outcome:
         """The outcome of a decided step."""
@@ -263,7 +263,6 @@ class StepEngine:
         if refusal is not None:
             self._tell_child(k, step, Fail(step, refusal, FailKind.REFUSED))
             return False
-        self.newest_step = max(self.newest_step, step)
         return True
 
     def _catch_up(self, k: int, step: int) -> None:
@@ -280,7 +279,7 @@ class StepEngine:
             layout = outcome.layout
             for c in range(layout.chunks):
                 start, stop = layout.bounds(c)
-                slot.link.send(Result(step, c, layout.total, layout.dtype.name),
+                slot.link.send(Result(step, c, layout.total, layout.dtype_name),
                                outcome.vector[start:stop])
         else:
             self._tell_child(k, step, _fail_of(outcome))
@@ -296,7 +295,8 @@ class StepEngine:
     def parent_result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
         if self.is_decided(msg.step) or self.scheme is None:
             return None
-        self.newest_step = max(self.newest_step, msg.step)
+        if msg.step > self.newest_step:   # results of a step this node took no part in
+            self.newest_step = msg.step
         return self.scheme.result_dest(msg, nbytes)
 
     def parent_result(self, msg: Result) -> None:
@@ -342,17 +342,24 @@ class StepEngine:
             return
         self.newest_step = max(self.newest_step, step)
         loop = asyncio.get_running_loop()
-        s = self.settings
-        handles = [loop.call_later(s.timeout, self._deadline, step)]
-        if not self.is_master:
-            handles.append(loop.call_later(s.timeout + s.grace, self._give_up, step))
-            if announce:
-                self.neighbours.to_parent(Open(step))
+        handles = [loop.call_later(self.settings.timeout, self._deadline, step)]
+        if announce and not self.is_master:
+            # Unless this node's first chunk of the step goes up soon (the usual case,
+            # and the parent then knows), tell the parent the step began here.
+            handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
         self._open[step] = handles
+
+    def _announce(self, step: int) -> None:
+        if not self.is_decided(step) and step not in self._sent_up:
+            self.neighbours.to_parent(Open(step))
 
     def _deadline(self, step: int) -> None:
         if self.is_decided(step):
             return
+        if not self.is_master:   # the last chance for the master's decision to come
+            handles = self._open.setdefault(step, [])
+            handles.append(asyncio.get_running_loop().call_later(
+                self.settings.grace, self._give_up, step))
         if not self.is_master and self.neighbours.parent is None:
             self.fail(step, f"{self.label} has no parent (it is reconnecting) and could not "
                             f"get step {step} decided within {self.settings.timeout:g} s",
@@ -406,6 +413,8 @@ class StepEngine:
             answer(Mismatched(step, reason))
 
     def to_parent(self, msg: Message, payload=None) -> bool:
+        if isinstance(msg, Chunk):
+            self._sent_up.add(msg.step)
         return self.neighbours.to_parent(msg, payload)
 
     def to_child(self, k: int, msg: Message, payload=None) -> bool:
@@ -440,9 +449,10 @@ class StepEngine:
         for handle in self._open.pop(step, ()):
             handle.cancel()
         self._reported.discard(step)
+        self._sent_up.discard(step)
         if isinstance(outcome, Resolved):
             if step >= self.tree_step:   # the newest result's layout is the tree's
-                self.tree_vector = (outcome.layout.total, outcome.layout.dtype.name)
+                self.tree_vector = (outcome.layout.total, outcome.layout.dtype_name)
         else:  # a result went down chunk by chunk already; anything else goes now
             for slot in self.neighbours.slots:
                 if slot.link is not None:

@@ -9,6 +9,14 @@ import numpy as np
 DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 
 
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, which numpy computes anew on every read, for crnet's dtypes at once."""
+    return _NAMES.get(dtype) or dtype.name
+
+
 def byte_view(array: np.ndarray) -> memoryview:
     """The array's memory as bytes, where a payload is received (no copy)."""
     return memoryview(array).cast("B")  # type: ignore[arg-type]  # numpy declares __buffer__ for 3.12+
@@ -25,11 +33,12 @@ class ChunkLayout:
     total: int
     dtype: np.dtype
     chunk_elems: int
+    dtype_name: str = ""        # dtype.name, which numpy computes anew on every read
 
     @classmethod
     def of(cls, total: int, dtype, chunk_bytes: int) -> ChunkLayout:
         dtype = np.dtype(dtype)
-        return cls(int(total), dtype, max(1, int(chunk_bytes) // dtype.itemsize))
+        return cls(int(total), dtype, max(1, int(chunk_bytes) // dtype.itemsize), dtype_name(dtype))
 
     @property
     def chunks(self) -> int:
@@ -44,7 +53,7 @@ class ChunkLayout:
         return (stop - start) * self.dtype.itemsize
 
     def describe(self) -> str:
-        return f"{self.total} x {self.dtype.name}"
+        return f"{self.total} x {self.dtype_name}"
 
     def mismatch(self, local: ChunkLayout, step: int) -> str | None:
         """Why a training process's vector (``local``) can't join this step, or None."""
@@ -55,9 +64,9 @@ class ChunkLayout:
 
     def check(self, total, dtype_name, chunk, nbytes) -> str | None:
         """Why a chunk header does not fit this layout, or None if it does."""
-        if dtype_name != self.dtype.name or total != self.total:
+        if dtype_name != self.dtype_name or total != self.total:
             return (f"vector is {total} x {dtype_name} but the step's is "
-                    f"{self.total} x {self.dtype.name}")
+                    f"{self.total} x {self.dtype_name}")
         if not isinstance(chunk, int) or not 0 <= chunk < self.chunks:
             return f"chunk {chunk!r} out of range 0..{self.chunks - 1}"
         if nbytes != self.nbytes(chunk):

@@ -22,7 +22,7 @@ from ..kernels import coded_sum
 from ..messages import Chunk, Fail, FailKind, Result
 from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
-from .chunks import ChunkLayout, byte_view
+from .chunks import ChunkLayout, byte_view, dtype_name
 
 log = logging.getLogger("crnet.schemes")
 
@@ -199,13 +199,14 @@ class CodedReduce(Scheme):
                 self._ahead.setdefault(step, {})
                 self._check_ahead(step)
             return None
-        up = self._accept(step, vector.size, vector.dtype.name)
+        name = dtype_name(vector.dtype)
+        up = self._accept(step, vector.size, name)
         if up is None:
             return None
-        problem = up.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
-        if problem is None:
-            self._emit(up, up.local_arrived(vector))
-        return problem
+        if not _fits(up.layout, vector.size, name):
+            return up.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
+        self._emit(up, up.local_arrived(vector))
+        return None
 
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
         up = self._accept(msg.step, msg.total, msg.dtype)
@@ -325,7 +326,7 @@ class CodedReduce(Scheme):
                     result = self.down[up.step] = ResultStep(up.step, up.layout, up.output)
                 self._down(result, c)
             else:
-                self.ports.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype.name), message)
+                self.ports.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype_name), message)
         if chunks and up.complete and up.code is not None:
             stats.children_skipped += up.code.n - len(up.used)
             if up.first_byte is not None:
@@ -360,7 +361,7 @@ class CodedReduce(Scheme):
         """Chunk c of a step's full gradient is here: pass it on to every child."""
         result.arrived(c)
         layout = result.layout
-        self.ports.to_children(Result(result.step, c, layout.total, layout.dtype.name),
+        self.ports.to_children(Result(result.step, c, layout.total, layout.dtype_name),
                                result.chunk(c))
         if result.complete:
             del self.down[result.step]
@@ -377,4 +378,4 @@ class CodedReduce(Scheme):
 
 
 def _fits(layout: ChunkLayout, total: int, dtype: str) -> bool:
-    return layout.total == total and layout.dtype.name == dtype
+    return layout.total == total and layout.dtype_name == dtype

@@ -161,7 +161,7 @@ class RingAllreduce(Scheme):
         if ring is None:
             return None
         problem = ring.check(msg.phase, msg.round, msg.segment, nbytes)
-        if problem or ring.layout.total != msg.total or ring.layout.dtype.name != msg.dtype:
+        if problem or ring.layout.total != msg.total or ring.layout.dtype_name != msg.dtype:
             raise ProtocolError(f"ring step {msg.step}: {problem or 'vector shape differs'}")
         self.ports.stats.bytes_up += nbytes
         return ring.dest(msg.phase, msg.segment)
@@ -186,7 +186,7 @@ class RingAllreduce(Scheme):
         layout = ring.layout
         for send in sends:
             self.ports.to_successor(ring.step, Segment(ring.step, send.phase, send.round, send.segment,
-                                                       layout.total, layout.dtype.name), send.payload)
+                                                       layout.total, layout.dtype_name), send.payload)
         if not ring.complete:
             return
         del self.steps[ring.step]
@@ -194,7 +194,7 @@ class RingAllreduce(Scheme):
         if self.place.ring.rank == 0:  # the master's copy
             for c in range(layout.chunks):
                 start, stop = layout.bounds(c)
-                self.ports.to_parent(Result(ring.step, c, layout.total, layout.dtype.name),
+                self.ports.to_parent(Result(ring.step, c, layout.total, layout.dtype_name),
                                      ring.result[start:stop])
         self.ports.resolved(ring.step, layout, ring.result)
 
