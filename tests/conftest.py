@@ -45,6 +45,30 @@ def local_tree(tmp_path):
         pytest.fail("\n".join(problems), pytrace=False)
 
 
+@pytest.fixture
+def membership():
+    """``membership(place=None, samples=None)``: a Membership over a fresh StepEngine and
+    Neighbours (no sockets); the master passes its place and samples, a node neither."""
+    from crnet.node.engine import EngineSettings, StepEngine
+    from crnet.node.membership import Membership
+    from crnet.node.neighbours import Neighbours
+    from crnet.stats import Stats
+
+    made = []
+
+    def make(place=None, samples=None):
+        neighbours = Neighbours()
+        engine = StepEngine(EngineSettings(), Stats(), neighbours)
+        m = Membership(engine, neighbours, stop=lambda code: None, place=place, samples=samples)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.engine.close()
+        m.close()
+
+
 def local_gradient(assignment, grads: np.ndarray) -> np.ndarray:
     """This process's weighted sum over its ranges of the per-sample vectors ``grads``."""
     out = np.zeros(grads.shape[1])

@@ -66,6 +66,18 @@ async def stats(client):
     return await client.stats()
 
 
+async def restart(lt, clients, names) -> float:
+    """Start the daemons ``names`` again and reconnect their processes (which waits for
+    their assignment); returns when they were up (the recovery clock starts then)."""
+    for name in names:
+        lt.start_node(name)
+    lt.wait_sockets(names, 30)
+    up = time.monotonic()
+    for name in names:
+        clients[name] = await connect(lt, name)
+    return up
+
+
 async def steps_complete_again(clients, grads, first_step, within=RECOVERY):
     """Every process runs steps from ``first_step`` until one is exact everywhere; returns
     the step that was. A step that fails while the tree heals is skipped by everyone."""
@@ -227,10 +239,7 @@ async def test_a_restarted_layer_1_node_rejoins_without_spurious_errors(local_tr
         # within the bound instead of blocking.
         orphan, took = await timed(submit(clients["0.0"], grads, 2))
         assert isinstance(orphan, StepFailed) and not orphan.tree_wide and took < BOUND
-        lt.start_node("0")
-        lt.wait_sockets(["0"], 30)
-        up = time.monotonic()
-        clients["0"] = await connect(lt, "0")
+        up = await restart(lt, clients, ["0"])
         await steps_complete_again(clients, grads, 3, within=RECOVERY - (time.monotonic() - up))
     finally:
         close_all(clients)
@@ -250,12 +259,7 @@ async def test_the_tree_recovers_after_s_plus_1_children_of_the_master_restart(l
         outcomes = await asyncio.gather(*(timed(submit(c, grads, 1)) for c in survivors.values()))
         for result, took in outcomes:
             assert isinstance(result, StepFailed) and result.tree_wide and took < BOUND
-        for name in ("0", "1"):
-            lt.start_node(name)
-        lt.wait_sockets(["0", "1"], 30)
-        up = time.monotonic()
-        for name in ("0", "1"):
-            clients[name] = await connect(lt, name)
+        up = await restart(lt, clients, ["0", "1"])
         await steps_complete_again(clients, grads, 2, within=RECOVERY - (time.monotonic() - up))
     finally:
         close_all(clients)
@@ -274,10 +278,7 @@ async def test_the_tree_recovers_after_the_master_restarts(local_tree):
         outage = await asyncio.gather(*(timed(submit(c, grads, 3)) for c in clients.values()))
         for result, took in outage:   # no master: every process hears so within the bound
             assert isinstance(result, StepFailed) and not result.tree_wide and took < BOUND
-        lt.start_node(MASTER)
-        lt.wait_sockets([MASTER], 30)
-        up = time.monotonic()
-        clients[MASTER] = await connect(lt, MASTER)
+        up = await restart(lt, clients, [MASTER])
         assert clients[MASTER].tree_step == 2      # it resumed where its children were
         step = await steps_complete_again(clients, grads, 4,
                                           within=RECOVERY - (time.monotonic() - up))

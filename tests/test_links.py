@@ -36,15 +36,12 @@ from crnet.messages import (
     Welcome,
     pack_allocation,
 )
-from crnet.node.engine import EngineSettings, Failed, StepEngine
+from crnet.node.engine import EngineSettings, Failed
 from crnet.node.links import ChildLink, ClientLink, ClientSeat, ParentLink
-from crnet.node.membership import Membership
-from crnet.node.neighbours import Neighbours
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
 from crnet.shm import SharedRegion
-from crnet.stats import Stats
 
 from .fake_links import FakeLink
 
@@ -57,25 +54,8 @@ SEGMENT = Segment(0, Phase.REDUCE, 0, 0, 4, "float64")
 
 
 @pytest.fixture
-def rooms():
-    """``rooms(place=None, samples=None)``: a Membership and its StepEngine."""
-    made = []
-
-    def make(place=None, samples=None):
-        neighbours = Neighbours()
-        engine = StepEngine(EngineSettings(), Stats(), neighbours)
-        m = Membership(engine, neighbours, stop=lambda code: None, place=place, samples=samples)
-        made.append(m)
-        return m
-
-    yield make
-    for m in made:
-        m.engine.close()
-
-
-@pytest.fixture
-def master(rooms):
-    return rooms(Place("", 0, TREE, "cr", "auto", 32), samples=10)
+def master(membership):
+    return membership(Place("", 0, TREE, "cr", "auto", 32), samples=10)
 
 
 def child_link(m):
@@ -163,12 +143,12 @@ async def test_open_and_fail_from_a_child_go_to_the_step_engine(master):
     assert [type(o) for o in outcomes] == [Failed]
 
 
-def ring_member(rooms, rank):
-    return rooms(Place(str(rank), 1, RING, "rar", "auto", 32, RingPlace(rank, 3, None)))
+def ring_member(membership, rank):
+    return membership(Place(str(rank), 1, RING, "rar", "auto", 32, RingPlace(rank, 3, None)))
 
 
-def test_the_ring_predecessor_is_welcomed_and_may_send_segments_only(rooms):
-    m = ring_member(rooms, 1)
+def test_the_ring_predecessor_is_welcomed_and_may_send_segments_only(membership):
+    m = ring_member(membership, 1)
     link, conn = child_link(m), FakeLink()
     link.received(conn, PeerHello(0), None)
     assert conn.messages() == [PeerWelcome()] and m.neighbours.predecessor is conn
@@ -178,8 +158,8 @@ def test_the_ring_predecessor_is_welcomed_and_may_send_segments_only(rooms):
         link.received(conn, Joined(1), None)
 
 
-def test_a_wrong_ring_predecessor_is_refused(rooms):
-    link, conn = child_link(ring_member(rooms, 1)), FakeLink()
+def test_a_wrong_ring_predecessor_is_refused(membership):
+    link, conn = child_link(ring_member(membership, 1)), FakeLink()
     link.received(conn, PeerHello(2), None)
     assert conn.messages() == [Refuse("rank 2 is not the ring predecessor of rank 1", False)]
     assert conn.closed and not link.peer
@@ -193,32 +173,32 @@ def test_a_node_outside_a_ring_asks_a_predecessor_to_retry(master):
 
 # ---------------------------------------------------------------- ParentLink
 
-async def test_the_parent_must_welcome_first(rooms):
-    link = ParentLink(rooms(), None)
+async def test_the_parent_must_welcome_first(membership):
+    link = ParentLink(membership(), None)
     with pytest.raises(ProtocolError, match=r"^RESULT from the parent before WELCOME$"):
         link.received(FakeLink(), Result(0, 0, 4, "float64"), None)
     with pytest.raises(ProtocolError, match=r"^unexpected RESULT from the parent$"):
         link.payload_dest(FakeLink(), Result(0, 0, 4, "float64"), 32)
 
 
-async def test_a_parents_refusal_fails_the_welcome(rooms):
-    link = ParentLink(rooms(), None)
+async def test_a_parents_refusal_fails_the_welcome(membership):
+    link = ParentLink(membership(), None)
     link.received(FakeLink(), Refuse("master has all 2 child slots taken", False), None)
     with pytest.raises(JoinRefused) as e:
         await link.welcome
     assert (e.value.reason, e.value.retry) == ("master has all 2 child slots taken", False)
 
 
-async def test_a_welcome_the_node_cannot_take_fails_the_welcome(rooms):
-    m = rooms()                              # no --listen: it cannot be an inner node
+async def test_a_welcome_the_node_cannot_take_fails_the_welcome(membership):
+    m = membership()                              # no --listen: it cannot be an inner node
     link = ParentLink(m, m.engine)
     link.received(FakeLink(), Welcome("0", 1, (2, 2), (1, 1), "auto", 32, "cr"), None)
     with pytest.raises(JoinRefused, match="must accept children: start it with --listen"):
         await link.welcome
 
 
-async def test_a_welcome_tells_the_node_where_the_tree_is_and_then_fail_decides(rooms):
-    m = rooms()
+async def test_a_welcome_tells_the_node_where_the_tree_is_and_then_fail_decides(membership):
+    m = membership()
     link, conn = ParentLink(m, m.engine), FakeLink("parent")
     link.received(conn, Welcome("0", 1, (2,), (1,), "auto", 32, "cr", 7, 4, "float64"), None)
     await link.welcome
@@ -230,8 +210,8 @@ async def test_a_welcome_tells_the_node_where_the_tree_is_and_then_fail_decides(
         link.received(conn, Open(9), None)
 
 
-async def test_a_parent_that_hangs_up_before_welcome_fails_the_welcome(rooms):
-    link = ParentLink(rooms(), None)
+async def test_a_parent_that_hangs_up_before_welcome_fails_the_welcome(membership):
+    link = ParentLink(membership(), None)
     link.lost(FakeLink(), None)
     with pytest.raises(ConnectionResetError):
         await link.welcome
@@ -281,8 +261,8 @@ def test_a_training_process_is_welcomed_once_its_host_is_assigned(master):
     assert master.on_assigned == []
 
 
-def test_a_changed_assignment_welcomes_the_training_process_again(rooms):
-    m = rooms(Place("0", 1, Tree((2, 2), (1, 1)), "cr", "auto", 32))
+def test_a_changed_assignment_welcomes_the_training_process_again(membership):
+    m = membership(Place("0", 1, Tree((2, 2), (1, 1)), "cr", "auto", 32))
     m.listen_address = "10.0.0.1:7000"
     link, conn = client_link(m, ClientSeat()), FakeLink()
     link.received(conn, ClientHello(111), None)

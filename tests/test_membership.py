@@ -7,13 +7,11 @@ import pytest
 
 from crnet.errors import JoinRefused, ProtocolError
 from crnet.messages import Assign, Chunk, Hello, Joined, NodeShare, Welcome, pack_allocation, parse_allocation
-from crnet.node.engine import EngineSettings, Failed, Lost, StepEngine
-from crnet.node.membership import JoinState, Membership
-from crnet.node.neighbours import Neighbours
+from crnet.node.engine import Failed, Lost
+from crnet.node.membership import JoinState
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
-from crnet.stats import Stats
 
 from .fake_links import FakeLink
 
@@ -26,25 +24,6 @@ CHUNK_BYTES = 32
 
 def place(name, tree=TREE, scheme="cr"):
     return Place(name, tree.layer(name), tree, scheme, "auto", CHUNK_BYTES)
-
-
-@pytest.fixture
-def membership():
-    """``membership(place=None, samples=None)``: a Membership over a fresh engine and
-    neighbours; the master passes its place and samples, a node neither."""
-    made = []
-
-    def make(place=None, samples=None):
-        neighbours = Neighbours()
-        engine = StepEngine(EngineSettings(), Stats(), neighbours)
-        m = Membership(engine, neighbours, stop=lambda code: None, place=place, samples=samples)
-        made.append(m)
-        return m
-
-    yield make
-    for m in made:
-        m.engine.close()
-        m.close()
 
 
 @pytest.fixture
