@@ -196,7 +196,7 @@ class StepEngine:
             if problem is not None:
                 answer(Mismatched(step, problem))
                 return
-            if self.is_decided(step):   # the vector completed it (a one-node tree)
+            if self.is_decided(step):   # decided at once (too many children gone at the master)
                 answer(self.outcome(step))
                 return
         self._open_step(step, announce=True)
