@@ -413,7 +413,11 @@ class Address(click.ParamType):
               help="Seconds a step may wait for its quorum at a node before it fails there.")
 @click.option("--keep-results", type=click.IntRange(min=1), default=defaults.KEEP_RESULTS,
               show_default=True,
-              help="Finished steps' results kept for training processes that fell behind.")
+              help="Finished steps' results kept for children that missed them.")
+@click.option("--result-memory", type=UnitValue("SIZE", parse_bytes), default="1GiB",
+              show_default=True,
+              help="Results kept for this host's training processes until they take them "
+                   "(they catch up on every step they missed, up to this much).")
 @click.option("--step-window", type=click.IntRange(min=1), default=defaults.STEP_WINDOW,
               show_default=True,
               help="Steps further than this ahead of the tree's newest result are refused "
@@ -427,8 +431,8 @@ class Address(click.ParamType):
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
-           code_kind, client_socket, chunk_bytes, timeout, keep_results, step_window,
-           max_send_queue, strict, log_level):
+           code_kind, client_socket, chunk_bytes, timeout, keep_results, result_memory,
+           step_window, max_send_queue, strict, log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -456,7 +460,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
     settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
                         samples=samples, code_kind=code_kind, chunk_bytes=chunk_bytes,
                         client_socket=client_socket, timeout=timeout, keep_results=keep_results,
-                        window=step_window,
+                        window=step_window, result_memory=int(result_memory),
                         send_queue_bytes=None if max_send_queue is None else int(max_send_queue),
                         strict=strict)
     try:

@@ -38,15 +38,17 @@ from .messages import (
     ClientError,
     ClientHello,
     ClientWelcome,
+    Decided,
     Done,
     Fetch,
     Message,
     StatsReply,
     StatsRequest,
     Submit,
+    Watch,
 )
 from .schemes.chunks import DTYPES
-from .shm import SharedRegion
+from .shm import Progress, SharedRegion
 from .transport import Connection
 from .wire import Limits
 
@@ -101,6 +103,15 @@ class _Replies:
     def __init__(self, path: str):
         self.path = path
         self._queue: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._watches: dict[int, asyncio.Future[None]] = {}   # step -> DECIDED came
+
+    def watch(self, step: int) -> tuple[asyncio.Future[None], bool]:
+        """The future DECIDED for ``step`` resolves, and whether it is new (to ask for)."""
+        fut = self._watches.get(step)
+        if fut is not None:
+            return fut, False
+        fut = self._watches[step] = asyncio.get_running_loop().create_future()
+        return fut, True
 
     async def next(self, kind: type[M], timeout: float | None, what: str) -> M:
         """The daemon's next message, which must be a ``kind``; an ERROR raises its exception."""
@@ -124,10 +135,19 @@ class _Replies:
         raise ProtocolError(f"unexpected payload on {msg.TYPE.name} from crnetd")
 
     def received(self, conn, msg, payload):
+        if isinstance(msg, Decided):   # not an answer to a request: a watch came true
+            fut = self._watches.pop(msg.step, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+            return
         self._queue.put_nowait(msg)
 
     def lost(self, conn, exc):
         self._queue.put_nowait(None)
+        for fut in self._watches.values():
+            if not fut.done():
+                fut.set_exception(DaemonNotRunning(f"crnetd at {self.path} closed the connection"))
+        self._watches.clear()
 
 
 class AsyncClient:
@@ -147,6 +167,7 @@ class AsyncClient:
         self._conn = conn
         self._replies = replies
         self._region: SharedRegion | None = None
+        self._progress: Progress | None = None   # the daemon keeps it current
 
     @classmethod
     async def connect(cls, socket_path=None,
@@ -162,19 +183,44 @@ class AsyncClient:
         try:
             conn.send(ClientHello(os.getpid()))
             welcome = await replies.next(ClientWelcome, timeout, "the tree's assignment")
+            self = cls(path, conn, replies, welcome)
+            await self._ensure(1 << 16)   # shared memory now: the tree's progress is in it
         except BaseException:
             conn.close()
             raise
-        return cls(path, conn, replies, welcome)
+        return self
 
     @property
     def tree_step(self) -> int:
-        """The newest step the whole tree had finished when the daemon last answered.
+        """The newest step the tree decided, as the daemon knows it now: it writes it into
+        shared memory the moment it learns, so reading it costs well under a microsecond.
 
         A training process that fell behind (it straggled and the tree went on
-        without it) can fetch those results with ``result`` instead of computing.
+        without it) takes those results with ``result`` instead of computing.
         """
-        return self._tree_step
+        if self._progress is None:
+            return self._tree_step
+        return max(self._tree_step, self._progress.tree_step)
+
+    def finished(self, step: int) -> bool:
+        """Whether the daemon already has ``step``'s outcome (the tree finished it, or it
+        failed): check it between micro-batches and stop computing a step that is done.
+        ``allreduce`` or ``result`` then return that outcome at once."""
+        return self._progress is not None and self._progress.finished(step)
+
+    async def wait_finished(self, step: int, timeout: float | None = None) -> None:
+        """Return once ``step`` is decided (within the daemon's bound): race it against
+        the computation of ``step``, and take the outcome with ``allreduce``/``result``."""
+        if self.finished(step):
+            return
+        fut, new = self._replies.watch(step)
+        if new:
+            self._conn.send(Watch(step))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut),
+                                   self.default_timeout if timeout is None else timeout)
+        except asyncio.TimeoutError:
+            raise CrnetTimeout(f"step {step} was not decided within {timeout} s") from None
 
     async def buffer(self, length: int, dtype=np.float32) -> np.ndarray:
         """The shared input vector: compute the gradient into it, then allreduce it."""
@@ -270,7 +316,7 @@ class AsyncClient:
             await self._reply(Attached, 30.0, "shared memory")
         finally:
             region.unlink()  # both sides have it mapped: nothing to leak if either dies
-        self._region = region
+        self._region, self._progress = region, region.progress
         return region
 
 
@@ -301,6 +347,12 @@ class Client:
 
     def buffer(self, length: int, dtype=np.float32) -> np.ndarray:
         return self._run(self._c.buffer(length, dtype))
+
+    def finished(self, step: int) -> bool:
+        return self._c.finished(step)
+
+    def wait_finished(self, step: int, timeout: float | None = None) -> None:
+        self._run(self._c.wait_finished(step, timeout))
 
     def allreduce(self, vec, step: int, out=None, timeout: float | None = None) -> np.ndarray:
         return self._run(self._c.allreduce(vec, step, out, timeout))

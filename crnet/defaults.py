@@ -8,7 +8,8 @@ from __future__ import annotations
 
 CHUNK_BYTES = 1 << 20              # the pipelining unit; the whole tree uses the master's
 TIMEOUT = 30.0                     # seconds a step may wait for its quorum at one node
-KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for stragglers
+KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for its children
+RESULT_MEMORY = 1 << 30            # bytes of results kept for training processes catching up
 STEP_WINDOW = 16                   # steps further ahead of the tree's newest result are refused
 OPEN_DELAY = 0.05                  # a step that began below a node and sent nothing up yet
                                    # this long after is announced (OPEN): the master's clock

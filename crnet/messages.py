@@ -33,6 +33,7 @@ __all__ = [
     "ClientError",
     "ClientHello",
     "ClientWelcome",
+    "Decided",
     "Done",
     "Fail",
     "FailKind",
@@ -52,6 +53,7 @@ __all__ = [
     "StatsReply",
     "StatsRequest",
     "Submit",
+    "Watch",
     "Welcome",
     "parse",
     "parse_allocation",
@@ -612,13 +614,38 @@ class StatsReply(Message):
                    h.integer("tree_step", -1), tuple(steps), h.mapping("links"))
 
 
+@dataclass(frozen=True, slots=True)
+class Watch(Message):
+    """training process -> daemon: send DECIDED once ``step`` is decided (``wait_finished``)."""
+
+    TYPE = MsgType.WATCH
+    step: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Watch:
+        return cls(h.integer("step"))
+
+
+@dataclass(frozen=True, slots=True)
+class Decided(Message):
+    """daemon -> training process: ``step`` is decided; its outcome is one request away."""
+
+    TYPE = MsgType.DECIDED
+    step: int
+    tree_step: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Decided:
+        return cls(h.integer("step"), h.integer("tree_step", -1))
+
+
 # ---------------------------------------------------------------- parsing
 
 _CLASSES: dict[MsgType, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Welcome, Refuse, Joined, Assign, Chunk, Result, Fail, Open,
                               PeerHello, PeerWelcome, Segment, ClientHello, ClientWelcome,
                               Attach, Attached, Submit, Fetch, Done, ClientError, StatsRequest,
-                              StatsReply)
+                              StatsReply, Watch, Decided)
 }
 
 

@@ -60,6 +60,8 @@ class MsgType(enum.IntEnum):
     ERROR = 27          # daemon -> client: a request failed (reason, kind)
     STATS = 28          # client -> daemon: counters please
     STATS_REPLY = 29    # daemon -> client: the counters
+    WATCH = 30          # client -> daemon: tell me when this step is decided
+    DECIDED = 31        # daemon -> client: that step is decided (its outcome is here)
 
 
 @dataclass(frozen=True)

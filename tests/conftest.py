@@ -119,3 +119,10 @@ async def gather_or_cancel(*aws):
 
 
 KILL = signal.SIGKILL
+
+def not_held(step, keep, tree_step):
+    """The reason a daemon gives for a step whose outcome it no longer holds."""
+    return (f"the outcome of step {step} is not held by this daemon (it keeps the last {keep}, "
+            "and those its training processes have not taken within --result-memory); the "
+            f"tree is at step {tree_step}: reload the parameters (e.g. the newest checkpoint) "
+            "and go on after it")

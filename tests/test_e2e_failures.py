@@ -85,7 +85,7 @@ async def _parent_up(client):
     return (await links_of(client))["parent"]
 
 
-async def test_a_process_that_fell_behind_keep_results_gets_step_lost(local_tree):
+async def test_a_process_that_fell_behind_catches_up_on_every_step(local_tree):
     tree = Tree.regular(3, 1, 1)        # a star of 3, s = 1: two workers carry each step
     m, dim = 30, 8
     lt = local_tree(tree, m, keep_results=2)
@@ -94,11 +94,34 @@ async def test_a_process_that_fell_behind_keep_results_gets_step_lost(local_tree
     clients = await connect_all(lt, workers(tree))
     try:
         active = {n: clients[n] for n in ("0", "1")}
+        for t in range(10):
+            await step_everywhere(active, grads, t, scale=t + 1.0)
+        late = clients["2"]                 # connected, but busy: its results wait for it
+        await wait_until(lambda: late.tree_step == 9, "step 9's result at its daemon")
+        assert all(late.finished(t) for t in range(10))
+        missed = [await late.result(t, like=np.zeros(dim), timeout=30) for t in range(10)]
+        kept = (await late.stats())["stats"]
+    finally:
+        close_all(clients)
+    for t, r in enumerate(missed):
+        assert rel_error(r, (t + 1) * want) <= 1e-9
+    assert kept["kept"] >= 2 and kept["kept_bytes"] > 0
+
+
+async def test_a_process_that_fell_behind_its_daemons_memory_gets_step_lost(local_tree):
+    tree = Tree.regular(3, 1, 1)
+    m, dim = 30, 8
+    lt = local_tree(tree, m, keep_results=2, result_memory=1)   # no memory to keep results in
+    grads = np.random.default_rng(8).standard_normal((m, dim))
+    want = grads.sum(axis=0)
+    clients = await connect_all(lt, workers(tree))
+    try:
+        active = {n: clients[n] for n in ("0", "1")}
         for t in range(5):
             await step_everywhere(active, grads, t, scale=t + 1.0)
         late = clients["2"]
-        with pytest.raises(StepLost, match=r"step 0 is not held .* keeps the last 2\); "
-                                           r"the tree is at step 4") as lost:
+        with pytest.raises(StepLost, match=r"step 0 is not held .* the tree is at step 4: "
+                                           r"reload the parameters") as lost:
             await late.result(0, like=np.zeros(dim), timeout=30)
         assert (lost.value.step, lost.value.tree_step) == (0, 4)
         newest = await late.result(4, like=np.zeros(dim), timeout=30)  # still held

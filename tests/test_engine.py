@@ -25,7 +25,7 @@ from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
 from crnet.stats import Stats
 
-from .conftest import wait_until
+from .conftest import not_held, wait_until
 from .fake_links import FakeLink
 
 pytestmark = pytest.mark.timeout(30)
@@ -400,8 +400,7 @@ async def test_the_parents_fail_decides_the_step_and_goes_down(engine_at, kind, 
     later = recorder()
     engine.request(5, None, later)     # a later request gets the same, at once
     if kind is FailKind.LOST:          # a lost outcome is not held here either
-        assert later.got == [Lost(5, "the outcome of step 5 is not held by this daemon (it "
-                                     "keeps the last 4); the tree is at step -1")]
+        assert later.got == [Lost(5, not_held(5, 4, -1))]
     else:
         assert later.got == [outcome]
 
@@ -517,8 +516,7 @@ async def test_a_step_left_open_is_lost_when_the_tree_passes_it_by(engine_at):
     assert not send_chunk(engine, 2, 1, 0, np.ones(4))   # a straggler's chunk for it: dropped
     late = recorder()
     engine.request(1, None, late)
-    assert late.got == [Lost(1, "the outcome of step 1 is not held by this daemon (it keeps the "
-                                "last 2); the tree is at step 5")]
+    assert late.got == [Lost(1, not_held(1, 2, 5))]
     assert engine.bookkeeping()["waiting"] == 0
 
 
@@ -604,8 +602,7 @@ async def test_a_restarted_node_learns_where_the_tree_is(engine_at):
 
     old = recorder()
     engine.request(40 - behind, np.zeros(8), old)
-    assert old.got == [Lost(40 - behind, f"the outcome of step {40 - behind} is not held by this "
-                                         "daemon (it keeps the last 4); the tree is at step 40")]
+    assert old.got == [Lost(40 - behind, not_held(40 - behind, 4, 40))]
     far = recorder()
     engine.request(41 + window, np.zeros(8), far)
     assert [type(o) for o in far.got] == [Refused]
@@ -708,8 +705,7 @@ def test_requesting_a_decided_step_answers_at_once_from_the_last_keep_results(en
     assert got[3] == Resolved(3, layout, vectors[3])
     assert got[2] == Failed(2, "child 1: disconnected", tree_wide=True)
     for s in (0, 1):
-        assert got[s] == Lost(s, f"the outcome of step {s} is not held by this daemon (it "
-                                 "keeps the last 2); the tree is at step 3")
+        assert got[s] == Lost(s, not_held(s, 2, 3))
     assert engine.open_steps == [] and engine.bookkeeping()["waiting"] == 0
 
 
@@ -773,10 +769,13 @@ async def test_the_masters_bookkeeping_stays_bounded_over_a_long_run(engine_at):
         assert not send_chunk(engine, 1, step, 0, vector)   # late: it gets the result again
         peak_of(peaks, engine)
     assert engine.tree_step == STEPS - 1 and engine.stats.steps_done == STEPS
+    peaks.pop("kept_bytes")
     assert dict(peaks) == {"open": 1, "decided": s.behind, "kept": s.keep_results,
                            "waiting": 1, "told": s.behind}
-    assert engine.bookkeeping() == {"open": 0, "decided": s.behind, "kept": s.keep_results,
-                                    "waiting": 0, "told": s.behind}
+    book = engine.bookkeeping()
+    assert book.pop("kept_bytes") <= s.keep_results * 8 * 8   # the kept vectors, no more
+    assert book == {"open": 0, "decided": s.behind, "kept": s.keep_results,
+                    "waiting": 0, "told": s.behind}
     scheme = engine.scheme
     assert scheme.ups == {} and scheme.down == {} and scheme._ahead == {}
     assert len(links[1].messages(Result)) == 2 * STEPS    # broadcast, plus the catch-up
@@ -797,10 +796,13 @@ async def test_a_node_counts_the_steps_resolved_without_it_and_stays_bounded(eng
     assert engine.stats.steps_done == STEPS
     assert engine.stats.times_skipped == STEPS - STEPS // 4
     assert len(parent.messages(Chunk)) == STEPS // 4
+    peaks.pop("kept_bytes")
     assert dict(peaks) == {"open": 1, "decided": s.behind, "kept": s.keep_results,
                            "waiting": 1, "told": 0}
-    assert engine.bookkeeping() == {"open": 0, "decided": s.behind, "kept": s.keep_results,
-                                    "waiting": 0, "told": 0}
+    book = engine.bookkeeping()
+    book.pop("kept_bytes")
+    assert book == {"open": 0, "decided": s.behind, "kept": s.keep_results,
+                    "waiting": 0, "told": 0}
     assert engine.scheme.ups == {} and engine.scheme.down == {}
 
 
@@ -817,7 +819,7 @@ async def test_a_run_of_failed_steps_keeps_the_bookkeeping_bounded(engine_at):
     assert engine.tree_step == STEPS - 1 and engine.stats.steps_failed == STEPS
     assert engine.tree_vector is None
     assert dict(peaks) == {"open": 0, "decided": s.behind, "kept": s.keep_results,
-                           "waiting": 0, "told": 0}
+                           "kept_bytes": 0, "waiting": 0, "told": 0}
     assert engine.scheme._ahead == {} and engine.scheme.ups == {}
 
 

@@ -43,6 +43,7 @@ from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
 from crnet.shm import SharedRegion
 
+from .conftest import not_held
 from .fake_links import FakeLink
 
 pytestmark = pytest.mark.timeout(30)
@@ -386,8 +387,7 @@ async def test_each_outcome_reaches_the_training_process_as_its_error(master, at
     engine.learn(40)                          # the tree is far ahead (this daemon restarted)
     link.received(conn, Fetch(40 - behind, 4, "float64"), None)
     assert conn.messages()[-1] == ClientError(
-        f"the outcome of step {40 - behind} is not held by this daemon (it keeps the last "
-        f"{engine.settings.keep_results}); the tree is at step 40", ErrorKind.LOST,
+        not_held(40 - behind, engine.settings.keep_results, 40), ErrorKind.LOST,
         40 - behind, 40, True)
 
 

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from crnet.shm import SharedRegion
+from crnet.shm import PROGRESS_BYTES, SharedRegion
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_only_the_creator_owns_the_name():
     path = client.path
     try:
         daemon = SharedRegion.attach(path, 16)
-        assert os.stat(path).st_size == 32
+        assert os.stat(path).st_size == PROGRESS_BYTES + 32
         assert daemon.path is None
         daemon.unlink()  # the daemon's side has no name to remove
         assert os.path.exists(path)
@@ -65,7 +65,8 @@ def test_the_mappings_outlive_the_name(regions):
 
 def test_attach_with_the_wrong_capacity_is_refused(regions):
     client, _ = regions
-    with pytest.raises(ValueError, match=f"{client.path} has 128 bytes, expected 256"):
+    with pytest.raises(ValueError, match=f"{client.path} has {PROGRESS_BYTES + 128} bytes, "
+                                         f"expected {PROGRESS_BYTES + 256}"):
         SharedRegion.attach(client.path, 128)
 
 
@@ -86,6 +87,26 @@ def test_a_region_has_at_least_one_byte_per_half():
     r = SharedRegion.create(0)
     try:
         assert r.capacity == 1
-        assert os.stat(r.path).st_size == 2
+        assert os.stat(r.path).st_size == PROGRESS_BYTES + 2
     finally:
         r.unlink()
+
+
+def test_progress_is_seen_by_the_process_as_the_daemon_writes_it():
+    client = SharedRegion.create(16)
+    try:
+        daemon = SharedRegion.attach(client.path, 16)
+        written, read = daemon.progress, client.progress
+        written.reset()
+        assert read.tree_step == -1 and not read.finished(0)
+        written.decided(0, tree_step=0, newest=0)
+        written.decided(2, tree_step=0, newest=2)    # decided here only: not the tree's step
+        assert read.tree_step == 0 and read.finished(0) and read.finished(2)
+        assert not read.finished(1)                   # still open, though a later one is done
+        written.decided(None, tree_step=5, newest=2)  # news of the tree, no decision here
+        assert read.tree_step == 5
+        written.decided(100, tree_step=100, newest=100)
+        assert read.finished(30)                      # too far behind to matter: done
+        assert not read.finished(101)
+    finally:
+        client.unlink()

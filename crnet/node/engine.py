@@ -99,6 +99,7 @@ class EngineSettings:
     keep_results: int = defaults.KEEP_RESULTS
     window: int = defaults.STEP_WINDOW
     send_queue_bytes: int | None = None     # None: max(SEND_QUEUE_BYTES, 4 vectors)
+    result_memory: int = defaults.RESULT_MEMORY
 
     @property
     def grace(self) -> float:
@@ -130,9 +131,16 @@ class StepEngine:
         self.tree_step = -1                     # the newest step the master decided
         self.tree_vector: tuple[int, str] | None = None   # (length, dtype) of the tree's vectors
         self.newest_step = -1                   # the newest step seen here in any form
+        self.newest_decided = -1                # the newest step decided here in any way
+        # Told of every decision, and of a tree_step learned from a peer (step None):
+        # the training processes' shared progress (links.ClientLink).
+        self.listeners: list[Callable[[int | None], None]] = []
         self.pool = BufferPool(keep=16)         # outputs, receive buffers, results
         self._outcomes: collections.OrderedDict[int, Resolved | Failed | Refused] = \
-            collections.OrderedDict()           # the last keep_results decisions
+            collections.OrderedDict()           # decisions kept (see _trim), oldest first
+        self._held = 0                          # bytes of the results kept
+        # The oldest step each local training process may still ask for (links.ClientLink).
+        self.consumers: list[Callable[[], int]] = []
         self._decided: set[int] = set()         # decided steps within the window behind
         self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
         self._reported: set[int] = set()        # steps this node told its parent it stalled
@@ -161,6 +169,8 @@ class StepEngine:
             self.tree_step = tree_step
             self.newest_step = max(self.newest_step, tree_step)
             self._prune()
+            for listener in self.listeners:
+                listener(None)
 
     def close(self) -> None:
         for handles in self._open.values():
@@ -175,7 +185,8 @@ class StepEngine:
     def bookkeeping(self) -> dict[str, int]:
         """How many steps each table tracks: bounded by the window, whatever the run's length."""
         return {"open": len(self._open), "decided": len(self._decided),
-                "kept": len(self._outcomes), "waiting": len(self._waiters),
+                "kept": len(self._outcomes), "kept_bytes": self._held,
+                "waiting": len(self._waiters),
                 "told": sum(len(slot.told) for slot in self.neighbours.slots)}
 
     # ---------------------------------------------------------------- the training process
@@ -202,6 +213,10 @@ class StepEngine:
         self._open_step(step, announce=True)
         self._waiters.setdefault(step, []).append(answer)
 
+    def decided_steps(self) -> list[int]:
+        """The steps decided here that the window still tracks."""
+        return sorted(self._decided)
+
     def is_decided(self, step: int) -> bool:
         return step in self._decided or step <= self.tree_step - self._behind
 
@@ -210,9 +225,11 @@ class StepEngine:
         found = self._outcomes.get(step)
         if found is not None:
             return found
-        return Lost(step, f"the outcome of step {step} is not held by this daemon (it keeps "
-                          f"the last {self.settings.keep_results}); the tree is at step "
-                          f"{self.tree_step}")
+        return Lost(step, f"the outcome of step {step} is not held by this daemon (it keeps the "
+                          f"last {self.settings.keep_results}, and those its training processes "
+                          f"have not taken within --result-memory); the tree is at step "
+                          f"{self.tree_step}: reload the parameters (e.g. the newest "
+                          "checkpoint) and go on after it")
 
     def _refusal(self, step: int) -> str | None:
         ahead = self.settings.window
@@ -446,6 +463,7 @@ class StepEngine:
             return False
         self._decided.add(step)
         self.newest_step = max(self.newest_step, step)
+        self.newest_decided = max(self.newest_decided, step)
         for handle in self._open.pop(step, ()):
             handle.cancel()
         self._reported.discard(step)
@@ -459,8 +477,9 @@ class StepEngine:
                     slot.link.send(_fail_of(outcome))
         if not isinstance(outcome, Lost):
             self._outcomes[step] = outcome
-        while len(self._outcomes) > self.settings.keep_results:
-            self._outcomes.popitem(last=False)
+            if isinstance(outcome, Resolved):
+                self._held += outcome.vector.nbytes
+            self._trim()
         if self.scheme is not None:
             self.scheme.forget(step, resolved=isinstance(outcome, Resolved))
         self.neighbours.forget(step)
@@ -469,9 +488,23 @@ class StepEngine:
         if decided_by_master and step > self.tree_step:
             self.tree_step = step   # before the answers: they say where the tree is
             self._prune()
+        for listener in self.listeners:
+            listener(step)
         for answer in self._waiters.pop(step, []):
             answer(outcome)
         return True
+
+    def _trim(self) -> None:
+        """Keep the last ``keep_results`` outcomes, and every result a local training process
+        has not taken yet (it will catch up on them) while they fit ``result_memory``."""
+        floor = min((taken() for taken in self.consumers), default=None)
+        while len(self._outcomes) > self.settings.keep_results:
+            step, oldest = next(iter(self._outcomes.items()))
+            if floor is not None and step >= floor and self._held <= self.settings.result_memory:
+                return
+            self._outcomes.popitem(last=False)
+            if isinstance(oldest, Resolved):
+                self._held -= oldest.vector.nbytes
 
     def _prune(self) -> None:
         """The window moved: forget what lies behind it; steps still open there were

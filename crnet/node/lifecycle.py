@@ -24,6 +24,7 @@ from ..plan import Tree
 from ..schemes import Place
 from ..stats import Stats
 from ..transport import Connection, Handler, loop_name, run
+from ..units import format_bytes
 from ..wire import Limits
 from .engine import EngineSettings, StepEngine
 from .links import ChildLink, ClientLink, ClientSeat, ParentLink, SuccessorLink
@@ -50,6 +51,7 @@ class Settings:
     client_socket: str | None = None
     timeout: float = defaults.TIMEOUT
     keep_results: int = defaults.KEEP_RESULTS
+    result_memory: int = defaults.RESULT_MEMORY  # results kept for processes catching up
     window: int = defaults.STEP_WINDOW         # steps ahead of the tree's newest result
     send_queue_bytes: int | None = None        # None: max(64 MiB, 4 vectors)
     strict: bool = False                       # an internal error stops the daemon (tests)
@@ -65,7 +67,8 @@ class Node:
         self.stats = Stats()
         self.neighbours = Neighbours()
         self.engine = StepEngine(EngineSettings(settings.timeout, settings.keep_results,
-                                                settings.window, settings.send_queue_bytes),
+                                                settings.window, settings.send_queue_bytes,
+                                                settings.result_memory),
                                  self.stats, self.neighbours)
         place = None
         if settings.is_master:
@@ -101,6 +104,8 @@ class Node:
         log.info("crnetd %s starting as %s; event loop %s; kernels %s%s", __version__, s.role,
                  loop_name(), "cython" if kernels.HAVE_CYTHON else "numpy reference (slow)",
                  "; strict mode" if s.strict else "")
+        log.info("keeping up to %s of results for training processes that fall behind "
+                 "(--result-memory)", format_bytes(s.result_memory))
         if s.listen is not None:
             server = await loop.create_server(
                 lambda: self._connection(ChildLink(self.membership, self.engine)), *s.listen)

@@ -29,6 +29,7 @@ from ..messages import (
     ClientError,
     ClientHello,
     ClientWelcome,
+    Decided,
     Done,
     Fail,
     Fetch,
@@ -44,6 +45,7 @@ from ..messages import (
     StatsReply,
     StatsRequest,
     Submit,
+    Watch,
     Welcome,
 )
 from ..schemes.chunks import DTYPES, ChunkLayout
@@ -215,6 +217,7 @@ class ClientLink:
         self.region: SharedRegion | None = None
         self.pid: int | None = None
         self.assignment: dict | None = None   # as the process was last told it
+        self.taken = -1                        # the newest step it was answered about
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
 
     def payload_dest(self, conn, msg, nbytes):
@@ -231,7 +234,10 @@ class ClientLink:
             except (OSError, ValueError) as e:
                 self._error(f"cannot map shared memory: {e}", ErrorKind.SHM)
                 return
+            self._progress_from_scratch()
             conn.send(Attached())
+        elif isinstance(msg, Watch):
+            self.engine.request(msg.step, None, lambda outcome: self._decided(outcome.step))
         elif isinstance(msg, Submit):  # Fetch too: a Submit that contributes nothing
             self._request(msg, contribute=not isinstance(msg, Fetch))
         elif isinstance(msg, StatsRequest):
@@ -254,6 +260,9 @@ class ClientLink:
         self.seat.holder = self
         log.info("training process %s attached", self.pid)
         self.membership.on_assigned.append(self._welcome)
+        self.engine.listeners.append(self._progress)
+        self.engine.consumers.append(self._next_step)
+        self.taken = self.engine.tree_step
         self._welcome()
 
     def _welcome(self) -> None:
@@ -278,9 +287,14 @@ class ClientLink:
         vector = self.region.input(dtype, msg.length) if contribute else None
         self.engine.request(msg.step, vector, self._answer)
 
+    def _next_step(self) -> int:
+        """The oldest step this process may still ask for: results from it on are kept."""
+        return self.taken + 1
+
     def _answer(self, outcome: Outcome) -> None:
         if self.waiting is None or self.waiting[0] != outcome.step or self.conn is None:
             return
+        self.taken = max(self.taken, outcome.step)
         step, length, dtype = self.waiting
         if isinstance(outcome, Resolved):
             # Only length and dtype are compared: the chunk size does not matter here.
@@ -308,9 +322,31 @@ class ClientLink:
         if self.conn is not None:
             self.conn.send(ClientError(reason, kind, step, self.engine.tree_step, tree_wide))
 
+    def _progress(self, step: int | None) -> None:
+        """A decision (or news of the tree's step): written where the process reads it."""
+        if self.region is not None:
+            e = self.engine
+            self.region.progress.decided(step, e.tree_step, e.newest_decided)
+
+    def _progress_from_scratch(self) -> None:
+        assert self.region is not None
+        progress = self.region.progress
+        progress.reset()
+        for step in self.engine.decided_steps():
+            progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
+        progress.decided(None, self.engine.tree_step, self.engine.newest_decided)
+
+    def _decided(self, step: int) -> None:
+        if self.conn is not None:
+            self.conn.send(Decided(step, self.engine.tree_step))
+
     def lost(self, conn, exc):
         if self.seat.holder is self:
             self.seat.holder = None
             log.info("training process %s detached", self.pid)
         if self._welcome in self.membership.on_assigned:
             self.membership.on_assigned.remove(self._welcome)
+        if self._progress in self.engine.listeners:
+            self.engine.listeners.remove(self._progress)
+        if self._next_step in self.engine.consumers:
+            self.engine.consumers.remove(self._next_step)

@@ -1,0 +1,155 @@
+"""The README's training loop, taken from README.md itself, on a real local tree.
+
+Each host's training process is a thread running ``train`` with the blocking Client;
+its compute is emulated per micro-batch (a sleep, ten times longer when it straggles),
+and its gradient is exact, so the final parameters say whether every step was applied.
+"""
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crnet import Client
+from crnet.plan import Tree
+
+pytestmark = pytest.mark.timeout(300)
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_train():
+    """The ``train`` function of the README's first python block after the loop marker."""
+    text = README.read_text()
+    after = text[text.index("<!-- the training loop"):]
+    code = re.search(r"```python\n(.*?)```", after, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, str(README), "exec"), namespace)
+    return namespace["train"]
+
+
+class Host:
+    """One training process: the README's loop with emulated compute, and what happened."""
+
+    def __init__(self, lt, name, grads, pieces, piece_s, straggle, seed):
+        self.lt, self.name, self.grads = lt, name, grads
+        self.pieces, self.piece_s, self.straggle = pieces, piece_s, straggle
+        self.rng = np.random.default_rng(seed)
+        self.resyncs = 0
+        self.abandoned = 0      # steps it stopped computing because the tree finished them
+        self.behind: list[int] = []   # at the start of each step: steps the tree was ahead
+        self.w = None
+        self.error = None
+
+    def run(self, train, steps, lr):
+        try:
+            with Client(self.lt.socket_path(self.name), timeout=60) as c:
+                self.c = c
+                self.w = train(c, np.zeros(self.grads.shape[1]), steps, self.micro_batches,
+                               self.gradient, lr, self.resync)
+        except BaseException as e:  # noqa: BLE001 -- reported by the test
+            self.error = e
+
+    def micro_batches(self, a, step):
+        self.behind.append(max(0, self.c.tree_step + 1 - step))
+        slow = self.rng.random() < self.straggle[0]
+        delay = self.piece_s * (self.straggle[1] if slow else 1)
+        ranges = list(a.ranges)
+        done = 0
+        try:
+            for k in range(self.pieces):
+                time.sleep(delay)                  # the emulated compute of this piece
+                yield ranges[k::self.pieces]
+                done += 1
+        finally:                                   # the loop broke off: the tree had finished
+            if done < self.pieces:
+                self.abandoned += 1
+
+    def gradient(self, w, piece):
+        g = np.zeros_like(w)
+        for start, stop, weight in piece:
+            g += weight * self.grads[start:stop].sum(axis=0)
+        return g
+
+    def resync(self, w):
+        self.resyncs += 1
+        return w
+
+
+def run_hosts(lt, tree, grads, steps, lr=0.5, pieces=5, piece_s=0.002, straggle=(0.0, 1.0)):
+    train = readme_train()
+    hosts = [Host(lt, name, grads, pieces, piece_s, straggle, seed=i)
+             for i, name in enumerate(tree.names())]
+    threads = [threading.Thread(target=h.run, args=(train, steps, lr)) for h in hosts]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    return hosts, time.monotonic() - started
+
+
+def assert_every_step_applied(hosts, grads, steps, lr=0.5):
+    m = grads.shape[0]
+    want = -lr * steps * grads.sum(axis=0) / m
+    for h in hosts:
+        assert h.error is None, (h.name, h.error)
+        assert h.resyncs == 0, h.name
+        np.testing.assert_allclose(h.w, want, rtol=1e-9, atol=1e-12)
+
+
+def test_the_readme_loop_sheds_stragglers_and_applies_every_step(local_tree):
+    """200 steps, every process 10x slow with probability 0.2, default daemon options:
+    no StepLost, no failed step, every result exact; stragglers stop and catch up."""
+    tree = Tree.regular(3, 2, 1)
+    grads = np.random.default_rng(0).standard_normal((60, 20))
+    lt = local_tree(tree, 60)
+    steps = 200
+    hosts, took = run_hosts(lt, tree, grads, steps, straggle=(0.2, 10.0))
+    assert_every_step_applied(hosts, grads, steps)
+    abandoned = sum(h.abandoned for h in hosts)
+    behind = [b for h in hosts for b in h.behind]
+    assert abandoned > 0             # stragglers stopped computing steps the tree finished
+    assert max(behind) <= 2          # and never fell further behind than that
+    print(f"\n200 steps in {took:.1f} s; {abandoned} steps abandoned; steps behind at a "
+          f"step's start: max {max(behind)}, {sum(b > 0 for b in behind)} of {len(behind)} "
+          "starts behind")
+
+
+def test_the_readme_loop_without_compute_loses_no_step(local_tree):
+    tree = Tree.regular(2, 2, 1)
+    grads = np.random.default_rng(1).standard_normal((30, 4))
+    lt = local_tree(tree, 30)
+    hosts, _ = run_hosts(lt, tree, grads, 500, pieces=1, piece_s=0.0)
+    assert_every_step_applied(hosts, grads, 500)
+
+
+async def test_a_process_can_race_its_computation_against_the_tree(local_tree):
+    from crnet import AsyncClient
+
+    from .conftest import local_gradient, rel_error
+
+    tree = Tree.regular(3, 1, 1)
+    grads = np.random.default_rng(2).standard_normal((30, 6))
+    lt = local_tree(tree, 30)
+    clients = [await AsyncClient.connect(lt.socket_path(n), timeout=30) for n in ("0", "1", "2")]
+    try:
+        late = clients[2]
+        assert not late.finished(0) and late.tree_step == -1
+        waiting = asyncio.ensure_future(late.wait_finished(0))
+        await asyncio.gather(*(c.allreduce(local_gradient(c.assignment, grads), step=0)
+                               for c in clients[:2]))
+        await asyncio.wait_for(waiting, 10)    # the tree finished step 0 without it
+        assert late.finished(0) and late.tree_step == 0
+        started = time.monotonic()
+        result = await late.allreduce(np.zeros(6), step=0)   # its vector is not needed
+        assert time.monotonic() - started < 0.5
+        await late.wait_finished(0)                           # already finished: at once
+    finally:
+        for c in clients:
+            c.close()
+    assert rel_error(result, grads.sum(axis=0)) <= 1e-9
