@@ -32,6 +32,7 @@ class Preset:
     chunk_bytes: int = CHUNK_BYTES
     about: str = ""
     tree_shape: Tree | None = None  # the `tree` scheme's fanout (s = 0); None: the model's best
+    persistent: bool = False        # crnet's workers finish every computation (cannot stop)
 
     @property
     def vector_bytes(self) -> int:

@@ -65,6 +65,8 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
                     "--timeout", str(2 * preset.timeout + 5), "--out", str(workdir / f"w{i}.json")]
             if name == MASTER:
                 argv.append("--observer")
+            elif preset.persistent:
+                argv.append("--persistent-stragglers")
             elif preset.freeze and preset.freeze[0] == i - 1:
                 argv += ["--freeze-at", str(preset.freeze[1]),
                          "--daemon-pid", str(lt.procs[name].pid)]
@@ -249,7 +251,8 @@ def _config(p: Preset) -> dict:
             "cr_stragglers": list(cr.stragglers), "gc_stragglers": p.gc_stragglers,
             "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
             "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,
-            "deadline_s": p.deadline, "timeout_s": p.timeout, "latency_s": p.latency}
+            "deadline_s": p.deadline, "timeout_s": p.timeout, "latency_s": p.latency,
+            "persistent_stragglers": p.persistent}
 
 
 def _ms(x) -> str:

@@ -6,13 +6,13 @@ this machine's two cores. The vector is the sum over the worker's batch share of
 per-sample gradients that are all ``(t + 1) * ones``, so every result is checkable:
 it must be ``samples * (t + 1)`` everywhere.
 
-Compute times are independent from step to step (the paper's model): while a
-worker "computes" it also listens for the step's result, and if the tree
-finishes the step without it, it abandons the computation and moves on, as a
-training loop that checks ``Client.tree_step`` between micro-batches would.
-``--persistent-stragglers`` instead makes a slow worker finish its sleep: it
-then misses the next steps too, and stragglers pile up (the benchmark reports
-both; see docs/benchmarks.md).
+Compute times are independent from step to step (the paper's model): a worker
+"computes" in micro-batches of ``SLICE`` and checks ``Client.finished(t)``
+between them, as the README's training loop does; if the tree finished the
+step without it, it stops and takes the tree's result. ``--persistent-stragglers``
+instead makes a slow worker finish its computation (a loop that cannot stop
+mid-step): it then starts the next steps late too (``crnet bench
+--persistent-stragglers`` reports that mode).
 
     python -m benchmarks.worker --socket S --elements E --steps T --compute SPEC \
         --seed 0 --worker-index I --out result.json [--observer] [--freeze-at K --daemon-pid P]
@@ -27,7 +27,7 @@ import signal
 import time
 
 from crnet.client import Client
-from crnet.errors import CrnetError, CrnetTimeout, StepFailed
+from crnet.errors import CrnetError, StepFailed
 from crnet.workload import ComputeModel
 
 
@@ -75,22 +75,17 @@ def run(a) -> dict:
                 if t == a.freeze_at:
                     _freeze(a.daemon_pid)
                 try:
-                    if a.observer or t <= c.tree_step:
+                    if a.observer:
                         result = c.result(t, like=vec, timeout=a.timeout)
-                        record["skipped_compute"] += not a.observer
                         record["compute_s"].append(0.0)
                     else:
                         busy = compute.compute_time(load, a.seed, t, a.worker_index)
-                        result = None if a.persistent_stragglers else _result_within(c, t, vec, busy)
-                        if result is None:
-                            if a.persistent_stragglers:
-                                time.sleep(busy)
-                            vec.fill(weight * (t + 1))
-                            result = c.allreduce(vec, step=t, timeout=a.timeout)
-                            record["compute_s"].append(busy)
-                        else:
-                            record["skipped_compute"] += 1
-                            record["compute_s"].append(0.0)
+                        spent = _compute(c, t, busy, stoppable=not a.persistent_stragglers)
+                        record["skipped_compute"] += spent < busy
+                        record["compute_s"].append(spent)
+                        vec.fill(weight * (t + 1))
+                        # The tree's result, at once if the step is finished already.
+                        result = c.allreduce(vec, step=t, timeout=a.timeout)
                 except StepFailed as e:
                     record["failed_steps"].append([t, e.reason])
                     record["completion_times"].append(None)
@@ -105,12 +100,19 @@ def run(a) -> dict:
     return record
 
 
-def _result_within(c: Client, step: int, like, seconds: float):
-    """The step's result if the tree finishes it within ``seconds`` (we then skip it), else None."""
-    try:
-        return c.result(step, like=like, timeout=seconds)
-    except CrnetTimeout:
-        return None
+SLICE = 0.002   # seconds of emulated compute between two looks at the tree's progress
+
+
+def _compute(c: Client, step: int, seconds: float, stoppable: bool) -> float:
+    """Emulate ``seconds`` of compute in micro-batches, as the README's loop does: stop
+    once the tree has finished the step (unless not ``stoppable``); returns the time spent."""
+    started = time.monotonic()
+    end = started + seconds
+    while True:
+        now = time.monotonic()
+        if now >= end or (stoppable and c.finished(step)):
+            return now - started
+        time.sleep(min(SLICE, end - now))
 
 
 def _freeze(daemon_pid: int | None) -> None:

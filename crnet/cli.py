@@ -288,6 +288,9 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
               help="Comma list of cr, gc, tree, rar and gloo (PyTorch's ring allreduce).")
 @click.option("--sweep", is_flag=True,
               help="Also sweep straggle probability x slowdown (stragglers preset; cr, rar, gloo).")
+@click.option("--persistent-stragglers", is_flag=True,
+              help="crnet's emulated workers finish every computation, as a loop that cannot "
+                   "stop mid-step would (default: they stop once the tree finished the step).")
 @click.option("--steps", type=click.IntRange(min=3), default=None, help="Override the preset's steps.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True)
@@ -296,7 +299,8 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Keep daemon logs and raw results here (default: a temporary directory).")
 @click.option("--json", "as_json", is_flag=True, help="End with a summary as one JSON line.")
-def bench(presets, schemes, sweep, steps, seed, out, plot_path, workdir, as_json):
+def bench(presets, schemes, sweep, persistent_stragglers, steps, seed, out, plot_path, workdir,
+          as_json):
     """Every scheme and PyTorch's Gloo on an emulated cluster (root: network namespaces).
 
     Runs from a source checkout (the benchmarks/ package next to crnet/), installed with
@@ -350,6 +354,8 @@ def bench(presets, schemes, sweep, steps, seed, out, plot_path, workdir, as_json
             preset = PRESETS[name]
             if steps is not None:
                 preset = dataclasses.replace(preset, steps=steps)
+            if persistent_stragglers:
+                preset = dataclasses.replace(preset, persistent=True)
             click.echo(f"{name}: {preset.about}", err=True)
             docs.append(run_preset(preset, chosen, Path(workdir) / name, seed,
                                    log=lambda m: click.echo(m, err=True)))
@@ -414,6 +420,9 @@ class Address(click.ParamType):
 @click.option("--keep-results", type=click.IntRange(min=1), default=defaults.KEEP_RESULTS,
               show_default=True,
               help="Finished steps' results kept for children that missed them.")
+@click.option("--local-processes", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="Training processes on this host (one per accelerator, say): the host's "
+                   "share is cut among them and their vectors are summed here.")
 @click.option("--result-memory", type=UnitValue("SIZE", parse_bytes), default="1GiB",
               show_default=True,
               help="Results kept for this host's training processes until they take them "
@@ -431,8 +440,8 @@ class Address(click.ParamType):
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
-           code_kind, client_socket, chunk_bytes, timeout, keep_results, result_memory,
-           step_window, max_send_queue, strict, log_level):
+           code_kind, client_socket, chunk_bytes, timeout, keep_results, local_processes,
+           result_memory, step_window, max_send_queue, strict, log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -461,6 +470,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
                         samples=samples, code_kind=code_kind, chunk_bytes=chunk_bytes,
                         client_socket=client_socket, timeout=timeout, keep_results=keep_results,
                         window=step_window, result_memory=int(result_memory),
+                        local_processes=local_processes,
                         send_queue_bytes=None if max_send_queue is None else int(max_send_queue),
                         strict=strict)
     try:

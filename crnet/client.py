@@ -69,11 +69,14 @@ class Assignment:
     samples: int
     workers: int
     ranges: tuple[tuple[int, int, float], ...]
+    process: int = 0            # which of this host's training processes (--local-processes)
+    processes: int = 1
 
     @classmethod
     def from_wire(cls, doc: dict) -> Assignment:
         return cls(doc["name"], doc["layer"], doc["samples"], doc["workers"],
-                   tuple((int(a), int(b), float(w)) for a, b, w in doc["ranges"]))
+                   tuple((int(a), int(b), float(w)) for a, b, w in doc["ranges"]),
+                   doc.get("process", 0), doc.get("processes", 1))
 
     @property
     def local_samples(self) -> int:

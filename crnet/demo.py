@@ -73,28 +73,35 @@ def reference_model(cfg: DemoConfig) -> np.ndarray:
     return w
 
 
+MICRO_BATCHES = 4
+
+
 def worker(socket_path: str, cfg: DemoConfig, index: int, out: mp.Queue) -> None:
-    """One training process: local gradient -> allreduce -> identical update."""
+    """One training process, as the README's loop: the local gradient in micro-batches,
+    stopping as soon as the tree has finished the step; allreduce; the same update."""
     try:
         X, y = synthetic_data(cfg.samples, cfg.features, cfg.seed)
         with Client(socket_path, timeout=120) as c:
             pos, weights = c.assignment.positions()
-            Xl, yl = X[pos], y[pos]
+            pieces = [(X[p], y[p], weights[k]) for k in np.array_split(np.arange(len(pos)),
+                                                                         MICRO_BATCHES)
+                      for p in [pos[k]]]
             rng = np.random.default_rng([cfg.seed, index])
             w = np.zeros(cfg.features)
             straggled = 0
             for t in range(cfg.steps):
-                if t <= c.tree_step:
-                    g = c.result(t, like=w)  # the tree finished without us: catch up
-                else:
+                slow = cfg.straggle_factor if rng.random() < cfg.straggle_prob else 1.0
+                straggled += slow > 1
+                g = np.zeros_like(w)
+                for Xp, yp, wp in pieces:
+                    if c.finished(t):          # the tree finished the step without us: stop
+                        break
                     start = time.perf_counter()
-                    g_local = gradient_sum(w, Xl, yl, weights)
-                    busy = max(time.perf_counter() - start, cfg.compute_ms / 1e3)
-                    if rng.random() < cfg.straggle_prob:
-                        busy *= cfg.straggle_factor
-                        straggled += 1
+                    g += gradient_sum(w, Xp, yp, wp)
+                    # Emulated compute: each micro-batch takes its share of compute_ms.
+                    busy = slow * cfg.compute_ms / 1e3 / MICRO_BATCHES
                     time.sleep(max(0.0, busy - (time.perf_counter() - start)))
-                    g = c.allreduce(g_local, step=t, timeout=cfg.timeout * 4)
+                g = c.allreduce(g, step=t, timeout=cfg.timeout * 4)   # at once if finished
                 w -= cfg.lr * g / cfg.samples
             out.put(("done", c.assignment.name, w, c.stats()["stats"], straggled))
     except BaseException as e:  # noqa: BLE001 -- report anything, don't hang the demo

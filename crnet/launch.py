@@ -50,7 +50,8 @@ class LocalTree:
                  log_level: str = "info", keep_results: int = KEEP_RESULTS, scheme: str = "cr",
                  addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
                  port: int = 7070, strict: bool = False, send_queue_bytes: int | None = None,
-                 window: int | None = None, result_memory: int | None = None):
+                 window: int | None = None, result_memory: int | None = None,
+                 local_processes: int = 1):
         self.tree = tree
         self.scheme = scheme
         self.samples = samples
@@ -72,6 +73,8 @@ class LocalTree:
             self.options["--step-window"] = window
         if result_memory is not None:
             self.options["--result-memory"] = result_memory
+        if local_processes != 1:
+            self.options["--local-processes"] = local_processes
         self.strict = strict
         self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind, "--scheme": scheme}
         # Parents listen for children; in a ring every worker listens for its predecessor.

@@ -494,6 +494,9 @@ class ClientWelcome(Message):
                       "workers": a.integer("workers", 1, 1 << 31),
                       "ranges": _ranges("CLIENT_WELCOME", "assignment", a.h.get("ranges"),
                                         samples)}
+        if "processes" in a.h:   # --local-processes: which of this host's processes it is
+            processes = a.integer("processes", 1, 1 << 10)
+            assignment.update(processes=processes, process=a.integer("process", 0, processes - 1))
         return cls(assignment, h.integer("tree_step", -1), h.number("answer_within", 0.0, 1e7))
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "Plan",
     "Tree",
     "WeightedRange",
+    "cut",
     "optimal_load",
     "plan",
     "plan_gc",
@@ -286,7 +287,7 @@ def plan(tree: Tree, samples: int, code_kind: str = "auto") -> Plan:
             nodes[name] = _assignment(name, layer, responsibility, local)
             code = tree.code_of(name, code_kind)
             assert code is not None  # not a leaf
-            parts = _cut(rest, code.n)
+            parts = cut(rest, code.n)
             for k, child in enumerate(tree.children(name)):
                 share = [
                     (start, stop, weight * float(code.B[k, j]))
@@ -330,8 +331,9 @@ def _split_at(ranges: Sequence[WeightedRange], count: int):
     return head, tail
 
 
-def _cut(ranges: Sequence[WeightedRange], n: int) -> list[list[WeightedRange]]:
-    """Cut into n consecutive parts whose sizes differ by at most one."""
+def cut(ranges: Sequence[WeightedRange], n: int) -> list[list[WeightedRange]]:
+    """Cut into n consecutive parts whose sample counts differ by at most one (a parent's
+    parts for its code, a host's share for its local training processes)."""
     base, extra = divmod(_count(ranges), n)
     parts = []
     rest = list(ranges)

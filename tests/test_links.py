@@ -37,7 +37,7 @@ from crnet.messages import (
     pack_allocation,
 )
 from crnet.node.engine import EngineSettings, Failed
-from crnet.node.links import ChildLink, ClientLink, ClientSeat, ParentLink
+from crnet.node.links import ChildLink, ClientLink, LocalProcesses, ParentLink
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
@@ -220,8 +220,8 @@ async def test_a_parent_that_hangs_up_before_welcome_fails_the_welcome(membershi
 
 # ---------------------------------------------------------------- ClientLink
 
-def client_link(m, seat):
-    return ClientLink(seat, m, m.engine, m.engine.stats)
+def client_link(m, local=None):
+    return ClientLink(local or LocalProcesses(1, m.engine), m, m.engine, m.engine.stats)
 
 
 def assign_everyone(master):
@@ -231,31 +231,32 @@ def assign_everyone(master):
 
 
 def test_a_second_training_process_is_told_the_daemon_is_busy(master):
-    seat = ClientSeat()
+    seat = LocalProcesses(1, master.engine)
     first, second = client_link(master, seat), client_link(master, seat)
     c1, c2 = FakeLink(), FakeLink()
     first.received(c1, ClientHello(111), None)
     second.received(c2, ClientHello(222), None)
     [busy] = c2.messages()
-    assert busy == ClientError("another training process is attached to this daemon (pid 111)",
-                               ErrorKind.BUSY)
+    assert busy == ClientError("another training process is attached to this daemon (pid 111; "
+                               "--local-processes)", ErrorKind.BUSY)
     assert isinstance(busy.kind.exception(busy.reason), DaemonBusy)
-    assert c2.closed and seat.holder is first
+    assert c2.closed and seat.seats == [first]
     first.lost(c1, None)                     # once it leaves, the next one is served
     third, c3 = client_link(master, seat), FakeLink()
     third.received(c3, ClientHello(333), None)
-    assert seat.holder is third and c3.messages() == []
+    assert seat.seats == [third] and c3.messages() == []
 
 
 def test_a_training_process_is_welcomed_once_its_host_is_assigned(master):
-    link, conn = client_link(master, ClientSeat()), FakeLink()
+    link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
     assert conn.messages() == []             # the tree has not assigned this host yet
     assign_everyone(master)
     answer_within = master.engine.settings.answer_within
     assert answer_within == EngineSettings().timeout + EngineSettings().grace
     assert conn.messages() == [ClientWelcome({"name": "", "layer": 0, "samples": 10,
-                                              "workers": 2, "ranges": ()}, -1, answer_within)]
+                                              "workers": 2, "process": 0, "processes": 1,
+                                              "ranges": ()}, -1, answer_within)]
     master.on_assigned[0]()                  # assigned again, the same share: not told again
     assert len(conn.messages()) == 1
     link.lost(conn, None)
@@ -265,7 +266,7 @@ def test_a_training_process_is_welcomed_once_its_host_is_assigned(master):
 def test_a_changed_assignment_welcomes_the_training_process_again(membership):
     m = membership(Place("0", 1, Tree((2, 2), (1, 1)), "cr", "auto", 32))
     m.listen_address = "10.0.0.1:7000"
-    link, conn = client_link(m, ClientSeat()), FakeLink()
+    link, conn = client_link(m), FakeLink()
     link.received(conn, ClientHello(111), None)
 
     def assign(samples):
@@ -288,23 +289,23 @@ def test_a_changed_assignment_welcomes_the_training_process_again(membership):
 @pytest.mark.parametrize("msg", [Submit(0, 4, "float32"), StatsRequest()])
 def test_the_training_process_must_say_hello_first(master, msg):
     with pytest.raises(ProtocolError, match=f"^{msg.TYPE.name} before CLIENT_HELLO$"):
-        client_link(master, ClientSeat()).received(FakeLink(), msg, None)
+        client_link(master).received(FakeLink(), msg, None)
 
 
 def test_the_client_link_carries_no_payloads(master):
     with pytest.raises(ProtocolError, match=r"^the client link carries no payloads$"):
-        client_link(master, ClientSeat()).payload_dest(FakeLink(), CHUNK, 32)
+        client_link(master).payload_dest(FakeLink(), CHUNK, 32)
 
 
 def test_a_second_hello_is_a_protocol_error(master):
-    link, conn = client_link(master, ClientSeat()), FakeLink()
+    link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
     with pytest.raises(ProtocolError, match=r"^unexpected CLIENT_HELLO from the training process$"):
         link.received(conn, ClientHello(111), None)
 
 
 def test_a_request_before_shared_memory_is_rejected(master):
-    link, conn = client_link(master, ClientSeat()), FakeLink()
+    link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
     link.received(conn, Submit(0, 4, "float64"), None)
     assert conn.messages() == [ClientError("vector does not fit the attached shared memory",
@@ -312,7 +313,7 @@ def test_a_request_before_shared_memory_is_rejected(master):
 
 
 def test_shared_memory_that_cannot_be_mapped_is_reported(master, tmp_path):
-    link, conn = client_link(master, ClientSeat()), FakeLink()
+    link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
     link.received(conn, Attach(str(tmp_path / "missing"), 64), None)
     [error] = conn.messages()
@@ -324,7 +325,7 @@ def attached(master):
     """The master's training process, attached with 64 bytes of shared memory:
     ``(link, conn, region)``."""
     assign_everyone(master)
-    link, conn = client_link(master, ClientSeat()), FakeLink()
+    link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
     region = SharedRegion.create(64)
     link.received(conn, Attach(region.path, 64), None)
@@ -394,7 +395,7 @@ async def test_each_outcome_reaches_the_training_process_as_its_error(master, at
 def test_stats_report_the_counters_the_bookkeeping_and_the_tree_step(master):
     assign_everyone(master)
     master.engine.resolved(5, ChunkLayout.of(4, np.float64, 32), np.ones(4))
-    link, conn = client_link(master, ClientSeat()), FakeLink()
+    link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
     link.received(conn, StatsRequest(), None)
     [reply] = conn.messages(StatsReply)

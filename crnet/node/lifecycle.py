@@ -27,7 +27,7 @@ from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes
 from ..wire import Limits
 from .engine import EngineSettings, StepEngine
-from .links import ChildLink, ClientLink, ClientSeat, ParentLink, SuccessorLink
+from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
 from .neighbours import Neighbours
 
@@ -52,6 +52,7 @@ class Settings:
     timeout: float = defaults.TIMEOUT
     keep_results: int = defaults.KEEP_RESULTS
     result_memory: int = defaults.RESULT_MEMORY  # results kept for processes catching up
+    local_processes: int = 1                   # training processes on this host
     window: int = defaults.STEP_WINDOW         # steps ahead of the tree's newest result
     send_queue_bytes: int | None = None        # None: max(64 MiB, 4 vectors)
     strict: bool = False                       # an internal error stops the daemon (tests)
@@ -79,7 +80,7 @@ class Node:
             self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
             dial_successor=self._dialer)
-        self.seat = ClientSeat()
+        self.local = LocalProcesses(settings.local_processes, self.engine)
         self.stopping = asyncio.Event()
         self.exit_code = 0
         self._servers: list[asyncio.AbstractServer] = []
@@ -117,7 +118,7 @@ class Node:
             if os.path.exists(s.client_socket):
                 os.unlink(s.client_socket)  # a stale socket from a previous run
             server = await loop.create_unix_server(
-                lambda: self._connection(ClientLink(self.seat, self.membership, self.engine,
+                lambda: self._connection(ClientLink(self.local, self.membership, self.engine,
                                                     self.stats), Limits(max_payload=0), "client"),
                 s.client_socket)
             self._servers.append(server)

@@ -21,6 +21,7 @@ import logging
 import numpy as np
 
 from ..errors import ErrorKind, JoinRefused, ProtocolError
+from ..kernels import coded_sum
 from ..messages import (
     Assign,
     Attach,
@@ -198,18 +199,88 @@ class SuccessorLink:
             self.welcome.set_exception(ConnectionResetError("the ring successor hung up"))
 
 
-class ClientSeat:
-    """The one training process a daemon serves at a time."""
+class LocalProcesses:
+    """This host's training processes (``--local-processes K``): K seats, one share of the
+    data each, and their vectors summed into the host's local vector, per step.
 
-    def __init__(self) -> None:
-        self.holder: ClientLink | None = None
+    Each process waits on the step itself (the tree may finish it before all K have
+    computed); the sum goes to the step engine once all K have submitted, added in one
+    ``coded_sum`` pass straight from their shared memory. A process that leaves fails,
+    for the others, the steps it had not submitted yet.
+    """
+
+    def __init__(self, k: int, engine: StepEngine):
+        self.k = k
+        self.engine = engine
+        self.seats: list[ClientLink | None] = [None] * k
+        self._parts: dict[int, dict[int, tuple[ClientLink, np.ndarray]]] = {}  # step -> seat
+        if k > 1:
+            engine.listeners.append(self._decided)
+
+    def sit(self, link: ClientLink) -> int | None:
+        """A free seat for ``link`` (its index), or None: all K are taken."""
+        for i, holder in enumerate(self.seats):
+            if holder is None or holder.conn is None or holder.conn.is_closing:
+                self.seats[i] = link
+                return i
+        return None
+
+    def holders(self) -> str:
+        return ", ".join(f"pid {h.pid}" for h in self.seats if h is not None)
+
+    def leave(self, link: ClientLink) -> None:
+        if link.index is None or self.seats[link.index] is not link:
+            return
+        self.seats[link.index] = None
+        for step, parts in sorted(self._parts.items()):
+            if link.index in parts:
+                continue
+            del self._parts[step]
+            why = (f"training process {link.index + 1} of {self.k} on this host (pid "
+                   f"{link.pid}) left before it submitted step {step}")
+            for other, _ in parts.values():
+                other.answer(Failed(step, why, tree_wide=False))
+
+    def submit(self, link: ClientLink, step: int, vector: np.ndarray) -> None:
+        """``link``'s vector for ``step``; its answer comes through ``link.answer``."""
+        if self.k == 1:
+            self.engine.request(step, vector, link.answer)
+            return
+        assert link.index is not None
+        parts = self._parts.setdefault(step, {})
+        first = next(iter(parts.values()), None)
+        if first is not None and (first[1].size, first[1].dtype) != (vector.size, vector.dtype):
+            link.answer(Mismatched(step, f"this process's vector is {vector.size} x "
+                                         f"{vector.dtype} but this host's others' are "
+                                         f"{first[1].size} x {first[1].dtype}"))
+            return
+        parts[link.index] = (link, vector)
+        self.engine.request(step, None, link.answer)   # the tree may finish it without us
+        if len(parts) < self.k or step not in self._parts:
+            return
+        del self._parts[step]
+        total = self.engine.alloc(vector.size, vector.dtype)
+        coded_sum(total, [1.0] * self.k, [v for _, v in parts.values()])
+        links = [other for other, _ in parts.values()]
+
+        def refused(outcome: Outcome) -> None:   # other outcomes reach each process directly
+            if isinstance(outcome, Mismatched):
+                for other in links:
+                    other.answer(outcome)
+        self.engine.request(step, total, refused)
+
+    def _decided(self, step: int | None) -> None:
+        if step is not None:
+            self._parts.pop(step, None)   # its processes were answered; the sum is moot
 
 
 class ClientLink:
     """The local training process: control messages on a Unix socket, vectors in shm."""
 
-    def __init__(self, seat: ClientSeat, membership: Membership, engine: StepEngine, stats: Stats):
-        self.seat = seat
+    def __init__(self, local: LocalProcesses, membership: Membership, engine: StepEngine,
+                 stats: Stats):
+        self.local = local
+        self.index: int | None = None          # its seat among this host's processes
         self.membership = membership
         self.engine = engine
         self.stats = stats
@@ -250,15 +321,18 @@ class ClientLink:
             raise ProtocolError(f"unexpected {msg.TYPE.name} from the training process")
 
     def _hello(self, conn: Connection, msg: ClientHello) -> None:
-        other = self.seat.holder
-        if other is not None and other.conn is not None and not other.conn.is_closing:
-            conn.send(ClientError("another training process is attached to this daemon "
-                                  f"(pid {other.pid})", ErrorKind.BUSY))
+        self.pid = msg.pid
+        self.index = self.local.sit(self)
+        if self.index is None:
+            what = ("another training process is" if self.local.k == 1 else
+                    f"{self.local.k} training processes are")
+            conn.send(ClientError(f"{what} attached to this daemon ({self.local.holders()}; "
+                                  "--local-processes)", ErrorKind.BUSY))
             conn.close()
             return
-        self.conn, self.pid = conn, msg.pid
-        self.seat.holder = self
-        log.info("training process %s attached", self.pid)
+        self.conn = conn
+        log.info("training process %s attached (%d of %d)", self.pid, self.index + 1,
+                 self.local.k)
         self.membership.on_assigned.append(self._welcome)
         self.engine.listeners.append(self._progress)
         self.engine.consumers.append(self._next_step)
@@ -268,7 +342,8 @@ class ClientLink:
     def _welcome(self) -> None:
         """This host's share: once the tree assigned it (the process waits for it), and
         again only if a re-assignment changed it (the process gets AssignmentChanged)."""
-        assignment = self.membership.assignment()
+        assert self.index is not None
+        assignment = self.membership.assignment(self.index, self.local.k)
         if self.conn is None or assignment is None or assignment == self.assignment:
             return
         if self.assignment is not None:
@@ -284,14 +359,17 @@ class ClientLink:
             self._error("vector does not fit the attached shared memory", ErrorKind.REQUEST)
             return
         self.waiting = (msg.step, msg.length, dtype)
-        vector = self.region.input(dtype, msg.length) if contribute else None
-        self.engine.request(msg.step, vector, self._answer)
+        if contribute:
+            self.local.submit(self, msg.step, self.region.input(dtype, msg.length))
+        else:
+            self.engine.request(msg.step, None, self.answer)
 
     def _next_step(self) -> int:
         """The oldest step this process may still ask for: results from it on are kept."""
         return self.taken + 1
 
-    def _answer(self, outcome: Outcome) -> None:
+    def answer(self, outcome: Outcome) -> None:
+        """The outcome of the step this process waits on (anything else is ignored)."""
         if self.waiting is None or self.waiting[0] != outcome.step or self.conn is None:
             return
         self.taken = max(self.taken, outcome.step)
@@ -341,9 +419,9 @@ class ClientLink:
             self.conn.send(Decided(step, self.engine.tree_step))
 
     def lost(self, conn, exc):
-        if self.seat.holder is self:
-            self.seat.holder = None
+        if self.conn is not None:
             log.info("training process %s detached", self.pid)
+            self.local.leave(self)
         if self._welcome in self.membership.on_assigned:
             self.membership.on_assigned.remove(self._welcome)
         if self._progress in self.engine.listeners:

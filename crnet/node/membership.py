@@ -36,6 +36,7 @@ from ..messages import (
     pack_allocation,
     parse_allocation,
 )
+from ..plan import cut
 from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
@@ -81,13 +82,16 @@ class Membership:
     def label(self) -> str:
         return "node (joining)" if self.place is None else self.place.label
 
-    def assignment(self) -> dict | None:
-        """This node's share, as its training process sees it (``Client.assignment``)."""
+    def assignment(self, process: int = 0, processes: int = 1) -> dict | None:
+        """This node's share, as its training process ``process`` of ``processes`` sees it
+        (``Client.assignment``): the host's share cut in ``processes`` parts."""
         if self.allocation is None or self.place is None or self.samples is None:
             return None
         share = self.allocation[self.place.name]
+        ranges = cut(share.local, processes)[process]
         return {"name": self.place.name, "layer": share.layer, "samples": self.samples,
-                "workers": self.place.tree.workers, "ranges": [list(r) for r in share.local]}
+                "workers": self.place.tree.workers, "ranges": [list(r) for r in ranges],
+                "process": process, "processes": processes}
 
     def close(self) -> None:
         for task in self._tasks:
