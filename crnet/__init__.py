@@ -15,6 +15,7 @@ from .errors import (
     CrnetTimeout,
     DaemonBusy,
     DaemonNotRunning,
+    JobEnded,
     MismatchError,
     ProtocolError,
     RequestRejected,
@@ -25,6 +26,6 @@ from .errors import (
 
 __all__ = [
     "Assignment", "AssignmentChanged", "AsyncClient", "BatchSampler", "Client", "CrnetError", "CrnetTimeout",
-    "DaemonBusy", "DaemonNotRunning", "MismatchError", "ProtocolError", "RequestRejected",
+    "DaemonBusy", "DaemonNotRunning", "JobEnded", "MismatchError", "ProtocolError", "RequestRejected",
     "StepFailed", "StepLost", "StepRefused", "__version__",
 ]

@@ -174,7 +174,15 @@ class AsyncClient:
 
     @classmethod
     async def connect(cls, socket_path=None,
-                      timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT) -> AsyncClient:
+                      timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT,
+                      job: str | None = None) -> AsyncClient:
+        """Connect; wait (up to ``timeout``) until the tree has assigned this host its share.
+
+        ``job`` (default ``$CRNET_JOB``, else none) names the training job: the first process
+        of a new job makes the daemons drop the previous job's steps and start at step 0;
+        a process that joins a running job sees the job's ``tree_step`` at once (see the
+        README's loop for where it starts). Without a name, a process joins whatever job
+        the daemons run."""
         path = _socket_path(socket_path)
         replies = _Replies(path)
         loop = asyncio.get_running_loop()
@@ -184,7 +192,8 @@ class AsyncClient:
         except OSError as e:
             raise DaemonNotRunning(f"no crnetd at {path}: {e.strerror or e}") from None
         try:
-            conn.send(ClientHello(os.getpid()))
+            conn.send(ClientHello(os.getpid(), job if job is not None
+                                  else os.environ.get("CRNET_JOB", "")))
             welcome = await replies.next(ClientWelcome, timeout, "the tree's assignment")
             self = cls(path, conn, replies, welcome)
             await self._ensure(1 << 16)   # shared memory now: the tree's progress is in it
@@ -331,11 +340,12 @@ class Client:
     """
 
     def __init__(self, socket_path: str | os.PathLike | None = None,
-                 timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT):
-        """Connect and wait (up to ``timeout``) until the tree has assigned this host its data."""
+                 timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT, job: str | None = None):
+        """Connect and wait (up to ``timeout``) until the tree has assigned this host its
+        data (``job``: see ``AsyncClient.connect``)."""
         self._loop = asyncio.new_event_loop()
         try:
-            self._c = self._run(AsyncClient.connect(socket_path, timeout))
+            self._c = self._run(AsyncClient.connect(socket_path, timeout, job))
         except BaseException:
             self._loop.close()
             raise

@@ -12,6 +12,7 @@
     +-- StepLost            the daemon no longer holds the result of a step this process missed
     +-- StepRefused         the step is far outside the tree's window: a bug in the caller
     +-- AssignmentChanged   the tree re-assigned this host a different share of the data
+    +-- JobEnded            the daemons moved on to another training job
     +-- MismatchError       this process's vector differs from the tree's (ValueError)
     +-- CrnetTimeout        no answer within the caller's timeout (TimeoutError)
     +-- LaunchError         a local tree (launch.py) or the demo could not start or run
@@ -107,6 +108,11 @@ class AssignmentChanged(CrnetError):
         self.assignment = assignment
 
 
+class JobEnded(CrnetError):
+    """The daemons now run another training job (a process of it connected): this
+    process's job is over for them."""
+
+
 class MismatchError(CrnetError, ValueError):
     """This process's vector does not match the rest of the tree (length or dtype)."""
 
@@ -125,6 +131,7 @@ class ErrorKind(str, enum.Enum):
     FAILED = "failed"        # StepFailed
     LOST = "lost"            # StepLost
     REFUSED = "refused"      # StepRefused
+    JOB = "job"              # JobEnded
     MISMATCH = "mismatch"    # MismatchError
     BUSY = "busy"            # DaemonBusy
     REQUEST = "request"      # RequestRejected: a malformed request
@@ -139,6 +146,8 @@ class ErrorKind(str, enum.Enum):
             return StepLost(reason, step, tree_step)
         if self is ErrorKind.REFUSED:
             return StepRefused(reason, step, tree_step)
+        if self is ErrorKind.JOB:
+            return JobEnded(reason)
         if self is ErrorKind.MISMATCH:
             return MismatchError(reason)
         if self is ErrorKind.BUSY:

@@ -39,6 +39,7 @@ __all__ = [
     "FailKind",
     "Fetch",
     "Hello",
+    "Job",
     "Joined",
     "Message",
     "NodeShare",
@@ -198,6 +199,7 @@ class Welcome(Message):
     tree_step: int = -1             # the newest step the master decided, as the parent knows it
     total: int | None = None        # the tree's vector layout, once a step has a result
     dtype: str | None = None
+    job: str = ""                   # the training job the tree runs
 
     @property
     def tree(self) -> Tree:
@@ -212,7 +214,8 @@ class Welcome(Message):
         msg = cls(h.text("name"), h.integer("layer", 1, 16), h.integers("fanout", 1, 1 << 16),
                   h.integers("stragglers", 0, 1 << 16), h.text("code", choices=CODE_KINDS),
                   h.integer("chunk_bytes", 1, 1 << 31), h.text("scheme", choices=SCHEMES),
-                  h.integer("tree_step", -1), total, dtype)
+                  h.integer("tree_step", -1), total, dtype,
+                  h.text("job", 256) if "job" in h.h else "")
         try:
             tree = msg.tree
         except ValueError as e:
@@ -245,10 +248,25 @@ class Joined(Message):
     TYPE = MsgType.JOINED
     workers: int
     tree_step: int = -1
+    job: str = ""
 
     @classmethod
     def from_header(cls, h: _Fields) -> Joined:
-        return cls(h.integer("workers", 0, 1 << 31), h.integer("tree_step", -1))
+        return cls(h.integer("workers", 0, 1 << 31), h.integer("tree_step", -1),
+                   h.text("job", 256) if "job" in h.h else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Job(Message):
+    """Up: a training process of job ``name`` joined below (the master starts it). Down: the
+    tree now runs job ``name``; the previous job's steps and results are dropped."""
+
+    TYPE = MsgType.JOB
+    name: str
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Job:
+        return cls(h.text("name", 256))
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,10 +489,11 @@ class ClientHello(Message):
 
     TYPE = MsgType.CLIENT_HELLO
     pid: int
+    job: str = ""          # the training job it belongs to; "" joins whatever job runs
 
     @classmethod
     def from_header(cls, h: _Fields) -> ClientHello:
-        return cls(h.integer("pid", 0, 1 << 31))
+        return cls(h.integer("pid", 0, 1 << 31), h.text("job", 256) if "job" in h.h else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -645,7 +664,7 @@ class Decided(Message):
 # ---------------------------------------------------------------- parsing
 
 _CLASSES: dict[MsgType, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, Joined, Assign, Chunk, Result, Fail, Open,
+    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, Joined, Job, Assign, Chunk, Result, Fail, Open,
                               PeerHello, PeerWelcome, Segment, ClientHello, ClientWelcome,
                               Attach, Attached, Submit, Fetch, Done, ClientError, StatsRequest,
                               StatsReply, Watch, Decided)

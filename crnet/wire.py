@@ -45,6 +45,7 @@ class MsgType(enum.IntEnum):
     RESULT = 7          # parent -> child: a chunk of the step's full gradient
     FAIL = 8            # either way: a step cannot complete (reason, kind)
     OPEN = 9            # child -> parent: a step has begun in my subtree
+    JOB = 13            # up: a process of this job joined; down: the tree now runs this job
     # Ring links (TCP, --scheme rar), predecessor -> successor.
     PEER_HELLO = 10     # I am your predecessor, rank r
     PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow

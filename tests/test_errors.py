@@ -13,6 +13,7 @@ from crnet.errors import (
     DaemonBusy,
     DaemonNotRunning,
     ErrorKind,
+    JobEnded,
     JoinRefused,
     MismatchError,
     RequestRejected,
@@ -29,7 +30,7 @@ def test_the_module_defines_the_documented_errors():
     assert {cls.__name__ for cls in ERROR_CLASSES} == {
         "CrnetError", "ProtocolError", "JoinRefused", "DaemonNotRunning", "DaemonBusy",
         "RequestRejected", "StepFailed", "StepLost", "StepRefused", "AssignmentChanged",
-        "MismatchError", "CrnetTimeout", "LaunchError"}
+        "MismatchError", "CrnetTimeout", "LaunchError", "JobEnded"}
 
 
 def test_the_module_docstring_draws_every_error():
@@ -88,6 +89,7 @@ def test_join_refused_says_whether_to_retry():
     (ErrorKind.FAILED, StepFailed),
     (ErrorKind.LOST, StepLost),
     (ErrorKind.REFUSED, StepRefused),
+    (ErrorKind.JOB, JobEnded),
     (ErrorKind.MISMATCH, MismatchError),
     (ErrorKind.BUSY, DaemonBusy),
     (ErrorKind.REQUEST, RequestRejected),
@@ -100,8 +102,8 @@ def test_error_kind_maps_to_its_exception(kind, cls):
 
 
 def test_every_error_kind_is_mapped():
-    assert {k.value for k in ErrorKind} == {"failed", "lost", "refused", "mismatch", "busy",
-                                            "request", "shm"}
+    assert {k.value for k in ErrorKind} == {"failed", "lost", "refused", "job", "mismatch",
+                                            "busy", "request", "shm"}
     for kind in ErrorKind:
         assert isinstance(kind.exception("r"), CrnetError)
 
@@ -128,7 +130,7 @@ def test_the_wire_value_of_a_kind_is_its_string():
 @pytest.mark.parametrize("name", [
     "CrnetError", "CrnetTimeout", "DaemonBusy", "DaemonNotRunning", "MismatchError",
     "ProtocolError", "RequestRejected", "StepFailed", "StepLost", "StepRefused",
-    "AssignmentChanged"])
+    "AssignmentChanged", "JobEnded"])
 def test_the_package_exports_the_errors_a_training_process_sees(name):
     assert name in crnet.__all__
     assert getattr(crnet, name) is getattr(errors, name)

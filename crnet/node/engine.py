@@ -172,6 +172,32 @@ class StepEngine:
             for listener in self.listeners:
                 listener(None)
 
+    def new_job(self, name: str) -> None:
+        """The tree starts training job ``name``: the previous job's steps, results and
+        vector are dropped (its processes still waiting are told), and steps count from 0."""
+        waiting = self._waiters
+        self.close()
+        self._waiters = {}
+        self._outcomes.clear()
+        self._held = 0
+        self._decided.clear()
+        self._reported.clear()
+        self._sent_up.clear()
+        for slot in self.neighbours.slots:
+            slot.told.clear()
+            slot.missed_through = -1
+        self.tree_step = self.newest_step = self.newest_decided = -1
+        self.tree_vector = None
+        if self.place is not None:
+            self.scheme = driver(self.place, self)
+        log.info("the tree now runs job %r", name)
+        for step, answers in sorted(waiting.items()):
+            for answer in answers:
+                answer(Failed(step, f"the tree now runs job {name!r}: this job's steps are over",
+                              tree_wide=True))
+        for listener in self.listeners:
+            listener(None)
+
     def close(self) -> None:
         for handles in self._open.values():
             for handle in handles:

@@ -35,6 +35,7 @@ from ..messages import (
     Fail,
     Fetch,
     Hello,
+    Job,
     Joined,
     Message,
     Open,
@@ -93,6 +94,8 @@ class ChildLink:
                 self.engine.child_failed(self.slot, msg)
             elif isinstance(msg, Open):
                 self.engine.child_opened(self.slot, msg)
+            elif isinstance(msg, Job):
+                self.membership.join_job(msg.name)
             elif isinstance(msg, Result):
                 self.engine.child_result(self.slot, msg)
             else:
@@ -169,6 +172,8 @@ class ParentLink:
             self.engine.parent_failed(msg)
         elif isinstance(msg, Assign):
             self.membership.assigned(msg, payload)
+        elif isinstance(msg, Job):
+            self.membership.run_job(msg.name)
         else:
             raise ProtocolError(f"unexpected {msg.TYPE.name} from the parent")
 
@@ -281,6 +286,7 @@ class ClientLink:
                  stats: Stats):
         self.local = local
         self.index: int | None = None          # its seat among this host's processes
+        self.job = ""                          # the training job it belongs to ("": any)
         self.membership = membership
         self.engine = engine
         self.stats = stats
@@ -331,18 +337,24 @@ class ClientLink:
             conn.close()
             return
         self.conn = conn
-        log.info("training process %s attached (%d of %d)", self.pid, self.index + 1,
-                 self.local.k)
+        self.job = msg.job
+        log.info("training process %s attached (%d of %d)%s", self.pid, self.index + 1,
+                 self.local.k, f" for job {msg.job!r}" if msg.job else "")
         self.membership.on_assigned.append(self._welcome)
+        self.membership.on_job.append(self._welcome)
         self.engine.listeners.append(self._progress)
         self.engine.consumers.append(self._next_step)
         self.taken = self.engine.tree_step
-        self._welcome()
+        if self.membership.join_job(self.job):
+            self._welcome()   # else once the master has started this job
 
     def _welcome(self) -> None:
         """This host's share: once the tree assigned it (the process waits for it), and
         again only if a re-assignment changed it (the process gets AssignmentChanged)."""
         assert self.index is not None
+        if self.job and self.job != self.membership.job:
+            return   # its job does not run (yet, or any more)
+        self.taken = max(self.taken, self.engine.tree_step)
         assignment = self.membership.assignment(self.index, self.local.k)
         if self.conn is None or assignment is None or assignment == self.assignment:
             return
@@ -354,6 +366,10 @@ class ClientLink:
                                      self.engine.settings.answer_within))
 
     def _request(self, msg: Submit, contribute: bool) -> None:
+        if self.job and self.job != self.membership.job:
+            self._error(f"the daemons now run job {self.membership.job!r}; job {self.job!r} "
+                        "is over for them", ErrorKind.JOB, msg.step)
+            return
         dtype = DTYPES[msg.dtype]
         if self.region is None or msg.length * dtype.itemsize > self.region.capacity:
             self._error("vector does not fit the attached shared memory", ErrorKind.REQUEST)
@@ -401,8 +417,13 @@ class ClientLink:
             self.conn.send(ClientError(reason, kind, step, self.engine.tree_step, tree_wide))
 
     def _progress(self, step: int | None) -> None:
-        """A decision (or news of the tree's step): written where the process reads it."""
-        if self.region is not None:
+        """A decision (or news of the tree's step, or a new job): written where the process
+        reads it."""
+        if self.region is None:
+            return
+        if step is None:
+            self._progress_from_scratch()
+        else:
             e = self.engine
             self.region.progress.decided(step, e.tree_step, e.newest_decided)
 
@@ -422,8 +443,9 @@ class ClientLink:
         if self.conn is not None:
             log.info("training process %s detached", self.pid)
             self.local.leave(self)
-        if self._welcome in self.membership.on_assigned:
-            self.membership.on_assigned.remove(self._welcome)
+        for callbacks in (self.membership.on_assigned, self.membership.on_job):
+            if self._welcome in callbacks:
+                callbacks.remove(self._welcome)
         if self._progress in self.engine.listeners:
             self.engine.listeners.remove(self._progress)
         if self._next_step in self.engine.consumers:

@@ -27,6 +27,7 @@ from ..errors import JoinRefused, ProtocolError
 from ..messages import (
     Assign,
     Hello,
+    Job,
     Joined,
     NodeShare,
     PeerHello,
@@ -69,6 +70,9 @@ class Membership:
         self.allocation: dict[str, NodeShare] | None = None   # this subtree's shares
         self.listen_address: str | None = None                 # where this node accepts children
         self.on_assigned: list[Callable[[], None]] = []       # e.g. the training process's link
+        self.job = ""                                          # the training job the tree runs
+        self._wanted_job = ""                                  # asked of the master, not run yet
+        self.on_job: list[Callable[[], None]] = []            # told when that changes
         self._stop = stop
         self._name = name
         self._dial_parent = dial_parent
@@ -96,6 +100,32 @@ class Membership:
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
+
+    # ---------------------------------------------------------------- jobs
+    def join_job(self, name: str) -> bool:
+        """A training process of job ``name`` arrived here or below: True if the tree runs
+        that job (now). Else the master is asked to start it; ``on_job`` tells when."""
+        if not name or name == self.job:
+            return True
+        if self.place is not None and self.place.is_master:
+            self.run_job(name)
+            return True
+        self._wanted_job = name   # asked again whenever the parent link comes (back) up
+        self.neighbours.to_parent(Job(name))
+        return False
+
+    def run_job(self, name: str) -> None:
+        """The tree runs job ``name`` from now on (the master decided): drop the previous
+        job's steps, tell the subtree, and the processes waiting for it."""
+        if name == self.job:
+            return
+        self.job = name
+        self.engine.new_job(name)
+        for slot in self.neighbours.slots:
+            if slot.link is not None:
+                slot.link.send(Job(name))
+        for callback in list(self.on_job):
+            callback()
 
     async def wait_closed(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -133,13 +163,15 @@ class Membership:
         total, dtype = self.engine.tree_vector or (None, None)
         conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
                           place.code_kind, place.chunk_bytes, place.scheme,
-                          self.engine.tree_step, total, dtype))
+                          self.engine.tree_step, total, dtype, self.job))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
 
     def child_joined(self, k: int, msg: Joined) -> None:
         slot = self.neighbours.slots[k]
         slot.workers = msg.workers
+        if msg.job and not self.job and self.engine.tree_step < 0:
+            self.job = msg.job             # a restarted master: the job its children run
         self.engine.learn(msg.tree_step)   # a restarted master resumes where its children are
         self._report_joined()
         if self.allocation is not None and not slot.assigned and msg.workers:
@@ -176,7 +208,7 @@ class Membership:
             return
         self._joined_reported = count
         if not place.is_master:
-            self.neighbours.to_parent(Joined(count, self.engine.tree_step))
+            self.neighbours.to_parent(Joined(count, self.engine.tree_step, self.job))
             return
         log.info("%d/%d workers joined", count, place.tree.workers)
         if count == place.tree.workers and self.allocation is None:
@@ -233,6 +265,8 @@ class Membership:
         self.neighbours.parent = conn
         self._joined_reported = -1
         self._report_joined()
+        if self._wanted_job and self._wanted_job != self.job:
+            conn.send(Job(self._wanted_job))
 
     def _parent_down(self, what: str) -> None:
         self.neighbours.parent = None
@@ -264,6 +298,8 @@ class Membership:
         if self.state is JoinState.JOINING:
             self.state = JoinState.WELCOMED
         self._size_slots()
+        if msg.job and msg.job != self.job:
+            self.run_job(msg.job)          # the tree moved to another job while it was away
         vector = None if msg.total is None or msg.dtype is None else (msg.total, msg.dtype)
         self.engine.learn(msg.tree_step, vector)
         log.info("joined as %s (layer %d of %d); the tree is at step %d", place.name, place.layer,

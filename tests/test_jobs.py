@@ -1,0 +1,88 @@
+"""One set of daemons, one training job after another; processes joining a running job."""
+
+import numpy as np
+import pytest
+
+from crnet import AsyncClient, JobEnded
+from crnet.plan import Tree
+
+from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until, workers
+
+pytestmark = pytest.mark.timeout(120)
+
+TREE = Tree.regular(2, 2, 1)
+
+
+async def connect(lt, names, job):
+    return {n: await AsyncClient.connect(lt.socket_path(n), timeout=30, job=job) for n in names}
+
+
+async def steps(clients, grads, first, count):
+    want = grads.sum(axis=0)
+    for t in range(first, first + count):
+        for r in await gather_or_cancel(*(c.allreduce((t + 1) * local_gradient(c.assignment, grads),
+                                                      step=t) for c in clients.values())):
+            assert r.shape == want.shape and rel_error(r, (t + 1) * want) <= 1e-9
+
+
+async def test_two_jobs_one_after_the_other_on_the_same_daemons(local_tree):
+    lt = local_tree(TREE, 40)
+    first_grads = np.random.default_rng(1).standard_normal((40, 8))
+    first = await connect(lt, lt.procs, "job-a")
+    try:
+        await steps(first, first_grads, 0, 5)
+    finally:
+        for c in first.values():
+            c.close()
+    # Another job, another model size: it starts at step 0 and nothing of job-a remains.
+    second_grads = np.random.default_rng(2).standard_normal((40, 12))
+    second = await connect(lt, lt.procs, "job-b")
+    try:
+        assert all(c.tree_step == -1 for c in second.values())
+        await steps(second, second_grads, 0, 5)
+    finally:
+        for c in second.values():
+            c.close()
+
+
+async def test_a_new_job_tells_a_process_of_the_old_one_that_it_is_over(local_tree):
+    lt = local_tree(Tree.regular(2, 1, 1), 10)
+    old = await AsyncClient.connect(lt.socket_path("0"), timeout=30, job="old")
+    try:
+        grads = np.ones((10, 3))
+        await gather_or_cancel(old.allreduce(local_gradient(old.assignment, grads), step=0))
+        new = await AsyncClient.connect(lt.socket_path("1"), timeout=30, job="new")
+        with pytest.raises(JobEnded, match="now run job 'new'"):
+            await old.allreduce(local_gradient(old.assignment, grads), step=1)
+        new.close()
+    finally:
+        old.close()
+
+
+async def test_a_process_restarted_mid_job_joins_where_the_tree_is(local_tree):
+    lt = local_tree(TREE, 40)
+    grads = np.random.default_rng(3).standard_normal((40, 6))
+    clients = await connect(lt, lt.procs, "job")
+    try:
+        await steps(clients, grads, 0, 5)
+        clients.pop("0.1").close()                      # the process dies ...
+        clients["0.1"] = back = await AsyncClient.connect(lt.socket_path("0.1"), timeout=30,
+                                                         job="job")
+        await wait_until(lambda: back.tree_step == 4, "the newcomer to see the tree's step")
+        await steps(clients, grads, back.tree_step + 1, 3)   # ... and a new one joins at 5
+    finally:
+        for c in clients.values():
+            c.close()
+
+
+async def test_processes_without_a_job_name_join_whatever_runs(local_tree):
+    lt = local_tree(Tree.regular(2, 1, 1), 10)
+    grads = np.ones((10, 3))
+    named = await connect(lt, workers(Tree.regular(2, 1, 1))[:1], "named")
+    try:
+        unnamed = await AsyncClient.connect(lt.socket_path("1"), timeout=30)
+        both = {"0": named["0"], "1": unnamed}
+        await steps(both, grads, 0, 2)
+        unnamed.close()
+    finally:
+        named["0"].close()
