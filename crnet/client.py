@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,12 +40,16 @@ from .messages import (
     ClientHello,
     ClientWelcome,
     Decided,
+    Delivered,
     Done,
     Fetch,
     Message,
+    Publish,
+    Receive,
     StatsReply,
     StatsRequest,
     Submit,
+    WantState,
     Watch,
 )
 from .schemes.chunks import DTYPES
@@ -167,6 +172,7 @@ class AsyncClient:
         # The daemon answers every request within this; a little more covers the trip.
         self.default_timeout = welcome.answer_within + REPLY_MARGIN
         self._tree_step = welcome.tree_step
+        self._answered_state = 0     # the state request this process answered (or made)
         self._conn = conn
         self._replies = replies
         self._region: SharedRegion | None = None
@@ -240,6 +246,14 @@ class AsyncClient:
         region = await self._ensure(length * dtype.itemsize)
         return region.input(dtype, length)
 
+    async def result_buffer(self, length: int, dtype=np.float32) -> np.ndarray:
+        """The shared output vector, where the daemon writes each result: pass it as
+        ``out`` and a result costs no copy on this side. Each ``allreduce``, ``result``
+        or ``broadcast`` overwrites it."""
+        dtype = np.dtype(dtype)
+        region = await self._ensure(length * dtype.itemsize)
+        return region.output(dtype, length)
+
     async def allreduce(self, vec, step: int, out: np.ndarray | None = None,
                         timeout: float | None = None) -> np.ndarray:
         """Contribute this process's local gradient to ``step``; return the full sum.
@@ -249,12 +263,7 @@ class AsyncClient:
         the tree's ``tree_step``. CrnetTimeout only if ``timeout`` is shorter than that,
         or the daemon itself is stuck.
         """
-        vec = np.asarray(vec)
-        if vec.dtype.name not in DTYPES:
-            raise TypeError(f"allreduce takes float32 or float64 vectors, got {vec.dtype}")
-        if vec.size == 0:
-            raise ValueError("allreduce of an empty vector")
-        vec = vec.reshape(-1)
+        vec = self._flat(vec, "allreduce")
         region = await self._ensure(vec.nbytes)
         staged = region.input(vec.dtype, vec.size)
         if not np.shares_memory(staged, vec):
@@ -267,6 +276,53 @@ class AsyncClient:
         like = np.asarray(like).reshape(-1)
         await self._ensure(like.nbytes)
         return await self._request(Fetch, step, like, out, timeout)
+
+    async def broadcast(self, vec, key: str, root: bool, out: np.ndarray | None = None,
+                        timeout: float | None = None) -> np.ndarray:
+        """One process's vector to every process of the job (e.g. the parameters of a
+        checkpoint): every process calls it with the same ``key`` (unique within the job);
+        the one with ``root`` gives its vector, the others a vector of the same length and
+        dtype whose values do not matter. Returns the root's vector (in ``out`` if given;
+        ``out=result_buffer(...)`` costs no copy). The root returns once its daemon has
+        taken the vector; the others once it is here (or CrnetTimeout)."""
+        vec = self._flat(vec, "broadcast")
+        if root:
+            await self._publish(key, -1, vec, timeout)
+            if out is None:
+                return vec
+            np.copyto(out.reshape(-1), vec)
+            return out
+        return (await self._receive(key, vec, out, timeout))[0]
+
+    async def request_state(self, like, out: np.ndarray | None = None,
+                            timeout: float | None = None) -> tuple[np.ndarray, int]:
+        """For a process that joins a running job: ask the other processes for their state
+        (parameters, optimizer state: a vector like ``like``). Each of them answers at
+        its next step boundary (``state_wanted``, ``send_state``); the first answer to
+        reach the master is the one every asker gets. Returns (the state, the step it
+        was taken after): go on with the step after it."""
+        like = self._flat(like, "request_state")
+        nonce = secrets.randbits(62) + 1
+        self._answered_state = nonce           # its own request is not one to answer
+        self._conn.send(WantState(nonce))
+        return await self._receive(f"state/{nonce}", like, out, timeout)
+
+    def state_wanted(self) -> bool:
+        """Whether a process asked for the state and this one has not answered yet: a
+        shared-memory read, for a step boundary. Answer with ``send_state``."""
+        if self._progress is None:
+            return False
+        nonce = self._progress.state_request
+        return nonce > 0 and nonce != self._answered_state
+
+    async def send_state(self, vec, step: int, timeout: float | None = None) -> None:
+        """Answer the newest state request with this process's state after ``step``;
+        returns once the daemon has taken it."""
+        if self._progress is None or self._progress.state_request <= 0:
+            return
+        nonce = self._progress.state_request
+        self._answered_state = nonce
+        await self._publish(f"state/{nonce}", step, self._flat(vec, "send_state"), timeout)
 
     async def stats(self) -> dict:
         """The daemon's counters (``stats``: steps done and failed, children skipped, bytes,
@@ -298,8 +354,44 @@ class AsyncClient:
         result = self._region.output(like.dtype, like.size)
         if out is None:
             return result.copy()
-        np.copyto(out.reshape(-1), result)
+        if not np.shares_memory(out, result):
+            np.copyto(out.reshape(-1), result)
         return out
+
+    @staticmethod
+    def _flat(vec, what: str) -> np.ndarray:
+        vec = np.asarray(vec)
+        if vec.dtype.name not in DTYPES:
+            raise TypeError(f"{what} takes float32 or float64 vectors, got {vec.dtype}")
+        if vec.size == 0:
+            raise ValueError(f"{what} of an empty vector")
+        return vec.reshape(-1)
+
+    async def _publish(self, key: str, step: int, vec: np.ndarray, timeout: float | None) -> None:
+        region = await self._ensure(vec.nbytes)
+        staged = region.input(vec.dtype, vec.size)
+        if not np.shares_memory(staged, vec):
+            np.copyto(staged, vec)
+        self._conn.send(Publish(key, step, vec.size, vec.dtype.name))
+        await self._delivered(key, timeout)
+
+    async def _receive(self, key: str, like: np.ndarray, out: np.ndarray | None,
+                       timeout: float | None) -> tuple[np.ndarray, int]:
+        region = await self._ensure(like.nbytes)
+        self._conn.send(Receive(key, like.size, like.dtype.name))
+        step = await self._delivered(key, timeout)
+        result = region.output(like.dtype, like.size)
+        if out is None:
+            return result.copy(), step
+        if not np.shares_memory(out, result):
+            np.copyto(out.reshape(-1), result)
+        return out, step
+
+    async def _delivered(self, key: str, timeout: float | None) -> int:
+        while True:
+            msg = await self._reply(Delivered, timeout, f"broadcast {key!r}")
+            if msg.key == key:
+                return msg.step   # else: a late reply to a broadcast we gave up waiting on
 
     async def _reply(self, kind: type[M], timeout: float | None, what: str) -> M:
         """The daemon's answer; what it says of the tree (``tree_step``, a new assignment)
@@ -367,11 +459,27 @@ class Client:
     def wait_finished(self, step: int, timeout: float | None = None) -> None:
         self._run(self._c.wait_finished(step, timeout))
 
+    def result_buffer(self, length: int, dtype=np.float32) -> np.ndarray:
+        return self._run(self._c.result_buffer(length, dtype))
+
     def allreduce(self, vec, step: int, out=None, timeout: float | None = None) -> np.ndarray:
         return self._run(self._c.allreduce(vec, step, out, timeout))
 
     def result(self, step: int, like, out=None, timeout: float | None = None) -> np.ndarray:
         return self._run(self._c.result(step, like, out, timeout))
+
+    def broadcast(self, vec, key: str, root: bool, out=None,
+                  timeout: float | None = None) -> np.ndarray:
+        return self._run(self._c.broadcast(vec, key, root, out, timeout))
+
+    def request_state(self, like, out=None, timeout: float | None = None) -> tuple[np.ndarray, int]:
+        return self._run(self._c.request_state(like, out, timeout))
+
+    def state_wanted(self) -> bool:
+        return self._c.state_wanted()
+
+    def send_state(self, vec, step: int, timeout: float | None = None) -> None:
+        self._run(self._c.send_state(vec, step, timeout))
 
     def stats(self) -> dict:
         return self._run(self._c.stats())

@@ -29,11 +29,13 @@ __all__ = [
     "Assign",
     "Attach",
     "Attached",
+    "Bcast",
     "Chunk",
     "ClientError",
     "ClientHello",
     "ClientWelcome",
     "Decided",
+    "Delivered",
     "Done",
     "Fail",
     "FailKind",
@@ -47,6 +49,8 @@ __all__ = [
     "PeerHello",
     "PeerWelcome",
     "Phase",
+    "Publish",
+    "Receive",
     "Refuse",
     "Result",
     "RingPlace",
@@ -54,6 +58,7 @@ __all__ = [
     "StatsReply",
     "StatsRequest",
     "Submit",
+    "WantState",
     "Watch",
     "Welcome",
     "parse",
@@ -661,13 +666,101 @@ class Decided(Message):
         return cls(h.integer("step"), h.integer("tree_step", -1))
 
 
+# ---------------------------------------------------------------- broadcasts
+
+MAX_KEY = 256                   # characters of a broadcast's key
+
+
+@dataclass(frozen=True, slots=True)
+class Bcast(Message):
+    """A piece of broadcast ``key``: bytes ``offset``.. of a ``total`` x ``dtype`` vector.
+    Up (child -> parent): from the process that sent it (``origin``, chosen by its daemon),
+    toward the master; down (parent -> child): the master's copy, to every node. ``step``
+    is what the sender says the vector belongs to (a state: the step it was taken after)."""
+
+    TYPE = MsgType.BCAST
+    PAYLOAD = True
+    key: str
+    origin: int
+    step: int
+    offset: int
+    total: int
+    dtype: str
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Bcast:
+        return cls(h.text("key", MAX_KEY), h.integer("origin"), h.integer("step", -1),
+                   h.integer("offset", 0, 1 << 48), h.integer("total", 1, 1 << 40),
+                   h.text("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class WantState(Message):
+    """Up (and training process -> daemon): a process that joined a running job wants a
+    peer's state, as broadcast ``state/<nonce>``. Down: the master asks every process."""
+
+    TYPE = MsgType.WANT_STATE
+    nonce: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> WantState:
+        return cls(h.integer("nonce", 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Publish(Message):
+    """training process -> daemon: send the vector in my shared input to every process of
+    the job as broadcast ``key`` (``step``: what it belongs to, -1 if nothing)."""
+
+    TYPE = MsgType.PUBLISH
+    key: str
+    step: int
+    length: int
+    dtype: str
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Publish:
+        return cls(h.text("key", MAX_KEY), h.integer("step", -1), h.integer("length", 1, 1 << 40),
+                   h.text("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class Receive(Message):
+    """training process -> daemon: broadcast ``key`` into my shared output once it is here."""
+
+    TYPE = MsgType.RECEIVE
+    key: str
+    length: int
+    dtype: str
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Receive:
+        return cls(h.text("key", MAX_KEY), h.integer("length", 1, 1 << 40),
+                   h.text("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered(Message):
+    """daemon -> training process: broadcast ``key`` was taken (PUBLISH) or is in shared
+    memory (RECEIVE); ``step`` is what its sender said it belongs to."""
+
+    TYPE = MsgType.DELIVERED
+    key: str
+    step: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Delivered:
+        return cls(h.text("key", MAX_KEY), h.integer("step", -1))
+
+
 # ---------------------------------------------------------------- parsing
 
 _CLASSES: dict[MsgType, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Welcome, Refuse, Joined, Job, Assign, Chunk, Result, Fail, Open,
                               PeerHello, PeerWelcome, Segment, ClientHello, ClientWelcome,
                               Attach, Attached, Submit, Fetch, Done, ClientError, StatsRequest,
-                              StatsReply, Watch, Decided)
+                              StatsReply, Watch, Decided, Bcast, WantState, Publish, Receive,
+                              Delivered)
 }
 
 

@@ -96,10 +96,12 @@ class Progress:
     decided at this daemon in any way, and words 2.. a ring of the last ``RING`` decided
     steps (slot ``step % RING`` holds ``step`` once it is decided). The daemon writes a
     slot before the words that point to it, so a reader never sees a step as finished
-    before it is.
+    before it is. Word ``STATE`` is the newest request for a peer's state (its nonce;
+    0: none), so a process notices one between two steps.
     """
 
     RING = 64
+    STATE = 2 + RING
 
     def __init__(self, words: memoryview):
         self.words = words
@@ -107,6 +109,7 @@ class Progress:
     def reset(self) -> None:
         for i in range(2 + self.RING):
             self.words[i] = -1
+        self.words[self.STATE] = 0
 
     def decided(self, step: int | None, tree_step: int, newest: int) -> None:
         """The daemon's side: ``step`` (if any) is decided; the tree is at ``tree_step``."""
@@ -118,6 +121,14 @@ class Progress:
     @property
     def tree_step(self) -> int:
         return self.words[0]
+
+    @property
+    def state_request(self) -> int:
+        return self.words[self.STATE]
+
+    @state_request.setter
+    def state_request(self, nonce: int) -> None:
+        self.words[self.STATE] = nonce
 
     def finished(self, step: int) -> bool:
         """The daemon has ``step``'s outcome (or the step lies too far behind to matter)."""

@@ -46,6 +46,8 @@ class MsgType(enum.IntEnum):
     FAIL = 8            # either way: a step cannot complete (reason, kind)
     OPEN = 9            # child -> parent: a step has begun in my subtree
     JOB = 13            # up: a process of this job joined; down: the tree now runs this job
+    BCAST = 14          # up: a piece of a vector one process sends to all; down: the same, to all
+    WANT_STATE = 15     # up (and client -> daemon): a process wants a peer's state; down: asked
     # Ring links (TCP, --scheme rar), predecessor -> successor.
     PEER_HELLO = 10     # I am your predecessor, rank r
     PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow
@@ -63,6 +65,9 @@ class MsgType(enum.IntEnum):
     STATS_REPLY = 29    # daemon -> client: the counters
     WATCH = 30          # client -> daemon: tell me when this step is decided
     DECIDED = 31        # daemon -> client: that step is decided (its outcome is here)
+    PUBLISH = 32        # client -> daemon: send the vector in shared memory to every process
+    RECEIVE = 33        # client -> daemon: give me that broadcast once it is here
+    DELIVERED = 34      # daemon -> client: published (taken), or received (in shared memory)
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,13 @@ from ..messages import (
     Assign,
     Attach,
     Attached,
+    Bcast,
     Chunk,
     ClientError,
     ClientHello,
     ClientWelcome,
     Decided,
+    Delivered,
     Done,
     Fail,
     Fetch,
@@ -41,12 +43,15 @@ from ..messages import (
     Open,
     PeerHello,
     PeerWelcome,
+    Publish,
+    Receive,
     Refuse,
     Result,
     Segment,
     StatsReply,
     StatsRequest,
     Submit,
+    WantState,
     Watch,
     Welcome,
 )
@@ -54,6 +59,7 @@ from ..schemes.chunks import DTYPES, ChunkLayout
 from ..shm import SharedRegion
 from ..stats import Stats
 from ..transport import Connection
+from .broadcasts import Held
 from .engine import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
 from .membership import Membership
 
@@ -78,6 +84,8 @@ class ChildLink:
                 return self.engine.child_chunk_dest(self.slot, msg, nbytes)
             if isinstance(msg, Result):  # rar: rank 0 reports the ring's result to the master
                 return self.engine.child_result_dest(self.slot, msg, nbytes)
+            if isinstance(msg, Bcast):
+                return self.membership.broadcasts.child_dest(self.slot, msg, nbytes)
         elif self.peer and isinstance(msg, Segment):
             return self.engine.segment_dest(msg, nbytes)
         raise ProtocolError(self._unexpected(msg))
@@ -98,6 +106,10 @@ class ChildLink:
                 self.membership.join_job(msg.name)
             elif isinstance(msg, Result):
                 self.engine.child_result(self.slot, msg)
+            elif isinstance(msg, Bcast):
+                self.membership.broadcasts.from_child(self.slot, msg, payload)
+            elif isinstance(msg, WantState):
+                self.membership.broadcasts.want_state(msg.nonce)
             else:
                 raise ProtocolError(self._unexpected(msg))
         elif self.peer:
@@ -150,6 +162,8 @@ class ParentLink:
         if self.welcome.done():
             if isinstance(msg, Result):
                 return self.engine.parent_result_dest(msg, nbytes)
+            if isinstance(msg, Bcast):
+                return self.membership.broadcasts.parent_dest(msg, nbytes)
             if isinstance(msg, Assign):
                 return memoryview(bytearray(nbytes))  # Limits capped it at MAX_CONTROL_PAYLOAD
         raise ProtocolError(f"unexpected {msg.TYPE.name} from the parent")
@@ -174,6 +188,10 @@ class ParentLink:
             self.membership.assigned(msg, payload)
         elif isinstance(msg, Job):
             self.membership.run_job(msg.name)
+        elif isinstance(msg, Bcast):
+            self.membership.broadcasts.from_parent(msg, payload)
+        elif isinstance(msg, WantState):
+            self.membership.broadcasts.state_requested(msg.nonce)
         else:
             raise ProtocolError(f"unexpected {msg.TYPE.name} from the parent")
 
@@ -296,6 +314,7 @@ class ClientLink:
         self.assignment: dict | None = None   # as the process was last told it
         self.taken = -1                        # the newest step it was answered about
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
+        self.receiving: tuple[str, int, np.dtype] | None = None  # broadcast key, length, dtype
 
     def payload_dest(self, conn, msg, nbytes):
         raise ProtocolError("the client link carries no payloads")
@@ -317,6 +336,12 @@ class ClientLink:
             self.engine.request(msg.step, None, lambda outcome: self._decided(outcome.step))
         elif isinstance(msg, Submit):  # Fetch too: a Submit that contributes nothing
             self._request(msg, contribute=not isinstance(msg, Fetch))
+        elif isinstance(msg, Publish):
+            self._publish(msg)
+        elif isinstance(msg, Receive):
+            self._receive(msg)
+        elif isinstance(msg, WantState):
+            self.membership.broadcasts.want_state(msg.nonce)
         elif isinstance(msg, StatsRequest):
             m = self.membership
             stats = {**self.stats.as_dict(), **self.engine.bookkeeping()}
@@ -344,6 +369,7 @@ class ClientLink:
         self.membership.on_job.append(self._welcome)
         self.engine.listeners.append(self._progress)
         self.engine.consumers.append(self._next_step)
+        self.membership.broadcasts.on_state_request.append(self._state_request)
         self.taken = self.engine.tree_step
         if self.membership.join_job(self.job):
             self._welcome()   # else once the master has started this job
@@ -366,19 +392,71 @@ class ClientLink:
                                      self.engine.settings.answer_within))
 
     def _request(self, msg: Submit, contribute: bool) -> None:
-        if self.job and self.job != self.membership.job:
-            self._error(f"the daemons now run job {self.membership.job!r}; job {self.job!r} "
-                        "is over for them", ErrorKind.JOB, msg.step)
+        if self._job_over(msg.step):
             return
         dtype = DTYPES[msg.dtype]
-        if self.region is None or msg.length * dtype.itemsize > self.region.capacity:
-            self._error("vector does not fit the attached shared memory", ErrorKind.REQUEST)
+        vector = self._vector(msg.length, dtype, "input")
+        if vector is None:
             return
         self.waiting = (msg.step, msg.length, dtype)
         if contribute:
-            self.local.submit(self, msg.step, self.region.input(dtype, msg.length))
+            self.local.submit(self, msg.step, vector)
         else:
             self.engine.request(msg.step, None, self.answer)
+
+    def _job_over(self, step: int | None = None) -> bool:
+        """This process's job is not the one the tree runs: it was told so (JobEnded)."""
+        if not self.job or self.job == self.membership.job:
+            return False
+        self._error(f"the daemons now run job {self.membership.job!r}; job {self.job!r} "
+                    "is over for them", ErrorKind.JOB, step)
+        return True
+
+    def _vector(self, length: int, dtype: np.dtype, half: str) -> np.ndarray | None:
+        """The process's shared ``half`` (input, output) as ``length`` x ``dtype``, or None
+        (it was told why)."""
+        if self.region is None or length * dtype.itemsize > self.region.capacity:
+            self._error("vector does not fit the attached shared memory", ErrorKind.REQUEST)
+            return None
+        return getattr(self.region, half)(dtype, length)
+
+    def _publish(self, msg: Publish) -> None:
+        if self._job_over():
+            return
+        vector = self._vector(msg.length, DTYPES[msg.dtype], "input")
+        if vector is None or self.conn is None:
+            return
+        problem = self.membership.broadcasts.publish(msg.key, msg.step, vector)
+        if problem:
+            self._error(f"broadcast {msg.key!r}: {problem}", ErrorKind.REQUEST)
+        else:
+            self.conn.send(Delivered(msg.key, msg.step))
+
+    def _receive(self, msg: Receive) -> None:
+        if self._job_over():
+            return
+        self.receiving = (msg.key, msg.length, DTYPES[msg.dtype])
+        self.membership.broadcasts.cancel(self._delivered)   # a request it gave up on
+        self.membership.broadcasts.receive(msg.key, self._delivered)
+
+    def _delivered(self, held: Held) -> None:
+        if self.receiving is None or self.conn is None:
+            return
+        key, length, dtype = self.receiving
+        if (held.vector.size, held.vector.dtype) != (length, dtype):
+            self.receiving = None
+            self._error(f"broadcast {key!r} is {held.vector.size} x {held.vector.dtype}; this "
+                        f"process expects {length} x {dtype}", ErrorKind.MISMATCH)
+            return
+        out = self._vector(length, dtype, "output")
+        self.receiving = None
+        if out is not None:
+            np.copyto(out, held.vector)
+            self.conn.send(Delivered(key, held.step))
+
+    def _state_request(self, nonce: int) -> None:
+        if self.region is not None:
+            self.region.progress.state_request = nonce
 
     def _next_step(self) -> int:
         """The oldest step this process may still ask for: results from it on are kept."""
@@ -434,6 +512,7 @@ class ClientLink:
         for step in self.engine.decided_steps():
             progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
         progress.decided(None, self.engine.tree_step, self.engine.newest_decided)
+        progress.state_request = self.membership.broadcasts.state_request
 
     def _decided(self, step: int) -> None:
         if self.conn is not None:
@@ -450,3 +529,7 @@ class ClientLink:
             self.engine.listeners.remove(self._progress)
         if self._next_step in self.engine.consumers:
             self.engine.consumers.remove(self._next_step)
+        broadcasts = self.membership.broadcasts
+        if self._state_request in broadcasts.on_state_request:
+            broadcasts.on_state_request.remove(self._state_request)
+        broadcasts.cancel(self._delivered)

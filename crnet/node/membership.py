@@ -41,6 +41,7 @@ from ..plan import cut
 from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
+from .broadcasts import Broadcasts
 from .dial import Dialer, keep_connected, supervised
 from .engine import StepEngine
 from .neighbours import ChildSlot, Neighbours
@@ -73,6 +74,7 @@ class Membership:
         self.job = ""                                          # the training job the tree runs
         self._wanted_job = ""                                  # asked of the master, not run yet
         self.on_job: list[Callable[[], None]] = []            # told when that changes
+        self.broadcasts = Broadcasts(neighbours, lambda: self.place)
         self._stop = stop
         self._name = name
         self._dial_parent = dial_parent
@@ -121,6 +123,7 @@ class Membership:
             return
         self.job = name
         self.engine.new_job(name)
+        self.broadcasts.new_job()
         for slot in self.neighbours.slots:
             if slot.link is not None:
                 slot.link.send(Job(name))
@@ -182,6 +185,7 @@ class Membership:
         if slot.link is not conn:
             return
         self.neighbours.slots[k] = ChildSlot(address=slot.address)
+        self.broadcasts.child_lost(k)
         assert self.place is not None
         log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
         self.engine.child_lost(k)
@@ -271,6 +275,7 @@ class Membership:
     def _parent_down(self, what: str) -> None:
         self.neighbours.parent = None
         self.engine.parent_lost(f"lost the connection to its {what}")
+        self.broadcasts.parent_lost()
         log.warning("%s lost its %s; reconnecting", self.label, what)
 
     def _refused(self, e: JoinRefused) -> None:
