@@ -51,6 +51,7 @@ from .messages import (
     Submit,
     WantState,
     Watch,
+    state_key,
 )
 from .schemes.chunks import DTYPES
 from .shm import Progress, SharedRegion
@@ -305,7 +306,7 @@ class AsyncClient:
         nonce = secrets.randbits(62) + 1
         self._answered_state = nonce           # its own request is not one to answer
         self._conn.send(WantState(nonce))
-        return await self._receive(f"state/{nonce}", like, out, timeout)
+        return await self._receive(state_key(nonce), like, out, timeout)
 
     def state_wanted(self) -> bool:
         """Whether a process asked for the state and this one has not answered yet: a
@@ -322,7 +323,7 @@ class AsyncClient:
             return
         nonce = self._progress.state_request
         self._answered_state = nonce
-        await self._publish(f"state/{nonce}", step, self._flat(vec, "send_state"), timeout)
+        await self._publish(state_key(nonce), step, self._flat(vec, "send_state"), timeout)
 
     async def stats(self) -> dict:
         """The daemon's counters (``stats``: steps done and failed, children skipped, bytes,

@@ -63,6 +63,7 @@ __all__ = [
     "Welcome",
     "parse",
     "parse_allocation",
+    "state_key",
 ]
 
 MAX_STEP = (1 << 63) - 1        # steps are non-negative int64s
@@ -669,6 +670,11 @@ class Decided(Message):
 # ---------------------------------------------------------------- broadcasts
 
 MAX_KEY = 256                   # characters of a broadcast's key
+
+
+def state_key(nonce: int) -> str:
+    """The key of the broadcast that answers state request ``nonce`` (WANT_STATE)."""
+    return f"state/{nonce}"
 
 
 @dataclass(frozen=True, slots=True)

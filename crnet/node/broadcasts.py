@@ -41,11 +41,6 @@ IN_FLIGHT = 16        # incomplete ones it assembles at once (the oldest is drop
 UP = "up"
 
 
-def state_key(nonce: int) -> str:
-    """The key of the broadcast that answers state request ``nonce``."""
-    return f"state/{nonce}"
-
-
 @dataclass
 class Held:
     """A complete broadcast: what its sender said it belongs to, and the vector."""

@@ -1,0 +1,146 @@
+"""node/broadcasts.py without sockets: who relays what, up and down, and what is refused."""
+
+import numpy as np
+import pytest
+
+from crnet.errors import ProtocolError
+from crnet.messages import Bcast, WantState, state_key
+from crnet.node.broadcasts import HELD, Broadcasts
+from crnet.node.neighbours import ChildSlot, Neighbours
+from crnet.plan import Tree
+from crnet.schemes.base import Place
+
+from .fake_links import FakeLink
+
+TREE = Tree((2, 2), (1, 1))
+CHUNK = 32   # bytes per piece: a 10 x float64 vector is 3 pieces
+
+
+def node(name: str):
+    """A Broadcasts at ``name`` with a parent link (unless the master) and two children."""
+    n = Neighbours()
+    if name:
+        n.parent = FakeLink("parent")
+    n.slots = [ChildSlot(link=FakeLink(f"child {k}")) for k in range(2)]
+    place = Place(name, TREE.layer(name), TREE, "cr", "auto", CHUNK)
+    return Broadcasts(n, lambda: place), n
+
+
+def pieces(key, vector, origin=7, step=-1, chunk=CHUNK):
+    raw = vector.tobytes()
+    return [(Bcast(key, origin, step, at, vector.size, vector.dtype.name), raw[at:at + chunk])
+            for at in range(0, len(raw), chunk)]
+
+
+def from_child(b, k, key, vector, origin=7):
+    """Child ``k`` sends ``vector``; whether each piece was taken (a destination given)."""
+    taken = []
+    for msg, raw in pieces(key, vector, origin):
+        dest = b.child_dest(k, msg, len(raw))
+        taken.append(dest is not None)
+        if dest is not None:
+            dest[:] = raw
+        b.from_child(k, msg, None if dest is None else dest)
+    return taken
+
+
+def from_parent(b, key, vector, origin=9, step=-1):
+    for msg, raw in pieces(key, vector, origin, step):
+        dest = b.parent_dest(msg, len(raw))
+        if dest is not None:
+            dest[:] = raw
+        b.from_parent(msg, dest)
+
+
+def carried(link, key):
+    """The vector the Bcast pieces of ``key`` sent on ``link`` add up to."""
+    got = sorted((m.offset, bytes(p)) for m, p in link.sent if isinstance(m, Bcast) and m.key == key)
+    dtype = next(m.dtype for m, _ in link.sent if isinstance(m, Bcast) and m.key == key)
+    return np.frombuffer(b"".join(p for _, p in got), dtype)
+
+
+def test_a_node_relays_the_first_senders_copy_up_and_drops_the_others():
+    b, n = node("0")
+    first, second = np.arange(10.0), np.arange(10.0) + 100
+    assert all(from_child(b, 0, "k", first, origin=1))
+    assert not any(from_child(b, 1, "k", second, origin=2))   # the same key: already sent
+    np.testing.assert_array_equal(carried(n.parent, "k"), first)
+    assert {m.origin for m in n.parent.messages(Bcast)} == {1}
+    assert not b.held                                          # held once the master's comes
+
+
+def test_a_node_relays_each_piece_from_the_parent_to_its_children_and_keeps_the_whole():
+    b, n = node("0")
+    got = []
+    b.receive("k", lambda held: got.append(held))
+    vector = np.arange(10.0)
+    from_parent(b, "k", vector, step=41)
+    for slot in n.slots:
+        np.testing.assert_array_equal(carried(slot.link, "k"), vector)
+    [held] = got
+    assert held.step == 41
+    np.testing.assert_array_equal(held.vector, vector)
+    late = []
+    b.receive("k", late.append)                                 # a later asker: at once
+    assert late == [held]
+
+
+def test_the_master_sends_the_first_complete_copy_down_and_keeps_a_few():
+    b, n = node("")
+    vector = np.arange(10, dtype=np.float32)
+    from_child(b, 1, "k", vector)
+    for slot in n.slots:
+        np.testing.assert_array_equal(carried(slot.link, "k"), vector)
+    assert not any(from_child(b, 0, "k", vector + 1, origin=8))   # done: a second copy is moot
+    for i in range(HELD + 2):
+        assert b.publish(f"more/{i}", -1, vector) is None
+    assert len(b.held) == HELD and "k" not in b.held
+
+
+def test_a_process_publishes_through_its_node_in_pieces():
+    b, n = node("0.1")
+    vector = np.arange(10.0)
+    assert b.publish("params/0", -1, vector) is None
+    vector[:] = -1                                      # the process may reuse its memory
+    np.testing.assert_array_equal(carried(n.parent, "params/0"), np.arange(10.0))
+    n.parent = None
+    assert "cut off from its parent" in b.publish("other", -1, vector)
+
+
+def test_a_piece_that_does_not_fit_the_vector_begun_is_a_protocol_error():
+    b, _ = node("0")
+    msg, raw = pieces("k", np.arange(10.0))[0]
+    b.child_dest(0, msg, len(raw))
+    with pytest.raises(ProtocolError, match="does not fit"):
+        b.child_dest(0, msg, len(raw))                  # the same piece twice
+    with pytest.raises(ProtocolError, match="does not fit"):
+        b.child_dest(0, Bcast("k", 7, -1, 72, 10, "float64"), 16)   # past the end
+
+
+def test_a_lost_childs_half_copy_makes_way_for_another():
+    b, _ = node("0")
+    msg, raw = pieces("k", np.arange(10.0), origin=1)[0]
+    b.child_dest(0, msg, len(raw))[:] = raw
+    b.from_child(0, msg, raw)
+    b.child_lost(0)
+    assert all(from_child(b, 1, "k", np.arange(10.0), origin=2))
+
+
+def test_state_requests_go_up_and_the_masters_comes_down_to_everyone():
+    b, n = node("0")
+    b.want_state(5)
+    assert n.parent.messages(WantState) == [WantState(5)]
+    told = []
+    b.on_state_request.append(told.append)
+    b.state_requested(5)
+    assert told == [5] and b.state_request == 5
+    assert all(slot.link.messages(WantState) == [WantState(5)] for slot in n.slots)
+    assert state_key(5) == "state/5"
+
+
+def test_a_new_job_forgets_everything():
+    b, _ = node("0")
+    from_parent(b, "k", np.arange(3.0))
+    b.state_requested(3)
+    b.new_job()
+    assert not b.held and b.state_request == 0
