@@ -479,6 +479,12 @@ class Address(click.ParamType):
 @click.option("--max-send-queue", type=UnitValue("SIZE", parse_bytes), default=None,
               help="Cut off a child that stopped reading once this much is queued for it "
                    "(default: the larger of 64MiB and 4 vectors).")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help="The cluster secret (the same file on every host, mode 600): every tree "
+                   "link is mutually authenticated with it (HMAC-SHA256 challenge-response).")
+@click.option("--insecure", is_flag=True,
+              help="Listen on a non-loopback address without --secret-file: any host that "
+                   "reaches the port can join the tree.")
 @click.option("--strict", is_flag=True,
               help="Exit with code 70 on any internal error instead of dropping the "
                    "connection it happened on (the tests run this way).")
@@ -486,7 +492,7 @@ class Address(click.ParamType):
               default="info", show_default=True)
 def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
            code_kind, client_socket, chunk_bytes, timeout, keep_results, local_processes,
-           result_memory, step_window, max_send_queue, strict, log_level):
+           result_memory, step_window, max_send_queue, secret_file, insecure, strict, log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -497,6 +503,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
     """
     import logging
 
+    from .auth import is_loopback, load_secret
     from .node import Settings, run_node
 
     if role == "master":
@@ -509,6 +516,16 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
         if parent is None:
             raise click.UsageError("--role node needs --parent HOST:PORT")
         tree = None
+    secret = None
+    if secret_file is not None:
+        try:
+            secret = load_secret(secret_file)
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint="--secret-file") from None
+    elif listen is not None and not is_loopback(listen[0]) and not insecure:
+        raise click.UsageError(f"refusing to listen on {listen[0]} without --secret-file: any "
+                               "host that reaches the port could join the tree and read or "
+                               "corrupt every gradient (--insecure to do it anyway)")
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s")
     settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
@@ -517,7 +534,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
                         window=step_window, result_memory=int(result_memory),
                         local_processes=local_processes,
                         send_queue_bytes=None if max_send_queue is None else int(max_send_queue),
-                        strict=strict)
+                        secret=secret, strict=strict)
     try:
         code = run_node(settings)
     except OSError as e:

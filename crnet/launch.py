@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .auth import is_loopback
 from .defaults import CHUNK_BYTES, KEEP_RESULTS, TIMEOUT
 from .errors import CrnetTimeout, LaunchError
 from .plan import Tree
@@ -51,7 +53,10 @@ class LocalTree:
                  addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
                  port: int = 7070, strict: bool = False, send_queue_bytes: int | None = None,
                  window: int | None = None, result_memory: int | None = None,
-                 local_processes: int = 1):
+                 local_processes: int = 1, secret: bool | None = None):
+        """``secret``: authenticate every tree link with a cluster secret written into
+        ``workdir`` (default: when the daemons listen beyond loopback, which crnetd
+        refuses to do without one)."""
         self.tree = tree
         self.scheme = scheme
         self.samples = samples
@@ -75,6 +80,10 @@ class LocalTree:
             self.options["--result-memory"] = result_memory
         if local_processes != 1:
             self.options["--local-processes"] = local_processes
+        if secret is None:
+            secret = not all(is_loopback(a) for a in self.addresses.values())
+        if secret:
+            self.options["--secret-file"] = self._write_secret()
         self.strict = strict
         self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind, "--scheme": scheme}
         # Parents listen for children; in a ring every worker listens for its predecessor.
@@ -82,6 +91,13 @@ class LocalTree:
                       if tree.children(name) or scheme == "rar"}
         self.procs: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()   # daemons stopped on purpose (signal()): any exit code
+
+    def _write_secret(self) -> Path:
+        path = self.workdir / "secret"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        return path
 
     @staticmethod
     def filename(name: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
+from .auth import MAC_BYTES, NONCE_BYTES
 from .errors import CrnetError, ErrorKind, ProtocolError
 from .plan import SCHEMES, Tree
 from .wire import MsgType, encode
@@ -30,6 +31,7 @@ __all__ = [
     "Attach",
     "Attached",
     "Bcast",
+    "Challenge",
     "Chunk",
     "ClientError",
     "ClientHello",
@@ -49,6 +51,7 @@ __all__ = [
     "PeerHello",
     "PeerWelcome",
     "Phase",
+    "Proof",
     "Publish",
     "Receive",
     "Refuse",
@@ -78,6 +81,7 @@ class Message:
 
     TYPE: ClassVar[MsgType]
     PAYLOAD: ClassVar[bool] = False
+    EMPTY_PAYLOAD: ClassVar[bool] = False   # PAYLOAD, and zero bytes of it are valid
 
     def header(self) -> dict[str, Any]:
         names = _FIELD_NAMES.get(type(self))
@@ -167,6 +171,15 @@ class _Fields:
             raise self._bad(name, f"a list of 1..{max_len} integers in {lo}..{hi}")
         return tuple(v)
 
+    def blob(self, name: str, size: int) -> bytes:
+        v = self.h.get(name)
+        if not isinstance(v, bytes) or len(v) != size:
+            raise self._bad(name, f"{size} bytes")
+        return v
+
+    def opt_blob(self, name: str, size: int) -> bytes | None:
+        return None if self.h.get(name) is None else self.blob(name, size)
+
     def mapping(self, name: str) -> dict:
         v = self.h.get(name)
         if not isinstance(v, dict):
@@ -179,15 +192,17 @@ class _Fields:
 @dataclass(frozen=True, slots=True)
 class Hello(Message):
     """child -> parent, first frame: the slot it wants (``name``; None: any free one)
-    and where it listens for its own children and ring predecessor (``listen``)."""
+    and where it listens for its own children and ring predecessor (``listen``);
+    ``nonce``: its half of the authentication (``crnet.auth``), with a cluster secret."""
 
     TYPE = MsgType.HELLO
     name: str | None = None
     listen: str | None = None
+    nonce: bytes | None = None
 
     @classmethod
     def from_header(cls, h: _Fields) -> Hello:
-        return cls(h.opt_text("name"), h.opt_text("listen"))
+        return cls(h.opt_text("name"), h.opt_text("listen"), h.opt_blob("nonce", NONCE_BYTES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,14 +461,41 @@ class Phase(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PeerHello(Message):
-    """ring predecessor -> successor, first frame: I am rank ``rank``."""
+    """ring predecessor -> successor, first frame: I am rank ``rank`` (``nonce``: as HELLO's)."""
 
     TYPE = MsgType.PEER_HELLO
     rank: int
+    nonce: bytes | None = None
 
     @classmethod
     def from_header(cls, h: _Fields) -> PeerHello:
-        return cls(h.integer("rank", 0, 1 << 16))
+        return cls(h.integer("rank", 0, 1 << 16), h.opt_blob("nonce", NONCE_BYTES))
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge(Message):
+    """acceptor -> dialer, with a cluster secret: my nonce, and my MAC over the handshake
+    (proof that I hold the secret); answer with PROOF."""
+
+    TYPE = MsgType.CHALLENGE
+    nonce: bytes
+    mac: bytes
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Challenge:
+        return cls(h.blob("nonce", NONCE_BYTES), h.blob("mac", MAC_BYTES))
+
+
+@dataclass(frozen=True, slots=True)
+class Proof(Message):
+    """dialer -> acceptor: my MAC over the handshake; only then is my hello acted on."""
+
+    TYPE = MsgType.PROOF
+    mac: bytes
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Proof:
+        return cls(h.blob("mac", MAC_BYTES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,6 +515,7 @@ class Segment(Message):
 
     TYPE = MsgType.SEGMENT
     PAYLOAD = True
+    EMPTY_PAYLOAD = True     # a ring of more workers than the vector has elements
     step: int
     phase: Phase
     round: int
@@ -763,7 +806,7 @@ class Delivered(Message):
 
 _CLASSES: dict[MsgType, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Welcome, Refuse, Joined, Job, Assign, Chunk, Result, Fail, Open,
-                              PeerHello, PeerWelcome, Segment, ClientHello, ClientWelcome,
+                              PeerHello, PeerWelcome, Challenge, Proof, Segment, ClientHello, ClientWelcome,
                               Attach, Attached, Submit, Fetch, Done, ClientError, StatsRequest,
                               StatsReply, Watch, Decided, Bcast, WantState, Publish, Receive,
                               Delivered)
@@ -773,7 +816,7 @@ _CLASSES: dict[MsgType, type[Message]] = {
 def parse(msg_type: MsgType, header: dict, nbytes: int) -> Message:
     """The typed message a frame holds; ProtocolError (naming the field) if it is not one."""
     cls = _CLASSES[msg_type]
-    if cls.PAYLOAD and nbytes == 0:
+    if cls.PAYLOAD and nbytes == 0 and not cls.EMPTY_PAYLOAD:
         raise ProtocolError(f"{msg_type.name} without a payload")
     if not cls.PAYLOAD and nbytes:
         raise ProtocolError(f"{msg_type.name} with a payload of {nbytes} bytes")

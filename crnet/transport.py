@@ -52,6 +52,7 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, handler: Handler, limits: Limits = DEFAULT_LIMITS, label: str = "peer"):
         self.handler = handler
         self.label = label
+        self.authenticated = False   # the peer proved it holds the cluster secret (node/guard.py)
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
         self._reader = FrameReader(self._frame_header, self._frame_received, limits)

@@ -48,6 +48,8 @@ class MsgType(enum.IntEnum):
     JOB = 13            # up: a process of this job joined; down: the tree now runs this job
     BCAST = 14          # up: a piece of a vector one process sends to all; down: the same, to all
     WANT_STATE = 15     # up (and client -> daemon): a process wants a peer's state; down: asked
+    CHALLENGE = 16      # acceptor -> dialer, with a cluster secret: nonce, the acceptor's MAC
+    PROOF = 17          # dialer -> acceptor: the dialer's MAC; only then is its hello acted on
     # Ring links (TCP, --scheme rar), predecessor -> successor.
     PEER_HELLO = 10     # I am your predecessor, rank r
     PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow

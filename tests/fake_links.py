@@ -27,6 +27,7 @@ class FakeLink:
         self.is_closing = False
         self.aborted: str | None = None
         self.closed = False
+        self.authenticated = False
 
     def send(self, msg: Message, payload=None) -> bool:
         return self.write(msg.frame(payload))

@@ -21,6 +21,7 @@ from crnet.messages import (
     Attach,
     Attached,
     Bcast,
+    Challenge,
     Chunk,
     ClientError,
     ClientHello,
@@ -39,6 +40,7 @@ from crnet.messages import (
     PeerHello,
     PeerWelcome,
     Phase,
+    Proof,
     Publish,
     Receive,
     Refuse,
@@ -97,6 +99,10 @@ EVERY_MESSAGE = [
     Bcast("params/0", 12345, -1, 1 << 20, 1 << 19, "float32"),
     Bcast("state/77", 1, 41, 0, 10, "float64"),
     WantState(77),
+    Hello("0.1", "10.0.0.2:7000", b"n" * 32),
+    PeerHello(2, b"n" * 32),
+    Challenge(b"n" * 32, b"m" * 32),
+    Proof(b"m" * 32),
     Publish("params/0", -1, 100, "float32"),
     Publish("state/77", 41, 100, "float64"),
     Receive("params/0", 100, "float32"),
@@ -278,12 +284,19 @@ def test_a_long_bad_value_is_shortened_in_the_error():
 @pytest.mark.parametrize("msg_type, header", [
     (MsgType.CHUNK, piece()),
     (MsgType.RESULT, piece()),
-    (MsgType.SEGMENT, segment()),
     (MsgType.ASSIGN, {"samples": 60}),
+    (MsgType.BCAST, {"key": "k", "origin": 1, "step": -1, "offset": 0, "total": 1,
+                     "dtype": "float32"}),
 ])
 def test_a_payload_type_without_a_payload_is_refused(msg_type, header):
     with pytest.raises(ProtocolError, match=f"^{msg_type.name} without a payload$"):
         parse(msg_type, header, 0)
+
+
+def test_a_ring_segment_may_be_empty():
+    """A ring of more workers than the vector has elements has empty segments; the ring
+    checks each segment's size against the one it expects."""
+    assert parse(MsgType.SEGMENT, segment(), 0).segment == segment()["segment"]
 
 
 @pytest.mark.parametrize("msg_type, header", [

@@ -18,9 +18,10 @@ from ..transport import Connection
 
 log = logging.getLogger("crnet.node")
 
-# Opens the TCP connection; returns it and a future that resolves when the peer
-# welcomes us (or fails with JoinRefused / ConnectionError).
-Dialer = Callable[[], Awaitable[tuple[Connection, "asyncio.Future[None]"]]]
+# Opens the TCP connection and sends the hello it is given (authenticated, with a
+# cluster secret: node/guard.py); returns the connection and a future that resolves
+# when the peer welcomes us (or fails with JoinRefused / ConnectionError).
+Dialer = Callable[[Message], Awaitable[tuple[Connection, "asyncio.Future[None]"]]]
 
 WELCOME_TIMEOUT = 30.0
 
@@ -47,8 +48,7 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
     while True:
         conn = None
         try:
-            conn, welcomed = await dial()
-            conn.send(hello())
+            conn, welcomed = await dial(hello())
             await asyncio.wait_for(welcomed, WELCOME_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as e:
             log.info("%s not reachable (%s); retrying in %.1f s", what,

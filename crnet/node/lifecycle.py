@@ -27,6 +27,7 @@ from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes
 from ..wire import Limits
 from .engine import EngineSettings, StepEngine
+from .guard import Accepting, Dialing
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
 from .neighbours import Neighbours
@@ -55,6 +56,7 @@ class Settings:
     local_processes: int = 1                   # training processes on this host
     window: int = defaults.STEP_WINDOW         # steps ahead of the tree's newest result
     send_queue_bytes: int | None = None        # None: max(64 MiB, 4 vectors)
+    secret: bytes | None = None                # the cluster secret: every tree link authenticated
     strict: bool = False                       # an internal error stops the daemon (tests)
 
     @property
@@ -109,11 +111,13 @@ class Node:
                  "(--result-memory)", format_bytes(s.result_memory))
         if s.listen is not None:
             server = await loop.create_server(
-                lambda: self._connection(ChildLink(self.membership, self.engine)), *s.listen)
+                lambda: self._connection(Accepting(ChildLink(self.membership, self.engine),
+                                                   s.secret)), *s.listen)
             self._servers.append(server)
             host, port = server.sockets[0].getsockname()[:2]
             self.membership.listen_address = f"{host}:{port}"
-            log.info("listening for children on %s:%d", host, port)
+            log.info("listening for children on %s:%d (%s)", host, port,
+                     "authenticated" if s.secret else "no authentication: no --secret-file")
         if s.client_socket:
             if os.path.exists(s.client_socket):
                 os.unlink(s.client_socket)  # a stale socket from a previous run
@@ -170,22 +174,26 @@ class Node:
         self._conns.add(conn)
         return conn
 
-    async def _dial_parent(self):
+    async def _dial_parent(self, hello):
         assert self.settings.parent is not None
         host, port = self.settings.parent
         link = ParentLink(self.membership, self.engine)
+        guard = Dialing(link, self.settings.secret)
         _, conn = await asyncio.get_running_loop().create_connection(
-            lambda: self._connection(link, label=f"parent {host}:{port}"), host, port)
+            lambda: self._connection(guard, label=f"parent {host}:{port}"), host, port)
+        conn.send(guard.hello(hello))
         return conn, link.welcome
 
     def _dialer(self, address: str):
         host, _, port = address.rpartition(":")
 
-        async def dial():
+        async def dial(hello):
             link = SuccessorLink()
+            guard = Dialing(link, self.settings.secret)
             _, conn = await asyncio.get_running_loop().create_connection(
-                lambda: self._connection(link, Limits(max_payload=0), f"ring {address}"),
+                lambda: self._connection(guard, Limits(max_payload=0), f"ring {address}"),
                 host.strip("[]"), int(port))
+            conn.send(guard.hello(hello))
             return conn, link.welcome
         return dial
 

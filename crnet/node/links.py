@@ -115,6 +115,8 @@ class ChildLink:
         elif self.peer:
             if not isinstance(msg, Segment):
                 raise ProtocolError(self._unexpected(msg))
+            if payload is None and self.engine.segment_dest(msg, 0) is None:
+                return    # an empty segment (checked like any other): nothing was received
             self.engine.segment(msg)
         elif isinstance(msg, Hello):
             try:

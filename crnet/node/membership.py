@@ -150,7 +150,15 @@ class Membership:
                 raise JoinRefused(f"{hello.name!r} is not a child of {place.label} "
                                   f"(its children are {children[0]}..{children[-1]})")
             k = children.index(hello.name)
-            if slots[k].link is not None:
+            held = slots[k].link
+            if held is not None and conn.authenticated:
+                # The cluster's own node under that name: a restart, while the old connection
+                # has not noticed that its peer died. It takes the slot back at once.
+                log.warning("child %s reconnected from %s; closing its old connection from %s",
+                            hello.name, conn.label, held.label)
+                self.child_lost(k, held)
+                held.close()
+            elif held is not None:
                 raise JoinRefused(f"slot {hello.name} of {place.label} is held by a live "
                                   "connection", retry=True)
         else:
