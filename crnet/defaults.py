@@ -26,3 +26,8 @@ MAX_CONTROL_PAYLOAD = 64 << 20
 # SEND_QUEUE_VECTORS of the step's vectors (results keep coming whether or not it reads).
 SEND_QUEUE_BYTES = 64 << 20
 SEND_QUEUE_VECTORS = 4
+# A peer that connected has this long to get through HELLO (and the authentication);
+# at most this many such peers at once, and this many from one address.
+HANDSHAKE_DEADLINE = 10.0
+MAX_HANDSHAKES = 64
+MAX_HANDSHAKES_PER_ADDRESS = 8

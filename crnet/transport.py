@@ -62,6 +62,10 @@ class Connection(asyncio.BufferedProtocol):
         # it to spot a child that stopped reading.
         self.writing_paused = False
 
+    def set_limits(self, limits: Limits) -> None:
+        """What the peer may send from now on (e.g. more, once it has authenticated)."""
+        self._reader.limits = limits
+
     # -- asyncio.BufferedProtocol -------------------------------------------------
     def connection_made(self, transport):
         self.transport = transport
@@ -72,6 +76,9 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         if peer and self.label == "peer":
             self.label = _format_peer(peer)
+        made = getattr(self.handler, "made", None)   # e.g. the handshake's deadline
+        if made is not None:
+            made(self)
 
     def get_buffer(self, sizehint):
         return self._reader.get_buffer(sizehint)
@@ -93,6 +100,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc):
         if not self._reader.idle:
             log.warning("%s: connection closed mid-frame", self.label)
+        self._reader.release()
         if not self.closed.done():
             self.closed.set_result(exc)
         try:

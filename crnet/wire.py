@@ -80,6 +80,9 @@ class Limits:
     max_payload: int = 1 << 31         # bytes of one frame's payload
     max_str: int = 1 << 16             # msgpack string length inside a header
     max_items: int = 1 << 16           # msgpack array/map length inside a header
+    # The frame types accepted at all (None: every type); checked from the prefix, before
+    # the header is decoded: a peer that has not authenticated may only say hello.
+    types: frozenset[MsgType] | None = None
 
 
 def encode(msg_type: MsgType, header: dict, payload=None) -> list:
@@ -96,6 +99,10 @@ def encode(msg_type: MsgType, header: dict, payload=None) -> list:
 HeaderCallback = Callable[[MsgType, dict, int], "memoryview | None"]
 # on_frame(msg_type, header, payload) with payload the memoryview on_header returned.
 FrameCallback = Callable[[MsgType, dict, "memoryview | None"], None]
+
+
+def _closed(*args):
+    raise ProtocolError("the connection is closed")
 
 
 class FrameReader:
@@ -174,6 +181,8 @@ class FrameReader:
             msg_type = MsgType(msg_type)
         except ValueError:
             raise ProtocolError(f"unknown message type {msg_type}") from None
+        if self.limits.types is not None and msg_type not in self.limits.types:
+            raise ProtocolError(f"unexpected {msg_type.name} from a peer before HELLO")
         if hlen > self.limits.max_header:
             raise ProtocolError(f"header of {hlen} bytes exceeds the limit {self.limits.max_header}")
         if plen > self.limits.max_payload:
@@ -236,11 +245,21 @@ class FrameReader:
         self._dest = None
         self._on_frame(msg_type, header, payload)
 
+    def release(self) -> None:
+        """The connection is gone: drop the buffers and the callbacks (which point back
+        at the connection), so nothing waits for the garbage collector."""
+        self._scratch = bytearray()
+        self._view = memoryview(self._scratch)
+        self._dest = None
+        self._on_header = self._on_frame = _closed
+
     def _compact(self, capacity: int = 0) -> None:
-        """Move unparsed bytes to the front; grow scratch for an oversized header."""
+        """Move unparsed bytes to the front; grow scratch for an oversized header, and
+        shrink it back once such a header is through."""
         pending = self._view[self._start:self._end].tobytes()
-        if capacity > len(self._scratch):
-            self._scratch = bytearray(capacity)
+        if capacity > len(self._scratch) or (not capacity and len(self._scratch) > self.SCRATCH
+                                             and len(pending) <= self.SCRATCH):
+            self._scratch = bytearray(max(capacity, self.SCRATCH))
             self._view = memoryview(self._scratch)
         self._view[: len(pending)] = pending
         self._start, self._end = 0, len(pending)

@@ -298,12 +298,13 @@ def test_a_dialer_with_a_secret_refuses_a_peer_that_welcomes_it_unchallenged():
 
 
 def test_an_acceptor_passes_nothing_on_before_the_proof():
-    from crnet.node.guard import Accepting
+    from crnet.node.guard import Accepting, Doorway
+    from crnet.wire import Limits
 
     from .fake_links import FakeLink
 
     link, conn = Recorder(), FakeLink("child")
-    guard = Accepting(link, b"s" * 32)
+    guard = Accepting(link, b"s" * 32, Doorway(), Limits)
     guard.received(conn, Hello("0", None, new_nonce()), None)
     assert isinstance(conn.messages()[0], Challenge)
     with pytest.raises(Exception, match="before the handshake's PROOF"):

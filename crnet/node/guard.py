@@ -11,15 +11,64 @@ welcomes it without a challenge (it could be anyone).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 
+from .. import defaults
 from ..auth import mac, new_nonce, verify
 from ..errors import ProtocolError
 from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse
 from ..transport import Connection, Handler
+from ..wire import Limits, MsgType
 
 log = logging.getLogger("crnet.node")
+
+
+# What a peer may send before its hello has been acted on: a few small frame types,
+# checked before their headers are decoded (wire.Limits).
+HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_items=16,
+                          types=frozenset({MsgType.HELLO, MsgType.PEER_HELLO, MsgType.PROOF}))
+
+
+class Doorway:
+    """The accepted connections still in their handshake: at most ``total`` at once and
+    ``per_address`` from one address, each with ``deadline`` seconds to get through."""
+
+    def __init__(self, total: int = defaults.MAX_HANDSHAKES,
+                 per_address: int = defaults.MAX_HANDSHAKES_PER_ADDRESS,
+                 deadline: float = defaults.HANDSHAKE_DEADLINE):
+        self.total, self.per_address, self.deadline = total, per_address, deadline
+        self._pending: dict[Connection, tuple[str, asyncio.TimerHandle]] = {}
+        self._warned = 0.0
+
+    def enter(self, conn: Connection) -> bool:
+        address = conn.label.rpartition(":")[0]
+        same = sum(1 for a, _ in self._pending.values() if a == address)
+        if len(self._pending) >= self.total or same >= self.per_address:
+            now = time.monotonic()
+            if now - self._warned > 10:      # a flood is one line per 10 s, not one per try
+                self._warned = now
+                log.warning("refusing connections: %d handshakes under way (%d from %s)",
+                            len(self._pending), same, address)
+            return False
+        timer = asyncio.get_running_loop().call_later(self.deadline, self._expire, conn)
+        self._pending[conn] = (address, timer)
+        return True
+
+    def leave(self, conn: Connection) -> None:
+        entry = self._pending.pop(conn, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    def _expire(self, conn: Connection) -> None:
+        self._pending.pop(conn, None)
+        conn.abort(f"no hello and authentication within {self.deadline:g} s")
+
+    def __len__(self) -> int:
+        return len(self._pending)
 
 
 def _claim(hello: Hello | PeerHello) -> tuple[str, str]:
@@ -30,14 +79,29 @@ def _claim(hello: Hello | PeerHello) -> tuple[str, str]:
 
 
 class Accepting:
-    """An accepted connection, until its peer has authenticated (with a secret)."""
+    """An accepted connection, until its peer has authenticated (with a secret). It
+    starts with ``HANDSHAKE_LIMITS`` and gets ``limits()`` once through."""
 
-    def __init__(self, inner: Handler, secret: bytes | None):
+    def __init__(self, inner: Handler, secret: bytes | None, doorway: Doorway,
+                 limits: Callable[[], Limits]):
         self.inner = inner
         self.secret = secret
         self.open = False
+        self._doorway = doorway
+        self._limits = limits
         self._hello: Hello | PeerHello | None = None
         self._nonce = b""
+
+    def made(self, conn: Connection) -> None:
+        if not self._doorway.enter(conn):
+            conn.abort("too many connections in their handshake")
+
+    def _pass(self, conn: Connection, hello: Hello | PeerHello) -> None:
+        """Through the handshake: the link takes over, with its own limits."""
+        self.open = True
+        self._doorway.leave(conn)
+        conn.set_limits(self._limits())
+        self.inner.received(conn, hello, None)
 
     def payload_dest(self, conn: Connection, msg: Message, nbytes: int):
         if self.open:
@@ -61,9 +125,8 @@ class Accepting:
                 _refuse(conn, "authentication failed: this node and the tree hold different "
                               "secrets (--secret-file)")
                 return
-            self.open = True
             conn.authenticated = True
-            self.inner.received(conn, hello, None)
+            self._pass(conn, hello)
         else:
             raise ProtocolError(f"{msg.TYPE.name} before the handshake's PROOF")
 
@@ -71,8 +134,7 @@ class Accepting:
         if not isinstance(msg, (Hello, PeerHello)):
             raise ProtocolError(f"unexpected {msg.TYPE.name} from a peer before HELLO")
         if self.secret is None:
-            self.open = True
-            self.inner.received(conn, msg, None)
+            self._pass(conn, msg)
             return
         if msg.nonce is None:
             log.warning("%s sent a hello without authentication; refused", conn.label)
@@ -86,6 +148,7 @@ class Accepting:
                                              role, name)))
 
     def lost(self, conn: Connection, exc: Exception | None) -> None:
+        self._doorway.leave(conn)
         if self.open:
             self.inner.lost(conn, exc)
 

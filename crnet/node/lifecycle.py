@@ -27,7 +27,7 @@ from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes
 from ..wire import Limits
 from .engine import EngineSettings, StepEngine
-from .guard import Accepting, Dialing
+from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
 from .neighbours import Neighbours
@@ -86,6 +86,7 @@ class Node:
         self.stopping = asyncio.Event()
         self.exit_code = 0
         self._servers: list[asyncio.AbstractServer] = []
+        self.doorway = Doorway()                 # accepted peers still in their handshake
         # Every connection made or accepted (weak: a dial that failed leaves a protocol
         # object that never connected, and it must not pile up while a parent is away).
         self._conns: weakref.WeakSet[Connection] = weakref.WeakSet()
@@ -111,8 +112,9 @@ class Node:
                  "(--result-memory)", format_bytes(s.result_memory))
         if s.listen is not None:
             server = await loop.create_server(
-                lambda: self._connection(Accepting(ChildLink(self.membership, self.engine),
-                                                   s.secret)), *s.listen)
+                lambda: self._connection(
+                    Accepting(ChildLink(self.membership, self.engine), s.secret, self.doorway,
+                              self._limits), HANDSHAKE_LIMITS), *s.listen)
             self._servers.append(server)
             host, port = server.sockets[0].getsockname()[:2]
             self.membership.listen_address = f"{host}:{port}"
