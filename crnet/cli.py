@@ -456,7 +456,9 @@ class Address(click.ParamType):
 @click.option("--code", "code_kind", type=click.Choice(["auto", "frc", "crc"]), default="auto",
               show_default=True, help="Master: gradient code at every parent.")
 @click.option("--client-socket", type=click.Path(dir_okay=False), default=None,
-              help="Unix socket for the local training process.")
+              help="Unix socket for the local training processes (mode 600: this user's).")
+@click.option("--client-group", default=None,
+              help="Also let this group's members' training processes connect (mode 660).")
 @click.option("--chunk-bytes", type=click.IntRange(min=1024), default=defaults.CHUNK_BYTES,
               show_default=True, help="Pipelining unit (master; the tree uses the master's).")
 @click.option("--timeout", type=click.FloatRange(min=0.01), default=defaults.TIMEOUT,
@@ -491,8 +493,9 @@ class Address(click.ParamType):
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
-           code_kind, client_socket, chunk_bytes, timeout, keep_results, local_processes,
-           result_memory, step_window, max_send_queue, secret_file, insecure, strict, log_level):
+           code_kind, client_socket, client_group, chunk_bytes, timeout, keep_results,
+           local_processes, result_memory, step_window, max_send_queue, secret_file, insecure,
+           strict, log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -516,6 +519,15 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
         if parent is None:
             raise click.UsageError("--role node needs --parent HOST:PORT")
         tree = None
+    gid = None
+    if client_group is not None:
+        import grp
+
+        try:
+            gid = grp.getgrnam(client_group).gr_gid
+        except KeyError:
+            raise click.BadParameter(f"no group {client_group!r}",
+                                     param_hint="--client-group") from None
     secret = None
     if secret_file is not None:
         try:
@@ -530,7 +542,8 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
                         format="%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s")
     settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
                         samples=samples, code_kind=code_kind, chunk_bytes=chunk_bytes,
-                        client_socket=client_socket, timeout=timeout, keep_results=keep_results,
+                        client_socket=client_socket, client_group=gid, timeout=timeout,
+                        keep_results=keep_results,
                         window=step_window, result_memory=int(result_memory),
                         local_processes=local_processes,
                         send_queue_bytes=None if max_send_queue is None else int(max_send_queue),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import socket
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -174,6 +175,7 @@ class AsyncClient:
         self.default_timeout = welcome.answer_within + REPLY_MARGIN
         self._tree_step = welcome.tree_step
         self._answered_state = 0     # the state request this process answered (or made)
+        self._token = welcome.token  # names this process when it hands over shared memory
         self._conn = conn
         self._replies = replies
         self._region: SharedRegion | None = None
@@ -410,17 +412,31 @@ class AsyncClient:
             self._tree_step = max(self._tree_step, msg.tree_step)
         return msg
 
+    async def _hand_over(self, region: SharedRegion) -> None:
+        """The region's descriptor to the daemon, on a connection of its own (SCM_RIGHTS:
+        a stream transport cannot carry it); the answer comes on the control connection."""
+        assert region.fd is not None
+        loop = asyncio.get_running_loop()
+        frame = b"".join(bytes(part) for part in Attach(self._token, region.capacity).frame())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.setblocking(False)
+            try:
+                await loop.sock_connect(s, self.path)
+                socket.send_fds(s, [frame], [region.fd])   # a few bytes: taken at once
+            except OSError as e:
+                raise DaemonNotRunning(f"cannot hand shared memory to crnetd at {self.path}: "
+                                       f"{e.strerror or e}") from None
+
     async def _ensure(self, nbytes: int) -> SharedRegion:
         """Shared memory of at least ``nbytes`` per half, mapped by the daemon."""
         if self._region is not None and self._region.capacity >= nbytes:
             return self._region
         region = SharedRegion.create(max(nbytes, 1 << 16))
         try:
-            assert region.path is not None
-            self._conn.send(Attach(region.path, region.capacity))
+            await self._hand_over(region)
             await self._reply(Attached, 30.0, "shared memory")
         finally:
-            region.unlink()  # both sides have it mapped: nothing to leak if either dies
+            region.close_fd()  # both sides have it mapped: nothing to leak if either dies
         self._region, self._progress = region, region.progress
         return region
 

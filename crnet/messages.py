@@ -553,6 +553,7 @@ class ClientWelcome(Message):
     assignment: dict
     tree_step: int
     answer_within: float        # seconds within which the daemon answers every request
+    token: str = ""             # names this process when it hands over its shared memory
 
     @classmethod
     def from_header(cls, h: _Fields) -> ClientWelcome:
@@ -565,20 +566,24 @@ class ClientWelcome(Message):
         if "processes" in a.h:   # --local-processes: which of this host's processes it is
             processes = a.integer("processes", 1, 1 << 10)
             assignment.update(processes=processes, process=a.integer("process", 0, processes - 1))
-        return cls(assignment, h.integer("tree_step", -1), h.number("answer_within", 0.0, 1e7))
+        return cls(assignment, h.integer("tree_step", -1), h.number("answer_within", 0.0, 1e7),
+                   h.text("token", 64) if "token" in h.h else "")
 
 
 @dataclass(frozen=True, slots=True)
 class Attach(Message):
-    """training process -> daemon: map this shared-memory file (two halves of ``capacity``)."""
+    """training process -> daemon, alone on a connection of its own and with the shared
+    memory's descriptor attached (SCM_RIGHTS): map it for the process whose CLIENT_WELCOME
+    carried ``token`` (two halves of ``capacity``). The answer comes on that process's
+    connection."""
 
     TYPE = MsgType.ATTACH
-    path: str
+    token: str
     capacity: int
 
     @classmethod
     def from_header(cls, h: _Fields) -> Attach:
-        return cls(h.text("path", 4096), h.integer("capacity", 1, 1 << 40))
+        return cls(h.text("token", 64), h.integer("capacity", 1, 1 << 40))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,13 @@
 """Shared memory between a training process and its daemon.
 
-The client creates a file in /dev/shm, both sides map it, and the client unlinks
-the name as soon as the daemon has mapped it: the memory lives exactly as long as
-the two mappings, so a crash on either side leaks nothing. Vectors never travel
-through the client socket; only step numbers and lengths do.
+The client creates an anonymous memory file (``memfd_create``), sizes it, seals it
+against shrinking and growing, maps it, and hands the daemon the descriptor itself
+over the Unix socket (SCM_RIGHTS; ``client.py``, ``node/client_socket.py``). The
+daemon checks the seals and the size before it maps it: it never opens a path a
+client names, and no client can shrink the memory under the daemon's mapping (which
+would kill it with SIGBUS). The memory lives exactly as long as the two mappings, so
+a crash on either side leaks nothing. Vectors never travel through the client
+socket; only step numbers and lengths do.
 
 Layout: ``[progress | input | output]``. ``progress`` (``Progress``, one page) is
 written by the daemon the moment a step is decided, so the training process knows
@@ -14,62 +18,65 @@ the daemon writes the step's result into the output half.
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
 import mmap
 import os
-import secrets
 
 import numpy as np
 
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 PROGRESS_BYTES = 4096
+# Sealed this way, the memory can be neither shrunk nor grown, nor unsealed, by anyone.
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 class SharedRegion:
     """Two halves of ``capacity`` bytes in one shared mapping."""
 
-    def __init__(self, mapping: mmap.mmap, capacity: int, path: str | None):
+    def __init__(self, mapping: mmap.mmap, capacity: int, fd: int | None = None):
         self._map = mapping
         self.capacity = capacity
-        self.path = path
+        self.fd = fd           # the client's descriptor, until it has been handed over
 
     @classmethod
     def create(cls, capacity: int) -> SharedRegion:
-        import tempfile
-
+        """A new sealed region (the client's side); ``fd`` is what the daemon gets."""
         capacity = max(int(capacity), 1)
-        name = f"crnet-{os.getpid()}-{secrets.token_hex(6)}"
-        path = os.path.join(SHM_DIR or tempfile.gettempdir(), name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        size = PROGRESS_BYTES + 2 * capacity
+        fd = os.memfd_create("crnet-shm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.ftruncate(fd, PROGRESS_BYTES + 2 * capacity)
-            mapping = mmap.mmap(fd, PROGRESS_BYTES + 2 * capacity)
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            mapping = mmap.mmap(fd, size)
         except BaseException:
-            os.unlink(path)
-            raise
-        finally:
             os.close(fd)
-        return cls(mapping, capacity, path)
+            raise
+        return cls(mapping, capacity, fd)
 
     @classmethod
-    def attach(cls, path: str, capacity: int) -> SharedRegion:
-        """Map a region the client created (the daemon's side)."""
-        fd = os.open(path, os.O_RDWR)
+    def attach(cls, fd: int, capacity: int) -> SharedRegion:
+        """Map the region a client handed over (the daemon's side): it must be sealed
+        memory of exactly the size announced. Takes ``fd`` over (closes it)."""
         try:
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            except OSError:
+                raise ValueError("the descriptor is not sealable shared memory (memfd)") from None
+            if seals & SEALS != SEALS:
+                raise ValueError("the shared memory is not sealed against shrinking and growing")
             size = PROGRESS_BYTES + 2 * capacity
             if os.fstat(fd).st_size != size:
-                raise ValueError(f"{path} has {os.fstat(fd).st_size} bytes, expected {size}")
+                raise ValueError(f"the shared memory has {os.fstat(fd).st_size} bytes, "
+                                 f"expected {size}")
             mapping = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        return cls(mapping, capacity, None)
+        return cls(mapping, capacity)
 
-    def unlink(self) -> None:
-        """Remove the name; the mappings stay valid."""
-        if self.path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            self.path = None
+    def close_fd(self) -> None:
+        """The daemon has its own descriptor (or failed): the client's is not needed."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     @property
     def progress(self) -> Progress:

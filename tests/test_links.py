@@ -3,13 +3,14 @@
 outcome of a step reaches the training process as DONE or the ERROR of its kind, with
 where the tree stands (``tree_step``)."""
 
+import os
+
 import numpy as np
 import pytest
 
 from crnet.errors import DaemonBusy, ErrorKind, JoinRefused, ProtocolError, StepFailed
 from crnet.messages import (
     Assign,
-    Attach,
     Attached,
     Chunk,
     ClientError,
@@ -256,7 +257,7 @@ def test_a_training_process_is_welcomed_once_its_host_is_assigned(master):
     assert answer_within == EngineSettings().timeout + EngineSettings().grace
     assert conn.messages() == [ClientWelcome({"name": "", "layer": 0, "samples": 10,
                                               "workers": 2, "process": 0, "processes": 1,
-                                              "ranges": ()}, -1, answer_within)]
+                                              "ranges": ()}, -1, answer_within, link.token)]
     master.on_assigned[0]()                  # assigned again, the same share: not told again
     assert len(conn.messages()) == 1
     link.lost(conn, None)
@@ -278,12 +279,14 @@ def test_a_changed_assignment_welcomes_the_training_process_again(membership):
         return {**a, "ranges": tuple(tuple(r) for r in a["ranges"])}
 
     first = assign(12)
-    assert conn.messages() == [ClientWelcome(first, -1, m.engine.settings.answer_within)]
+    assert conn.messages() == [ClientWelcome(first, -1, m.engine.settings.answer_within,
+                                             link.token)]
     assign(12)                               # the master restarted with the same settings
     assert len(conn.messages()) == 1
     second = assign(24)                      # ... or with others: the process is told
     assert second != first
-    assert conn.messages()[1:] == [ClientWelcome(second, -1, m.engine.settings.answer_within)]
+    assert conn.messages()[1:] == [ClientWelcome(second, -1, m.engine.settings.answer_within,
+                                                 link.token)]
 
 
 @pytest.mark.parametrize("msg", [Submit(0, 4, "float32"), StatsRequest()])
@@ -312,10 +315,10 @@ def test_a_request_before_shared_memory_is_rejected(master):
                                            ErrorKind.REQUEST)]
 
 
-def test_shared_memory_that_cannot_be_mapped_is_reported(master, tmp_path):
+def test_shared_memory_that_cannot_be_mapped_is_reported(master):
     link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
-    link.received(conn, Attach(str(tmp_path / "missing"), 64), None)
+    link.attach_failed("cannot map shared memory: not sealed")
     [error] = conn.messages()
     assert error.kind is ErrorKind.SHM and error.reason.startswith("cannot map shared memory:")
 
@@ -328,10 +331,10 @@ def attached(master):
     link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
     region = SharedRegion.create(64)
-    link.received(conn, Attach(region.path, 64), None)
+    link.attach(SharedRegion.attach(os.dup(region.fd), 64))
+    region.close_fd()
     assert conn.messages()[-1] == Attached()
-    yield link, conn, region
-    region.unlink()
+    return link, conn, region
 
 
 async def test_a_result_reaches_the_training_process_through_shared_memory(master, attached):

@@ -1,4 +1,4 @@
-"""Shared memory between a training process and its daemon: one file, two mappings, two halves."""
+"""Shared memory between a training process and its daemon: one sealed memfd, two mappings."""
 
 import os
 
@@ -8,13 +8,18 @@ import pytest
 from crnet.shm import PROGRESS_BYTES, SharedRegion
 
 
+def handed_over(client: SharedRegion, capacity: int) -> SharedRegion:
+    """What the daemon maps: its own descriptor of the client's memory (SCM_RIGHTS in life)."""
+    return SharedRegion.attach(os.dup(client.fd), capacity)
+
+
 @pytest.fixture
 def regions():
-    """A client's region and the daemon's mapping of it; the name is removed at teardown."""
+    """A client's region and the daemon's mapping of it."""
     client = SharedRegion.create(64)
-    daemon = SharedRegion.attach(client.path, 64)
-    yield client, daemon
-    client.unlink()
+    daemon = handed_over(client, 64)
+    client.close_fd()
+    return client, daemon
 
 
 def test_the_input_half_is_shared_from_client_to_daemon(regions):
@@ -37,42 +42,41 @@ def test_the_halves_do_not_overlap(regions):
     assert set(client.output(np.uint8, 64)) == {2}
 
 
-def test_only_the_creator_owns_the_name():
+def test_the_memory_has_no_name_and_cannot_be_resized():
+    """Sealed: a client that shrinks the memory under the daemon's mapping would kill the
+    daemon with SIGBUS; the kernel refuses."""
     client = SharedRegion.create(16)
-    path = client.path
     try:
-        daemon = SharedRegion.attach(path, 16)
-        assert os.stat(path).st_size == PROGRESS_BYTES + 32
-        assert daemon.path is None
-        daemon.unlink()  # the daemon's side has no name to remove
-        assert os.path.exists(path)
+        assert os.fstat(client.fd).st_size == PROGRESS_BYTES + 32
+        assert os.readlink(f"/proc/self/fd/{client.fd}").startswith("/memfd:crnet-shm")
+        for size in (16, PROGRESS_BYTES + 64):
+            with pytest.raises(PermissionError):
+                os.ftruncate(client.fd, size)
     finally:
-        client.unlink()
+        client.close_fd()
+        client.close_fd()          # a second close is harmless
 
 
-def test_the_mappings_outlive_the_name(regions):
-    client, daemon = regions
-    path = client.path
-    client.unlink()
-    assert not os.path.exists(path)
-    assert client.path is None
-    client.unlink()  # a second unlink is harmless
-    client.input(np.int64, 8)[:] = 7
-    daemon.output(np.int64, 8)[:] = 9
-    np.testing.assert_array_equal(daemon.input(np.int64, 8), np.full(8, 7))
-    np.testing.assert_array_equal(client.output(np.int64, 8), np.full(8, 9))
+def test_attach_with_the_wrong_capacity_is_refused():
+    client = SharedRegion.create(128)
+    with pytest.raises(ValueError, match=f"has {PROGRESS_BYTES + 256} bytes, expected "
+                                         f"{PROGRESS_BYTES + 512}"):
+        handed_over(client, 256)
+    client.close_fd()
 
 
-def test_attach_with_the_wrong_capacity_is_refused(regions):
-    client, _ = regions
-    with pytest.raises(ValueError, match=f"{client.path} has {PROGRESS_BYTES + 128} bytes, "
-                                         f"expected {PROGRESS_BYTES + 256}"):
-        SharedRegion.attach(client.path, 128)
-
-
-def test_attach_to_a_missing_file_is_an_os_error(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        SharedRegion.attach(str(tmp_path / "gone"), 16)
+def test_attach_refuses_a_file_or_unsealed_memory(tmp_path):
+    path = tmp_path / "file"
+    path.write_bytes(b"\0" * (PROGRESS_BYTES + 32))
+    fd = os.open(path, os.O_RDWR)
+    with pytest.raises(ValueError, match="not sealable shared memory"):
+        SharedRegion.attach(fd, 16)                  # and it closed the descriptor
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    fd = os.memfd_create("loose", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, PROGRESS_BYTES + 32)
+    with pytest.raises(ValueError, match="not sealed against shrinking and growing"):
+        SharedRegion.attach(fd, 16)
 
 
 @pytest.mark.parametrize("half", ["input", "output"])
@@ -85,17 +89,14 @@ def test_a_vector_bigger_than_a_half_is_refused(regions, half):
 
 def test_a_region_has_at_least_one_byte_per_half():
     r = SharedRegion.create(0)
-    try:
-        assert r.capacity == 1
-        assert os.stat(r.path).st_size == PROGRESS_BYTES + 2
-    finally:
-        r.unlink()
+    assert r.capacity == 1 and os.fstat(r.fd).st_size == PROGRESS_BYTES + 2
+    r.close_fd()
 
 
 def test_progress_is_seen_by_the_process_as_the_daemon_writes_it():
     client = SharedRegion.create(16)
     try:
-        daemon = SharedRegion.attach(client.path, 16)
+        daemon = handed_over(client, 16)
         written, read = daemon.progress, client.progress
         written.reset()
         assert read.tree_step == -1 and not read.finished(0)
@@ -109,4 +110,4 @@ def test_progress_is_seen_by_the_process_as_the_daemon_writes_it():
         assert read.finished(30)                      # too far behind to matter: done
         assert not read.finished(101)
     finally:
-        client.unlink()
+        client.close_fd()

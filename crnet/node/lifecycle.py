@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import weakref
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from ..stats import Stats
 from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes
 from ..wire import Limits
+from .client_socket import ClientSocket
 from .engine import EngineSettings, StepEngine
 from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
@@ -50,6 +50,7 @@ class Settings:
     code_kind: str = "auto"                    # master only
     chunk_bytes: int = defaults.CHUNK_BYTES    # master only: the tree uses the master's
     client_socket: str | None = None
+    client_group: int | None = None            # gid whose members may also connect to it
     timeout: float = defaults.TIMEOUT
     keep_results: int = defaults.KEEP_RESULTS
     result_memory: int = defaults.RESULT_MEMORY  # results kept for processes catching up
@@ -87,6 +88,7 @@ class Node:
         self.exit_code = 0
         self._servers: list[asyncio.AbstractServer] = []
         self.doorway = Doorway()                 # accepted peers still in their handshake
+        self.client_socket: ClientSocket | None = None
         # Every connection made or accepted (weak: a dial that failed leaves a protocol
         # object that never connected, and it must not pile up while a parent is away).
         self._conns: weakref.WeakSet[Connection] = weakref.WeakSet()
@@ -121,13 +123,8 @@ class Node:
             log.info("listening for children on %s:%d (%s)", host, port,
                      "authenticated" if s.secret else "no authentication: no --secret-file")
         if s.client_socket:
-            if os.path.exists(s.client_socket):
-                os.unlink(s.client_socket)  # a stale socket from a previous run
-            server = await loop.create_unix_server(
-                lambda: self._connection(ClientLink(self.local, self.membership, self.engine,
-                                                    self.stats), Limits(max_payload=0), "client"),
-                s.client_socket)
-            self._servers.append(server)
+            self.client_socket = ClientSocket(s.client_socket, self._client, s.client_group)
+            await self.client_socket.start()
             log.info("training processes connect to %s", s.client_socket)
         if s.is_master:
             assert s.tree is not None
@@ -147,8 +144,8 @@ class Node:
             await asyncio.wait_for(self._closed(live), defaults.SHUTDOWN_GRACE)
         except asyncio.TimeoutError:
             log.warning("shutdown took longer than %g s; stopping anyway", defaults.SHUTDOWN_GRACE)
-        if self.settings.client_socket and os.path.exists(self.settings.client_socket):
-            os.unlink(self.settings.client_socket)
+        if self.client_socket is not None:
+            self.client_socket.close()
         log.info("%s stopped", self.membership.label)
 
     async def _closed(self, conns: list[Connection]) -> None:
@@ -175,6 +172,14 @@ class Node:
         conn = Connection(handler, limits or self._limits(), label)
         self._conns.add(conn)
         return conn
+
+    async def _client(self, sock) -> None:
+        """A training process's control connection (node/client_socket.py checked who)."""
+        link = ClientLink(self.local, self.membership, self.engine, self.stats)
+        assert self.client_socket is not None
+        self.client_socket.links[link.token] = link
+        await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: self._connection(link, Limits(max_payload=0), "client"), sock)
 
     async def _dial_parent(self, hello):
         assert self.settings.parent is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 
 import numpy as np
 
@@ -24,7 +25,6 @@ from ..errors import ErrorKind, JoinRefused, ProtocolError
 from ..kernels import coded_sum
 from ..messages import (
     Assign,
-    Attach,
     Attached,
     Bcast,
     Chunk,
@@ -315,6 +315,7 @@ class ClientLink:
         self.pid: int | None = None
         self.assignment: dict | None = None   # as the process was last told it
         self.taken = -1                        # the newest step it was answered about
+        self.token = secrets.token_hex(16)     # names it when it hands over shared memory
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
         self.receiving: tuple[str, int, np.dtype] | None = None  # broadcast key, length, dtype
 
@@ -326,14 +327,6 @@ class ClientLink:
             if not isinstance(msg, ClientHello):
                 raise ProtocolError(f"{msg.TYPE.name} before CLIENT_HELLO")
             self._hello(conn, msg)
-        elif isinstance(msg, Attach):
-            try:
-                self.region = SharedRegion.attach(msg.path, msg.capacity)
-            except (OSError, ValueError) as e:
-                self._error(f"cannot map shared memory: {e}", ErrorKind.SHM)
-                return
-            self._progress_from_scratch()
-            conn.send(Attached())
         elif isinstance(msg, Watch):
             self.engine.request(msg.step, None, lambda outcome: self._decided(outcome.step))
         elif isinstance(msg, Submit):  # Fetch too: a Submit that contributes nothing
@@ -391,7 +384,7 @@ class ClientLink:
                         self.pid)
         self.assignment = assignment
         self.conn.send(ClientWelcome(assignment, self.engine.tree_step,
-                                     self.engine.settings.answer_within))
+                                     self.engine.settings.answer_within, self.token))
 
     def _request(self, msg: Submit, contribute: bool) -> None:
         if self._job_over(msg.step):
@@ -405,6 +398,18 @@ class ClientLink:
             self.local.submit(self, msg.step, vector)
         else:
             self.engine.request(msg.step, None, self.answer)
+
+    def attach(self, region: SharedRegion) -> None:
+        """The process handed over (new) shared memory (node/client_socket.py). A step it
+        waits on keeps its vector where it was read: in the old region, still mapped
+        until the step lets go of it."""
+        self.region = region
+        self._progress_from_scratch()
+        if self.conn is not None:
+            self.conn.send(Attached())
+
+    def attach_failed(self, reason: str) -> None:
+        self._error(reason, ErrorKind.SHM)
 
     def _job_over(self, step: int | None = None) -> bool:
         """This process's job is not the one the tree runs: it was told so (JobEnded)."""

@@ -1,0 +1,234 @@
+"""The Unix socket this host's training processes connect to.
+
+Who may connect: the socket file is created 0600 (0660 with ``--client-group``), and
+every connection's peer is checked again with SO_PEERCRED (the kernel's word, not the
+client's): the daemon's own user, root, or a member of the client group.
+
+What comes in: a training process's control connection (CLIENT_HELLO first; it gets a
+``ClientLink``), or a one-frame connection that hands over shared memory: ATTACH with
+the memory's descriptor attached (SCM_RIGHTS), which asyncio's transports cannot
+carry, so those connections are read here with ``recvmsg``. The first frame's type,
+peeked before anything is consumed, says which.
+
+A socket path held by a live daemon is never taken over: starting a second daemon on
+it fails; only a stale file (nobody accepts on it) is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import struct
+import weakref
+from collections.abc import Awaitable, Callable
+
+from .. import defaults
+from ..errors import ProtocolError
+from ..messages import Attach, Message, parse
+from ..shm import SharedRegion
+from ..wire import MAGIC, PREFIX, VERSION, FrameReader, Limits, MsgType
+
+log = logging.getLogger("crnet.node")
+
+ATTACH_LIMITS = Limits(max_header=256, max_payload=0, max_str=128, max_items=8,
+                       types=frozenset({MsgType.ATTACH}))
+_CREDS = struct.Struct("3i")         # struct ucred: pid, uid, gid
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, from the kernel."""
+    return _CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size))
+
+
+__all__ = ["ClientSocket", "peer_credentials"]
+
+
+class ClientSocket:
+    """Accepts training processes; ``connect(sock)`` makes their control connection, and
+    ``links[token]`` is the link whose process hands over shared memory with that token."""
+
+    def __init__(self, path: str, connect: Callable[[socket.socket], Awaitable[object]],
+                 group: int | None = None):
+        self.path = path
+        self._connect = connect
+        self._group = group
+        self.links: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._sock: socket.socket | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self._take_path()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Made under another name and moved into place once it listens: a process that
+        # sees the path can connect (no window where it is refused), and at no moment is
+        # the socket open to others (no window at the umask's 0755).
+        staging = f"{self.path}.{os.getpid()}"
+        old = os.umask(0o117 if self._group is not None else 0o177)
+        try:
+            sock.bind(staging)
+        finally:
+            os.umask(old)
+        try:
+            if self._group is not None:
+                os.chown(staging, -1, self._group)
+            sock.listen(128)
+            os.rename(staging, self.path)
+        except BaseException:
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging)
+            raise
+        sock.setblocking(False)
+        self._sock = sock
+        self._tasks.add(asyncio.create_task(self._accept(), name="client socket"))
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    def _take_path(self) -> None:
+        if not os.path.exists(self.path):
+            return
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(self.path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(self.path)          # stale: left by a daemon that is gone
+            return
+        except OSError as e:
+            raise OSError(f"{self.path} exists and is not a socket crnetd can check: {e}") from None
+        finally:
+            probe.close()
+        raise OSError(f"another crnetd is serving training processes on {self.path}")
+
+    def _allowed(self, uid: int, gid: int) -> bool:
+        if uid in (os.geteuid(), 0):
+            return True
+        if self._group is None:
+            return False
+        import pwd
+
+        try:
+            return gid == self._group or self._group in os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+        except KeyError:
+            return False
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._sock is not None
+        while True:
+            conn, _ = await loop.sock_accept(self._sock)
+            task = asyncio.create_task(self._admit(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _admit(self, conn: socket.socket) -> None:
+        try:
+            pid, uid, gid = peer_credentials(conn)
+            if not self._allowed(uid, gid):
+                log.warning("refusing a training process of uid %d (pid %d): not this daemon's "
+                            "user%s", uid, pid, " or --client-group" if self._group is not None
+                            else "")
+                conn.close()
+                return
+            first = await asyncio.wait_for(_peek_type(conn), defaults.HANDSHAKE_DEADLINE)
+            if first == MsgType.ATTACH:
+                await asyncio.wait_for(self._attach(conn), defaults.HANDSHAKE_DEADLINE)
+                conn.close()
+            else:
+                await self._connect(conn)    # the control connection: its link takes it
+        except (OSError, ProtocolError, asyncio.TimeoutError) as e:
+            log.warning("training process connection closed: %r", str(e)[:200])
+            conn.close()
+
+    async def _attach(self, conn: socket.socket) -> None:
+        data, fds = await _recv_with_fds(conn)
+        try:
+            msg = _one_frame(data)
+            link = self.links.get(msg.token)
+            if link is None:
+                raise ProtocolError("ATTACH with a token no attached training process holds")
+            if len(fds) != 1:
+                link.attach_failed(f"ATTACH carried {len(fds)} descriptors, not 1")
+                return
+            try:
+                region = SharedRegion.attach(fds.pop(), msg.capacity)
+            except (OSError, ValueError) as e:
+                link.attach_failed(f"cannot map shared memory: {e}")
+                return
+            link.attach(region)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+async def _peek_type(conn: socket.socket) -> MsgType | None:
+    """ATTACH if the first frame is one (None otherwise), read without consuming it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            head = conn.recv(PREFIX.size, socket.MSG_PEEK)
+        except BlockingIOError:
+            head = None
+        if head == b"":
+            return None        # it hung up: the control connection's reader sees that
+        if head is not None and len(head) >= PREFIX.size:
+            # Anything but a well-formed ATTACH prefix goes the control connection's way,
+            # whose reader says what is wrong with it.
+            magic, version, msg_type, _, _ = PREFIX.unpack(head)
+            is_attach = (magic, version, msg_type) == (MAGIC, VERSION, MsgType.ATTACH)
+            return MsgType.ATTACH if is_attach else None
+        ready = loop.create_future()
+        loop.add_reader(conn.fileno(), ready.set_result, None)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(conn.fileno())
+
+
+async def _recv_with_fds(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """One ATTACH frame and the descriptors sent with it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            data, fds, flags, _ = socket.recv_fds(conn, 1024, 4)
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_reader(conn.fileno(), ready.set_result, None)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(conn.fileno())
+            continue
+        if flags & socket.MSG_CTRUNC:
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError("ATTACH came with more descriptors than one")
+        return data, list(fds)
+
+
+def _one_frame(data: bytes) -> Attach:
+    got: list[Message] = []
+
+    def frame(msg_type, header, payload):
+        got.append(parse(msg_type, header, 0))
+
+    reader = FrameReader(lambda *a: None, frame, ATTACH_LIMITS)
+    buf = reader.get_buffer(len(data))
+    if len(data) > len(buf):
+        raise ProtocolError("ATTACH frame too long")
+    buf[:len(data)] = data
+    reader.buffer_updated(len(data))
+    if len(got) != 1 or not isinstance(got[0], Attach) or not reader.idle:
+        raise ProtocolError("an ATTACH connection carries exactly one ATTACH frame")
+    return got[0]
+
+
