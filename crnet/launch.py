@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .auth import is_loopback
-from .defaults import CHUNK_BYTES, KEEP_RESULTS, TIMEOUT
+from .defaults import CHUNK_BYTES, KEEP_RESULTS, SHUTDOWN_GRACE, TIMEOUT
 from .errors import CrnetTimeout, LaunchError
 from .plan import Tree
 from .procs import stop_processes
@@ -178,8 +178,10 @@ class LocalTree:
     def alive(self, name: str) -> bool:
         return self.procs[name].poll() is None
 
-    def stop(self, grace: float = 5.0) -> dict[str, int | None]:
-        """Stop every daemon (SIGTERM, then SIGKILL after ``grace``); returns exit codes."""
+    def stop(self, grace: float = SHUTDOWN_GRACE + 3.0) -> dict[str, int | None]:
+        """Stop every daemon (SIGTERM, then SIGKILL after ``grace``: longer than a daemon's
+        own bounded shutdown, so that bound is what a slow shutdown hits); returns exit
+        codes."""
         codes = dict(zip(self.procs, stop_processes(self.procs.values(), grace)))
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -40,6 +40,16 @@ def supervised(coro, name: str) -> asyncio.Task:
     return task
 
 
+async def _welcome(welcomed: asyncio.Future[None]) -> None:
+    """Wait for the peer's welcome (or refusal). Not ``asyncio.wait_for``: before Python
+    3.12 it swallows a cancellation that arrives as the future completes, and a refusal
+    that crossed the daemon's shutdown kept this loop dialing after it was cancelled."""
+    done, _ = await asyncio.wait({welcomed}, timeout=WELCOME_TIMEOUT)
+    if not done:
+        raise asyncio.TimeoutError
+    welcomed.result()
+
+
 async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message],
                          up: Callable[[Connection], None], down: Callable[[str], None],
                          refused: Callable[[JoinRefused], None],
@@ -49,7 +59,7 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
         conn = None
         try:
             conn, welcomed = await dial(hello())
-            await asyncio.wait_for(welcomed, WELCOME_TIMEOUT)
+            await _welcome(welcomed)
         except (OSError, asyncio.TimeoutError) as e:
             log.info("%s not reachable (%s); retrying in %.1f s", what,
                      getattr(e, "strerror", None) or e or "no welcome", delay)
