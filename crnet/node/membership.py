@@ -121,9 +121,11 @@ class Membership:
         job's steps, tell the subtree, and the processes waiting for it."""
         if name == self.job:
             return
+        fresh = not self.job and self.engine.tree_step < 0
         self.job = name
-        self.engine.new_job(name)
-        self.broadcasts.new_job()
+        if not fresh:   # fresh daemons (no job, no step decided) have nothing to drop: steps
+            self.engine.new_job(name)     # under way there belong to processes that
+            self.broadcasts.new_job()     # joined whatever job runs, i.e. this one
         for slot in self.neighbours.slots:
             if slot.link is not None:
                 slot.link.send(Job(name))
