@@ -170,9 +170,23 @@ class ClientSocket:
                 os.close(fd)
 
 
+async def _readable(conn: socket.socket) -> None:
+    """Until ``conn`` has something to read (or hung up)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():          # the loop may call it again before it is removed
+            ready.set_result(None)
+    loop.add_reader(conn.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
 async def _peek_type(conn: socket.socket) -> MsgType | None:
     """ATTACH if the first frame is one (None otherwise), read without consuming it."""
-    loop = asyncio.get_running_loop()
     while True:
         try:
             head = conn.recv(PREFIX.size, socket.MSG_PEEK)
@@ -186,27 +200,16 @@ async def _peek_type(conn: socket.socket) -> MsgType | None:
             magic, version, msg_type, _, _ = PREFIX.unpack(head)
             is_attach = (magic, version, msg_type) == (MAGIC, VERSION, MsgType.ATTACH)
             return MsgType.ATTACH if is_attach else None
-        ready = loop.create_future()
-        loop.add_reader(conn.fileno(), ready.set_result, None)
-        try:
-            await ready
-        finally:
-            loop.remove_reader(conn.fileno())
+        await _readable(conn)
 
 
 async def _recv_with_fds(conn: socket.socket) -> tuple[bytes, list[int]]:
     """One ATTACH frame and the descriptors sent with it."""
-    loop = asyncio.get_running_loop()
     while True:
         try:
             data, fds, flags, _ = socket.recv_fds(conn, 1024, 4)
         except BlockingIOError:
-            ready = loop.create_future()
-            loop.add_reader(conn.fileno(), ready.set_result, None)
-            try:
-                await ready
-            finally:
-                loop.remove_reader(conn.fileno())
+            await _readable(conn)
             continue
         if flags & socket.MSG_CTRUNC:
             for fd in fds:
