@@ -82,12 +82,12 @@ class CrnetHop:
     """A running one-layer tree and its clients; ``round(steps)`` measures once."""
 
     def __init__(self, children: int, nbytes: int, chunk_bytes: int, samples: int,
-                 secret: bool = False):
+                 secret: bool = False, tls=None):
         self.n = children
         self.dim = nbytes // 4
         self.tree = Tree.regular(children, 1, 0)
         self.lt = LocalTree(self.tree, samples, chunk_bytes=chunk_bytes, timeout=120.0,
-                            keep_results=1, log_level="warning", secret=secret)
+                            keep_results=1, log_level="warning", secret=secret, tls=tls)
         self.samples = samples
         self.step = 0
         self.clients: list[Client] = []
@@ -376,6 +376,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=None, help="batch size (default: children)")
     ap.add_argument("--secret", action="store_true",
                     help="authenticate the tree's links with a cluster secret (--secret-file)")
+    ap.add_argument("--tls", action="store_true",
+                    help="mutual TLS on the tree's links (a throwaway CA, benchmarks/certs.py)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny smoke run: 2 children, 4 MiB, 2 steps, 1 round")
     args = ap.parse_args()
@@ -388,7 +390,8 @@ def main() -> None:
     print(f"bench_hop: {n} children -> 1 parent on 127.0.0.1, {nbytes / MiB:g} MiB float32 "
           f"per child per step, chunk {chunk / MiB:g} MiB, {args.steps} steps per round, "
           f"best of {args.repeat} rounds"
-          + ("; links authenticated (--secret-file)" if args.secret else ""))
+          + ("; links authenticated (--secret-file)" if args.secret else "")
+          + ("; mutual TLS" if args.tls else ""))
     busy = cpu_busy()
     print(f"{os.cpu_count()} CPUs; before starting, other processes kept "
           f"{'?' if busy is None else f'{100 * busy:.0f}%'} of them busy"
@@ -399,7 +402,13 @@ def main() -> None:
     THR = "baseline: thread-per-connection receiver"
     ECHO = "baseline + echo: receiver sends it all back"
     CLIENT = "crnet, client view: n*bytes / step wall"
-    hop = CrnetHop(n, nbytes, chunk, samples, secret=args.secret)
+    tls = None
+    if args.tls:
+        import tempfile
+
+        from .certs import make_cluster_certs
+        tls = make_cluster_certs(tempfile.mkdtemp(prefix="crnet-certs-"))
+    hop = CrnetHop(n, nbytes, chunk, samples, secret=args.secret, tls=tls)
     base = Baseline(n, nbytes)
     rows: dict[str, list[float]] = {CRNET: [], SEL: [], THR: [], ECHO: [], CLIENT: []}
     deltas = []

@@ -484,6 +484,13 @@ class Address(click.ParamType):
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
               help="The cluster secret (the same file on every host, mode 600): every tree "
                    "link is mutually authenticated with it (HMAC-SHA256 challenge-response).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Mutual TLS on every tree link: this host's certificate (PEM; with "
+                   "--tls-key and --tls-ca).")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="This host's private key (PEM).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The cluster CA that signed every host's certificate (PEM).")
 @click.option("--insecure", is_flag=True,
               help="Listen on a non-loopback address without --secret-file: any host that "
                    "reaches the port can join the tree.")
@@ -494,8 +501,8 @@ class Address(click.ParamType):
               default="info", show_default=True)
 def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
            code_kind, client_socket, client_group, chunk_bytes, timeout, keep_results,
-           local_processes, result_memory, step_window, max_send_queue, secret_file, insecure,
-           strict, log_level):
+           local_processes, result_memory, step_window, max_send_queue, secret_file, tls_cert,
+           tls_key, tls_ca, insecure, strict, log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -508,6 +515,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
 
     from .auth import is_loopback, load_secret
     from .node import Settings, run_node
+    from .tls import TlsFiles, contexts
 
     if role == "master":
         if listen is None or samples is None:
@@ -538,6 +546,18 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
         raise click.UsageError(f"refusing to listen on {listen[0]} without --secret-file: any "
                                "host that reaches the port could join the tree and read or "
                                "corrupt every gradient (--insecure to do it anyway)")
+    tls = None
+    given = [o for o, v in (("--tls-cert", tls_cert), ("--tls-key", tls_key), ("--tls-ca", tls_ca))
+             if v is not None]
+    if given and len(given) < 3:
+        raise click.UsageError(f"{', '.join(given)} needs --tls-cert, --tls-key and --tls-ca")
+    if given:
+        tls = TlsFiles(tls_cert, tls_key, tls_ca)
+        try:
+            contexts(tls)
+        except (OSError, ValueError) as e:     # ssl.SSLError is an OSError
+            raise click.BadParameter(f"cannot load the TLS files: {e}",
+                                     param_hint="--tls-cert/--tls-key/--tls-ca") from None
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s")
     settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
@@ -547,7 +567,7 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
                         window=step_window, result_memory=int(result_memory),
                         local_processes=local_processes,
                         send_queue_bytes=None if max_send_queue is None else int(max_send_queue),
-                        secret=secret, strict=strict)
+                        secret=secret, tls=tls, strict=strict)
     try:
         code = run_node(settings)
     except OSError as e:

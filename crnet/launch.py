@@ -27,6 +27,7 @@ from .defaults import CHUNK_BYTES, KEEP_RESULTS, SHUTDOWN_GRACE, TIMEOUT
 from .errors import CrnetTimeout, LaunchError
 from .plan import Tree
 from .procs import stop_processes
+from .tls import TlsFiles
 
 MASTER = ""
 
@@ -53,10 +54,11 @@ class LocalTree:
                  addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
                  port: int = 7070, strict: bool = False, send_queue_bytes: int | None = None,
                  window: int | None = None, result_memory: int | None = None,
-                 local_processes: int = 1, secret: bool | None = None):
+                 local_processes: int = 1, secret: bool | None = None,
+                 tls: TlsFiles | None = None):
         """``secret``: authenticate every tree link with a cluster secret written into
         ``workdir`` (default: when the daemons listen beyond loopback, which crnetd
-        refuses to do without one)."""
+        refuses to do without one). ``tls``: mutual TLS on every tree link."""
         self.tree = tree
         self.scheme = scheme
         self.samples = samples
@@ -84,6 +86,8 @@ class LocalTree:
             secret = not all(is_loopback(a) for a in self.addresses.values())
         if secret:
             self.options["--secret-file"] = self._write_secret()
+        if tls is not None:
+            self.options.update({"--tls-cert": tls.cert, "--tls-key": tls.key, "--tls-ca": tls.ca})
         self.strict = strict
         self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind, "--scheme": scheme}
         # Parents listen for children; in a ring every worker listens for its predecessor.

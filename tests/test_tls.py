@@ -1,0 +1,141 @@
+"""Mutual TLS on the tree's links (crnet/tls.py): exact steps through it, no entry without
+a certificate from the cluster's CA, and a byte changed on the path never reaches a sum."""
+
+import asyncio
+import ssl
+import subprocess
+
+import numpy as np
+import pytest
+
+from benchmarks.certs import have_openssl, make_cluster_certs
+from crnet import AsyncClient, CrnetError
+from crnet.plan import Tree
+
+from .conftest import local_gradient, rel_error
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not have_openssl(), reason="needs the openssl command")]
+
+TREE = Tree.regular(2, 2, 1)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_cluster_certs(tmp_path_factory.mktemp("certs"))
+
+
+async def steps(lt, names, grads, count):
+    clients = {n: await AsyncClient.connect(lt.socket_path(n), timeout=30) for n in names}
+    outcomes = []
+    try:
+        for t in range(count):
+            got = await asyncio.gather(*(c.allreduce(local_gradient(c.assignment, grads), step=t)
+                                         for c in clients.values()), return_exceptions=True)
+            outcomes.append(got)
+    finally:
+        for c in clients.values():
+            c.close()
+    return outcomes
+
+
+async def test_a_tree_with_tls_and_a_secret_runs_exact_steps(local_tree, certs):
+    lt = local_tree(TREE, 14, secret=True, tls=certs)
+    grads = np.random.default_rng(0).standard_normal((14, 6))
+    for outcome in await steps(lt, lt.procs, grads, 3):
+        for r in outcome:
+            assert rel_error(r, grads.sum(axis=0)) <= 1e-9
+    assert "TLS" in lt.log_path("").read_text()
+
+
+async def test_a_peer_without_a_certificate_gets_no_further_than_tls(local_tree, certs):
+    lt = local_tree(Tree.regular(2, 1, 1), 4, tls=certs)
+    port = lt.ports[""]
+    # Plain TCP: the daemon expects a TLS handshake and hangs up.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"CRNT" + b"\0" * 60)
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    writer.close()
+    # TLS without a client certificate: refused in the handshake.
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+        writer.write(b"x" * 100)
+        await writer.drain()
+        if await asyncio.wait_for(reader.read(), 10) == b"":
+            raise ConnectionError("closed")
+
+
+class BitFlipper:
+    """Between node ``victim`` and its parent: passes everything, but changes one byte of
+    each child -> parent write after the first ``after`` bytes."""
+
+    def __init__(self, victim: str, after: int = 4000):
+        self.victim, self.after = victim, after
+        self.flipped = 0
+        self.upstream: int | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self):
+        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    def spawn(self, name, argv, kwargs):
+        if name == self.victim:
+            i = argv.index("--parent") + 1
+            self.upstream = int(argv[i].rpartition(":")[2])
+            argv = [*argv[:i], f"127.0.0.1:{self.port}", *argv[i + 1:]]
+        return subprocess.Popen(argv, **kwargs)
+
+    async def _pipe(self, reader, writer):
+        self._tasks.add(asyncio.current_task())
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        seen = 0
+
+        async def up():
+            nonlocal seen
+            while data := await reader.read(65536):
+                if seen + len(data) > self.after:
+                    data = bytearray(data)
+                    data[-1] ^= 0x01
+                    self.flipped += 1
+                seen += len(data)
+                up_writer.write(bytes(data))
+
+        async def down():
+            while data := await up_reader.read(65536):
+                writer.write(data)
+
+        try:
+            await asyncio.gather(up(), down())
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+
+    async def close(self):
+        self.server.close()
+        for t in self._tasks:
+            t.cancel()
+
+
+async def test_a_byte_changed_on_the_path_never_reaches_a_sum(local_tree, certs):
+    """s = 0 under the master: it needs node 1's chunks. Without TLS a changed byte would
+    enter the decode; with it the master drops the link: steps fail or are exact."""
+    flipper = await BitFlipper("1").start()
+    try:
+        lt = local_tree(Tree((2,), (0,)), 4, secret=True, tls=certs, spawn=flipper.spawn,
+                        timeout=3)
+        grads = np.random.default_rng(1).standard_normal((4, 2000))
+        outcomes = await steps(lt, ["0", "1"], grads, 4)
+    finally:
+        await flipper.close()
+    assert flipper.flipped > 0
+    for outcome in outcomes:
+        for r in outcome:
+            assert isinstance(r, CrnetError) or rel_error(r, grads.sum(axis=0)) <= 1e-9
+    assert any(isinstance(r, CrnetError) for o in outcomes for r in o)   # the link was cut
