@@ -3,7 +3,8 @@
 ::
 
     CrnetError
-    +-- ProtocolError       a peer sent something that is not a valid crnet message
+    +-- ProtocolError       a peer sent something that is not a valid crnet message, or
+    |                       one this node cannot take from it
     +-- JoinRefused         a parent would not take this node (``retry``: try again later)
     +-- DaemonNotRunning    no crnetd on the client socket, or it went away (ConnectionError)
     +-- DaemonBusy          another training process holds this daemon
@@ -31,15 +32,20 @@ class CrnetError(Exception):
 
 
 class ProtocolError(CrnetError):
-    """The peer sent something that is not a valid crnet frame or message.
+    """The peer sent something that is not a valid crnet frame or message, or one this
+    node cannot take from it (a count beyond its subtree, a WELCOME to a place this node
+    cannot fill, a peer that does not prove it holds the cluster secret).
 
-    The connection it came on is closed; the daemon keeps serving everyone else.
+    The connection it came on is closed; the daemon keeps serving everyone else (a link
+    it dialed, it dials again after a pause).
     """
 
 
 class JoinRefused(CrnetError):
     """The parent refused this node: for good (wrong tree, no free slot, a leaf), or
-    for now (``retry``: the parent has not joined yet, the slot is still held)."""
+    for now (``retry``: the parent has not joined yet, the slot is still held). With a
+    cluster secret, only a parent that authenticated itself is taken at its word; a
+    refusal for good stops the node (exit 2: its configuration is wrong)."""
 
     def __init__(self, reason: str, retry: bool = False):
         super().__init__(reason)

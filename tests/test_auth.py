@@ -267,7 +267,7 @@ def test_crnetd_will_not_listen_beyond_loopback_without_a_secret(tmp_path):
 
 
 class Recorder:
-    """A link behind a guard: what reaches it."""
+    """A link behind a guard: what reaches it (and, for a dialed link, why it was rejected)."""
 
     def __init__(self):
         self.got = []
@@ -281,20 +281,67 @@ class Recorder:
     def lost(self, conn, exc):
         self.got.append("lost")
 
+    def reject(self, conn, reason):
+        self.got.append(("rejected", reason))
+        conn.close()
 
-def test_a_dialer_with_a_secret_refuses_a_peer_that_welcomes_it_unchallenged():
+
+def dialing(secret=b"s" * 32):
     from crnet.node.guard import Dialing
 
     from .fake_links import FakeLink
 
-    link, conn = Recorder(), FakeLink("parent")
-    guard = Dialing(link, b"s" * 32)
+    link, conn = Recorder(), FakeLink("parent 10.0.0.1:7070")
+    guard = Dialing(link, secret)
     hello = guard.hello(Hello("0", None))
+    return link, conn, guard, hello
+
+
+def test_a_dialer_with_a_secret_drops_a_peer_that_welcomes_it_unchallenged():
+    """Not a refusal (that would stop the node for good, exit 2): the link is no good,
+    and the node dials again (dial.py)."""
+    link, conn, guard, hello = dialing()
     assert hello.nonce is not None
     guard.received(conn, Welcome("0", 1, (2,), (1,), "auto", 4096, "cr"), None)
-    [refused] = link.got
-    assert isinstance(refused, Refuse) and "without authenticating itself" in refused.reason
+    assert link.got == [("rejected", "parent 10.0.0.1:7070 answered WELCOME without "
+                                     "authenticating itself: it does not hold this cluster's "
+                                     "secret")]
     assert conn.closed and not conn.authenticated
+
+
+def test_a_dialer_with_a_secret_takes_no_refusal_from_a_peer_that_did_not_authenticate():
+    link, conn, guard, _ = dialing()
+    guard.received(conn, Refuse("master has all 2 child slots taken\nFORGED", False), None)
+    assert link.got == [("rejected", "parent 10.0.0.1:7070 refused this node before "
+                                     "authenticating itself: 'master has all 2 child slots "
+                                     "taken\\nFORGED'")]
+    assert conn.closed
+
+
+def test_a_dialer_drops_a_peer_whose_challenge_is_wrong_and_hears_one_that_proved_itself():
+    secret = b"s" * 32
+    link, conn, guard, hello = dialing(secret)
+    theirs = new_nonce()
+    guard.received(conn, Challenge(theirs, mac(b"t" * 32, "acceptor", hello.nonce, theirs,
+                                                "child", "0")), None)
+    [(what, reason)] = link.got
+    assert what == "rejected" and "failed to authenticate" in reason
+    assert conn.messages() == [] and not conn.authenticated      # no proof given to it
+
+    link, conn, guard, hello = dialing(secret)
+    guard.received(conn, Challenge(theirs, mac(secret, "acceptor", hello.nonce, theirs,
+                                                "child", "0")), None)
+    assert isinstance(conn.messages()[0], Proof) and conn.authenticated
+    refusal = Refuse("master has all 2 child slots taken", False)
+    guard.received(conn, refusal, None)       # an authenticated parent's word: for the link
+    assert link.got == [refusal]
+
+
+def test_without_a_secret_a_refusal_goes_to_the_link():
+    link, conn, guard, _ = dialing(None)
+    refusal = Refuse("master has all 2 child slots taken", False)
+    guard.received(conn, refusal, None)
+    assert link.got == [refusal] and not conn.closed
 
 
 def test_an_acceptor_passes_nothing_on_before_the_proof():

@@ -3,6 +3,7 @@
 outcome of a step reaches the training process as DONE or the ERROR of its kind, with
 where the tree stands (``tree_step``)."""
 
+import logging
 import os
 
 import numpy as np
@@ -39,6 +40,7 @@ from crnet.messages import (
 )
 from crnet.node.engine import EngineSettings, Failed
 from crnet.node.links import ChildLink, ClientLink, LocalProcesses, ParentLink
+from crnet.node.peer_text import SHOWN, Throttle, shown, tamed
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
@@ -95,6 +97,19 @@ def test_a_refused_hello_is_answered_with_refuse_and_closed(master):
     assert conn.closed and link.slot is None
 
 
+def test_refusals_show_a_peers_name_quoted_and_short_and_log_a_line_per_address(master, caplog):
+    warnings = Throttle(logging.getLogger("crnet.node"))     # the node's, for every connection
+    with caplog.at_level("WARNING", logger="crnet.node"):
+        for port in range(3):
+            link, conn = ChildLink(master, master.engine, warnings), FakeLink(f"10.0.0.5:{port}")
+            link.received(conn, Hello("x\n" * 128), None)
+            [refused] = conn.messages()
+            assert refused.reason.startswith(repr("x\n" * 100) + "... (56 more characters) is "
+                                             "not a child of master")
+            assert conn.closed
+    assert [r.getMessage().partition(":")[0] for r in caplog.records] == ["refusing 10.0.0.5"]
+
+
 def test_what_a_refused_peer_sent_before_reading_the_refusal_is_ignored(master):
     link, conn = child_link(master), FakeLink()
     link.received(conn, Hello("5"), None)
@@ -145,6 +160,48 @@ async def test_open_and_fail_from_a_child_go_to_the_step_engine(master):
     assert [type(o) for o in outcomes] == [Failed]
 
 
+async def test_a_child_reports_a_steps_failure_once_and_printable(master, caplog):
+    assign_everyone(master)
+    link, conn = child_link(master), FakeLink("10.0.0.9:4000")
+    master.child_lost(0, master.neighbours.slots[0].link)
+    link.received(conn, Hello("0"), None)
+    reported = []
+    master.engine.child_failed = lambda k, msg: reported.append((k, msg))
+    forged = "stalled\n2001-01-01 00:00:00,000 ERROR   crnet.node[1]: FORGED"
+    with caplog.at_level("WARNING", logger="crnet.node"):
+        for _ in range(300):
+            link.received(conn, Fail(3, forged, FailKind.STALL), None)
+        link.received(conn, Fail(4, "node 0 stalled", FailKind.STALL), None)
+    assert reported == [(0, Fail(3, "stalled\\n2001-01-01 00:00:00,000 ERROR   crnet.node[1]: "
+                                    "FORGED", FailKind.STALL)),
+                        (0, Fail(4, "node 0 stalled", FailKind.STALL))]
+    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()] == [
+        "10.0.0.9:4000 (child slot 0) reported step 3's failure again; ignored"]
+    assert not conn.closed                # a repeat changes nothing: no need to cut it off
+
+
+async def test_a_new_job_lets_a_child_report_the_same_step_number_again(master):
+    assign_everyone(master)
+    link, conn = child_link(master), FakeLink()
+    master.child_lost(0, master.neighbours.slots[0].link)
+    link.received(conn, Hello("0"), None)
+    reported = []
+    master.engine.child_failed = lambda k, msg: reported.append(msg.step)
+    link.received(conn, Fail(3, "node 0 stalled", FailKind.STALL), None)
+    master.run_job("next")                 # steps count from 0 again
+    link.received(conn, Fail(3, "node 0 stalled", FailKind.STALL), None)
+    assert reported == [3, 3]
+
+
+def test_a_child_counting_more_workers_than_its_subtree_holds_is_cut_off(master):
+    link, conn = child_link(master), FakeLink()
+    link.received(conn, Hello(), None)
+    with pytest.raises(ProtocolError, match=r"^JOINED: child 0 counts 2 workers, but its subtree "
+                                            r"holds 1$"):
+        link.received(conn, Joined(2), None)
+    assert master.neighbours.slots[0].workers == 0 and master.allocation is None
+
+
 def ring_member(membership, rank):
     return membership(Place(str(rank), 1, RING, "rar", "auto", 32, RingPlace(rank, 3, None)))
 
@@ -191,12 +248,27 @@ async def test_a_parents_refusal_fails_the_welcome(membership):
     assert (e.value.reason, e.value.retry) == ("master has all 2 child slots taken", False)
 
 
-async def test_a_welcome_the_node_cannot_take_fails_the_welcome(membership):
+async def test_a_welcome_the_node_cannot_take_drops_the_link_but_is_no_refusal(membership):
+    """It may come from anyone at the parent's address: the node dials again (dial.py)
+    rather than stop for good, and takes no place."""
     m = membership()                              # no --listen: it cannot be an inner node
-    link = ParentLink(m, m.engine)
-    link.received(FakeLink(), Welcome("0", 1, (2, 2), (1, 1), "auto", 32, "cr"), None)
-    with pytest.raises(JoinRefused, match="must accept children: start it with --listen"):
+    link, conn = ParentLink(m, m.engine), FakeLink("parent")
+    link.received(conn, Welcome("0", 1, (2, 2), (1, 1), "auto", 32, "cr"), None)
+    with pytest.raises(ProtocolError, match=r"^a WELCOME this node cannot take: node 0 is at layer "
+                                            r"1 of 2 and must accept children: start it with "
+                                            r"--listen$"):
         await link.welcome
+    assert conn.closed and m.place is None and m.neighbours.slots == []
+    link.lost(conn, None)                         # the close that follows changes nothing
+
+
+async def test_a_parents_fail_reason_goes_on_printable(membership):
+    m = membership()
+    link, conn = ParentLink(m, m.engine), FakeLink("parent")
+    link.received(conn, Welcome("0", 1, (2,), (1,), "auto", 32, "cr"), None)
+    await link.welcome
+    link.received(conn, Fail(3, "gone\n2001-01-01 FORGED\x1b[2J", FailKind.LOCAL), None)
+    assert m.engine.outcome(3) == Failed(3, "gone\\n2001-01-01 FORGED\\x1b[2J", tree_wide=False)
 
 
 async def test_a_welcome_tells_the_node_where_the_tree_is_and_then_fail_decides(membership):
@@ -356,6 +428,25 @@ async def test_a_result_reaches_the_training_process_through_shared_memory(maste
     assert conn.messages()[-1] == Done(3, 4)
 
 
+async def test_a_result_that_no_longer_fits_the_swapped_region_is_an_error_for_that_step(
+        master, attached):
+    """The process handed over a smaller region while its step was pending: it gets an
+    ERROR for that step (nothing raises into whoever delivered the result)."""
+    link, conn, _ = attached
+    link.received(conn, Submit(3, 8, "float64"), None)    # 64 bytes: fits
+    small = SharedRegion.create(8)
+    link.attach(SharedRegion.attach(os.dup(small.fd), 8))
+    small.close_fd()
+    master.engine.resolved(3, ChunkLayout.of(8, np.float64, 32), np.ones(8))
+    assert conn.messages()[-1] == ClientError("vector does not fit the attached shared memory",
+                                              ErrorKind.REQUEST, 3, 3, True)
+    assert link.waiting is None
+    link.received(conn, Submit(4, 1, "float64"), None)    # the new region serves what fits
+    master.engine.resolved(4, ChunkLayout.of(1, np.float64, 32), np.full(1, 7.0))
+    assert conn.messages()[-1] == Done(4, 4)
+    np.testing.assert_array_equal(small.output(np.float64, 1), [7.0])
+
+
 @pytest.mark.parametrize("decision", ["resolved", "failed"])
 async def test_the_answer_says_the_tree_is_at_the_step_just_decided(master, attached, decision):
     link, conn, _ = attached
@@ -406,3 +497,38 @@ def test_stats_report_the_counters_the_bookkeeping_and_the_tree_step(master):
     assert reply.stats["steps_done"] == 1
     assert {k: reply.stats[k] for k in ("open", "decided", "kept", "waiting", "told")} == {
         "open": 0, "decided": 1, "kept": 1, "waiting": 0, "told": 0}
+
+
+# ---------------------------------------------------------------- peer text in log lines
+
+def test_peer_text_is_shown_quoted_on_one_line_and_cut_short():
+    assert shown("0.1") == "'0.1'"
+    assert shown("a\nb\x1b[2J") == "'a\\nb\\x1b[2J'"
+    long = shown("n" * 60_000)
+    assert long == repr("n" * SHOWN) + "... (59800 more characters)" and "\n" not in long
+
+
+def test_tamed_text_is_printable_and_honest_text_unchanged():
+    honest = "master did not get 2 of 3 children: 2 of them are gone or failed (child 0: µs)"
+    assert tamed(honest) is honest
+    assert tamed("a\nb\tc\x00") == "a\\nb\\tc\\x00"
+    assert tamed("a\nb").isprintable()
+
+
+def test_a_throttle_logs_a_key_once_per_interval_and_counts_the_rest(caplog):
+    now = [0.0]
+    throttle = Throttle(logging.getLogger("crnet.test"), every=10, max_keys=4,
+                        clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="crnet.test"):
+        for _ in range(5):
+            throttle.warning(("10.0.0.1", "refused"), "refusing %s", "10.0.0.1:1")
+        throttle.warning(("10.0.0.2", "refused"), "refusing %s", "10.0.0.2:1")   # another peer
+        now[0] = 12.0
+        throttle.warning(("10.0.0.1", "refused"), "refusing %s", "10.0.0.1:2")
+    assert [r.getMessage() for r in caplog.records] == [
+        "refusing 10.0.0.1:1", "refusing 10.0.0.2:1",
+        "refusing 10.0.0.1:2 (and 4 more like it in the last 12 s, not logged)"]
+    assert {r.filename for r in caplog.records} == {"test_links.py"}   # where it was said
+    for k in range(100):                     # many peers: it remembers at most max_keys
+        throttle.warning(k, "x")
+    assert len(throttle._seen) <= 4

@@ -2,13 +2,16 @@
 a child's loss, a node taking (or refusing) its place, and what the tree knows (its
 newest result and its vector) passed on in WELCOME and JOINED."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from crnet.errors import JoinRefused, ProtocolError
 from crnet.messages import Assign, Chunk, Hello, Joined, NodeShare, Welcome, pack_allocation, parse_allocation
+from crnet.node.dial import keep_connected
 from crnet.node.engine import Failed, Lost
-from crnet.node.membership import JoinState
+from crnet.node.membership import JoinState, subtree_workers
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
@@ -140,6 +143,39 @@ def test_a_node_reports_its_subtrees_joined_workers_to_its_parent(membership):
     assert parent.messages() == [Joined(2), Joined(3), Joined(2)]
 
 
+@pytest.mark.parametrize("tree, layer, workers", [
+    (TREE, 1, 3), (TREE, 2, 1), (Tree((3, 4, 5), (0, 0, 0)), 1, 25), (Tree((7,), (0,)), 1, 1)])
+def test_a_subtree_holds_its_root_and_every_node_below(tree, layer, workers):
+    assert subtree_workers(tree, layer) == workers
+    assert tree.fanout[0] * subtree_workers(tree, 1) == tree.workers
+
+
+def test_a_joined_count_beyond_the_childs_subtree_is_a_protocol_error(master):
+    a, b = FakeLink(), FakeLink()
+    master.child_hello(a, Hello())
+    master.child_hello(b, Hello())
+    master.child_joined(0, Joined(3))       # all of subtree 0
+    with pytest.raises(ProtocolError, match=r"^JOINED: child 1 counts 6 workers, but its "
+                                            r"subtree holds 3$"):
+        master.child_joined(1, Joined(6, 99, "other job"))
+    assert [s.workers for s in master.neighbours.slots] == [3, 0]
+    assert master.allocation is None and master.state is JoinState.WELCOMED
+    assert master.engine.tree_step == -1 and master.job == ""      # nothing else taken from it
+    master.child_joined(1, Joined(3))       # the honest count plans the tree as before
+    assert master.state is JoinState.ASSIGNED
+
+
+def test_a_node_bounds_its_childrens_counts_by_their_subtrees(membership):
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    m.welcomed(welcome("0"))                # layer 1 of 2: its children are leaves
+    m.neighbours.parent = parent = FakeLink("parent")
+    m.child_hello(FakeLink(), Hello())
+    with pytest.raises(ProtocolError, match="counts 2 workers, but its subtree holds 1"):
+        m.child_joined(0, Joined(2))
+    assert parent.messages() == []
+
+
 def test_once_all_workers_joined_each_child_is_assigned_its_subtree_once(master):
     assigned = []
     master.on_assigned.append(lambda: assigned.append(master.state))
@@ -225,12 +261,14 @@ def test_a_leaf_needs_no_listen_address(membership):
     (welcome("1"), "the parent gave this node slot 1, but it is 0"),
 ])
 def test_a_node_refuses_a_different_place_than_its_own(membership, msg, reason):
+    """A ProtocolError, not a refusal for good: the WELCOME may come from anyone at the
+    parent's address, so the node drops that link and dials again (dial.py)."""
     m = membership()
     m.listen_address = "10.0.0.1:7000"
     m.welcomed(welcome("0"))
-    with pytest.raises(JoinRefused) as e:
+    with pytest.raises(ProtocolError) as e:
         m.welcomed(msg)
-    assert (e.value.reason, e.value.retry) == (reason, False)
+    assert str(e.value) == reason
     assert m.place == place("0")
 
 
@@ -241,10 +279,10 @@ def test_a_node_refuses_a_different_place_than_its_own(membership, msg, reason):
 ])
 def test_a_node_that_must_accept_peers_needs_a_listen_address(membership, msg, reason):
     m = membership()
-    with pytest.raises(JoinRefused) as e:
+    with pytest.raises(ProtocolError) as e:
         m.welcomed(msg)
-    assert (e.value.reason, e.value.retry) == (reason, False)
-    assert m.place is None and m.state is JoinState.JOINING
+    assert str(e.value) == reason
+    assert m.place is None and m.state is JoinState.JOINING and m.neighbours.slots == []
 
 
 def test_a_node_assigned_its_subtree_starts_its_steps(membership):
@@ -315,3 +353,35 @@ def test_a_restarted_master_resumes_where_its_children_are(master):
     master.child_joined(1, Joined(3, 50))   # an older count changes nothing
     assert master.engine.tree_step == 57
     assert b.messages()[0] == welcome("1", tree_step=57)
+
+
+# ---------------------------------------------------------------- staying joined (dial.py)
+
+async def test_a_bad_link_is_dialed_again_and_only_a_refusal_for_good_stops_dialing(caplog):
+    """Whoever answers at the parent's address may send a WELCOME the node cannot take
+    (or fail to authenticate): that connection is dropped and the parent dialed again,
+    as after a refusal for now. Only a refusal for good (an authenticated parent's, or
+    any without a cluster secret) ends the loop (Membership then stops the node: exit 2)."""
+    answers = [ProtocolError("a WELCOME this node cannot take: node 0 must accept children"),
+               ProtocolError("parent 10.0.0.1:7070 answered WELCOME without authenticating"),
+               JoinRefused("master has not joined the tree yet", retry=True),
+               JoinRefused("master has all 2 child slots taken")]
+    conns, refused = [], []
+
+    async def dial(hello):
+        conns.append(FakeLink("parent"))
+        welcome = asyncio.get_running_loop().create_future()
+        welcome.set_exception(answers[len(conns) - 1])
+        return conns[-1], welcome
+
+    with caplog.at_level("INFO", logger="crnet.node"):
+        await asyncio.wait_for(keep_connected(
+            "parent", dial, hello=Hello, up=lambda conn: pytest.fail("took a bad link"),
+            down=lambda what: None, refused=refused.append, backoff=(0.001, 0.002)), 10)
+    assert len(conns) == 4 and all(c.closed for c in conns)
+    assert [e.reason for e in refused] == ["master has all 2 child slots taken"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == ("parent: a WELCOME this node cannot take: node 0 must accept children; "
+                        "dropped that connection, dialing again in 0.0 s")
+    assert not any("without authenticating" in line for line in lines)   # one line per 10 s
+    assert lines[1:] == ["parent asks to retry: 'master has not joined the tree yet'"]

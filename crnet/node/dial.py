@@ -2,7 +2,12 @@
 
 Connect, say hello, wait for the peer's welcome; while the link is up, nothing to
 do; when it drops, say so and try again with exponential backoff. A refusal the
-peer marks temporary is retried the same way; any other refusal ends the loop.
+peer marks temporary is retried the same way, and so is a link that is no good (a
+``ProtocolError``: a WELCOME this node cannot take, a peer that does not prove it
+holds the cluster secret, anything out of place before the welcome): whoever
+answers at the peer's address must not be able to stop this node for good. Only a
+refusal for good (``JoinRefused`` without ``retry``, which with a cluster secret
+only an authenticated peer can send: ``guard.py``) ends the loop.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .. import defaults
-from ..errors import JoinRefused
+from ..errors import JoinRefused, ProtocolError
 from ..messages import Message
 from ..transport import Connection
+from .peer_text import Throttle, shown
 
 log = logging.getLogger("crnet.node")
 
@@ -44,10 +50,19 @@ async def _welcome(welcomed: asyncio.Future[None]) -> None:
     """Wait for the peer's welcome (or refusal). Not ``asyncio.wait_for``: before Python
     3.12 it swallows a cancellation that arrives as the future completes, and a refusal
     that crossed the daemon's shutdown kept this loop dialing after it was cancelled."""
-    done, _ = await asyncio.wait({welcomed}, timeout=WELCOME_TIMEOUT)
+    try:
+        done, _ = await asyncio.wait({welcomed}, timeout=WELCOME_TIMEOUT)
+    finally:
+        if not welcomed.done():   # given up (or the node stops): how the link ends is moot
+            welcomed.add_done_callback(_moot)
     if not done:
         raise asyncio.TimeoutError
     welcomed.result()
+
+
+def _moot(welcomed: asyncio.Future[None]) -> None:
+    if not welcomed.cancelled():
+        welcomed.exception()   # retrieved: not "Future exception was never retrieved"
 
 
 async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message],
@@ -55,6 +70,7 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
                          refused: Callable[[JoinRefused], None],
                          backoff: tuple[float, float] = defaults.RECONNECT_BACKOFF) -> None:
     delay = backoff[0]
+    warnings = Throttle(log)    # a link that stays bad is a line every few seconds
     while True:
         conn = None
         try:
@@ -63,13 +79,16 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
         except (OSError, asyncio.TimeoutError) as e:
             log.info("%s not reachable (%s); retrying in %.1f s", what,
                      getattr(e, "strerror", None) or e or "no welcome", delay)
+        except ProtocolError as e:
+            warnings.warning(("bad", what), "%s: %s; dropped that connection, dialing again "
+                             "in %.1f s", what, e, delay)
         except JoinRefused as e:
             if not e.retry:
                 refused(e)
                 if conn is not None:
                     conn.close()
                 return
-            log.info("%s asks to retry: %s", what, e.reason)
+            log.info("%s asks to retry: %s", what, shown(e.reason))
         else:
             delay = backoff[0]
             up(conn)

@@ -5,8 +5,11 @@
 ``transport.Handler`` that lets nothing through to the link until the peer has proved
 that it holds the cluster secret; from then on it passes every frame straight on. An
 acceptor without a secret passes the hello on at once, as before; one with a secret
-refuses a hello that carries no nonce. A dialer with a secret refuses a peer that
-welcomes it without a challenge (it could be anyone).
+refuses a hello that carries no nonce. A dialer with a secret drops a peer that
+welcomes it without a challenge, or fails it (it could be anyone): the link's
+``reject``, after which the node dials again. Such a peer's REFUSE is not taken at
+its word either (anyone can send one): only an authenticated peer's refusal for
+good stops a node (exit 2).
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
+from typing import Protocol
 
 from .. import defaults
 from ..auth import mac, new_nonce, verify
@@ -23,6 +26,7 @@ from ..errors import ProtocolError
 from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse
 from ..transport import Connection, Handler
 from ..wire import Limits, MsgType
+from .peer_text import Throttle, shown
 
 log = logging.getLogger("crnet.node")
 
@@ -42,17 +46,14 @@ class Doorway:
                  deadline: float = defaults.HANDSHAKE_DEADLINE):
         self.total, self.per_address, self.deadline = total, per_address, deadline
         self._pending: dict[Connection, tuple[str, asyncio.TimerHandle]] = {}
-        self._warned = 0.0
+        self._warnings = Throttle(log)     # a flood is one line per 10 s, not one per try
 
     def enter(self, conn: Connection) -> bool:
         address = conn.label.rpartition(":")[0]
         same = sum(1 for a, _ in self._pending.values() if a == address)
         if len(self._pending) >= self.total or same >= self.per_address:
-            now = time.monotonic()
-            if now - self._warned > 10:      # a flood is one line per 10 s, not one per try
-                self._warned = now
-                log.warning("refusing connections: %d handshakes under way (%d from %s)",
-                            len(self._pending), same, address)
+            self._warnings.warning("flood", "refusing connections: %d handshakes under way "
+                                   "(%d from %s)", len(self._pending), same, address)
             return False
         timer = asyncio.get_running_loop().call_later(self.deadline, self._expire, conn)
         self._pending[conn] = (address, timer)
@@ -83,12 +84,13 @@ class Accepting:
     starts with ``HANDSHAKE_LIMITS`` and gets ``limits()`` once through."""
 
     def __init__(self, inner: Handler, secret: bytes | None, doorway: Doorway,
-                 limits: Callable[[], Limits]):
+                 limits: Callable[[], Limits], warnings: Throttle | None = None):
         self.inner = inner
         self.secret = secret
         self.open = False
         self._doorway = doorway
         self._limits = limits
+        self._warnings = warnings or Throttle(log)   # the node's: one per peer address
         self._hello: Hello | PeerHello | None = None
         self._nonce = b""
 
@@ -120,8 +122,9 @@ class Accepting:
             assert self.secret is not None and theirs is not None
             role, name = _claim(hello)
             if not verify(mac(self.secret, "dialer", theirs, self._nonce, role, name), msg.mac):
-                log.warning("%s failed to authenticate as %s %r: wrong secret", conn.label,
-                            role, name[:64])
+                self._warnings.warning((_address(conn), "wrong secret"),
+                                       "%s failed to authenticate as %s %s: wrong secret",
+                                       conn.label, role, shown(name))
                 _refuse(conn, "authentication failed: this node and the tree hold different "
                               "secrets (--secret-file)")
                 return
@@ -137,7 +140,8 @@ class Accepting:
             self._pass(conn, msg)
             return
         if msg.nonce is None:
-            log.warning("%s sent a hello without authentication; refused", conn.label)
+            self._warnings.warning((_address(conn), "no authentication"),
+                                   "%s sent a hello without authentication; refused", conn.label)
             _refuse(conn, "this tree requires authentication: start the node with the "
                           "cluster's --secret-file")
             return
@@ -153,11 +157,18 @@ class Accepting:
             self.inner.lost(conn, exc)
 
 
+class Dialed(Handler, Protocol):
+    """The link behind a ``Dialing`` guard (``links.DialedLink``)."""
+
+    def reject(self, conn: Connection, reason: str) -> None:
+        """The peer is no good: close the connection; the node dials again later."""
+
+
 class Dialing:
     """A connection this node dialed, until the peer has authenticated (with a secret).
     ``hello`` adds this side's nonce to the hello the dialer sends."""
 
-    def __init__(self, inner: Handler, secret: bytes | None):
+    def __init__(self, inner: Dialed, secret: bytes | None):
         self.inner = inner
         self.secret = secret
         self.open = secret is None
@@ -178,28 +189,32 @@ class Dialing:
         if self.open:
             self.inner.received(conn, msg, payload)
         elif isinstance(msg, Refuse):
-            self.inner.received(conn, msg, None)     # e.g. authentication failed: say why
+            # Before the peer proved itself: anyone may have said it (say why, then dial
+            # again). After, a refusal goes to the link like any message.
+            self.inner.reject(conn, f"{conn.label} refused this node before authenticating "
+                                    f"itself: {shown(msg.reason)}")
         elif isinstance(msg, Challenge) and self._hello is not None:
             assert self.secret is not None and self._hello.nonce is not None
             role, name = _claim(self._hello)
             ours = self._hello.nonce
             if not verify(mac(self.secret, "acceptor", ours, msg.nonce, role, name), msg.mac):
-                self._refused(conn, f"{conn.label} failed to authenticate: it holds another "
-                                    "secret (--secret-file)")
+                self.inner.reject(conn, f"{conn.label} failed to authenticate: it holds another "
+                                        "secret (--secret-file), or is not this node's peer")
                 return
             conn.send(Proof(mac(self.secret, "dialer", ours, msg.nonce, role, name)))
             self.open = True
             conn.authenticated = True
         else:
-            self._refused(conn, f"{conn.label} answered {msg.TYPE.name} without authenticating "
-                                "itself: it does not hold this cluster's secret")
-
-    def _refused(self, conn: Connection, reason: str) -> None:
-        self.inner.received(conn, Refuse(reason), None)   # the link's usual refusal path
-        conn.close()
+            self.inner.reject(conn, f"{conn.label} answered {msg.TYPE.name} without "
+                                    "authenticating itself: it does not hold this cluster's "
+                                    "secret")
 
     def lost(self, conn: Connection, exc: Exception | None) -> None:
         self.inner.lost(conn, exc)
+
+
+def _address(conn: Connection) -> str:
+    return conn.label.rpartition(":")[0]
 
 
 def _refuse(conn: Connection, reason: str) -> None:

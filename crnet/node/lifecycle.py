@@ -31,6 +31,7 @@ from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
 from .neighbours import Neighbours
+from .peer_text import Throttle
 
 log = logging.getLogger("crnet.node")
 
@@ -88,6 +89,7 @@ class Node:
         self.exit_code = 0
         self._servers: list[asyncio.AbstractServer] = []
         self.doorway = Doorway()                 # accepted peers still in their handshake
+        self.warnings = Throttle(log)            # what peers do: a line per peer now and then
         self.client_socket: ClientSocket | None = None
         # Every connection made or accepted (weak: a dial that failed leaves a protocol
         # object that never connected, and it must not pile up while a parent is away).
@@ -115,8 +117,9 @@ class Node:
         if s.listen is not None:
             server = await loop.create_server(
                 lambda: self._connection(
-                    Accepting(ChildLink(self.membership, self.engine), s.secret, self.doorway,
-                              self._limits), HANDSHAKE_LIMITS), *s.listen)
+                    Accepting(ChildLink(self.membership, self.engine, self.warnings), s.secret,
+                              self.doorway, self._limits, self.warnings), HANDSHAKE_LIMITS),
+                *s.listen)
             self._servers.append(server)
             host, port = server.sockets[0].getsockname()[:2]
             self.membership.listen_address = f"{host}:{port}"

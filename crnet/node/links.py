@@ -16,6 +16,7 @@ send at this point and hands it to membership (joining) or the step engine
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 
@@ -62,19 +63,25 @@ from ..transport import Connection
 from .broadcasts import Held
 from .engine import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
 from .membership import Membership
+from .peer_text import Throttle, shown, tamed
 
 log = logging.getLogger("crnet.node")
+
+RECENT_FAILS = 64   # the steps a child's FAILs are remembered for (each step is reported once)
 
 
 class ChildLink:
     """A connection accepted on ``--listen``: a child, or (rar) the ring predecessor."""
 
-    def __init__(self, membership: Membership, engine: StepEngine):
+    def __init__(self, membership: Membership, engine: StepEngine,
+                 warnings: Throttle | None = None):
         self.membership = membership
         self.engine = engine
+        self.warnings = warnings or Throttle(log)   # the node's: shared by every connection
         self.slot: int | None = None     # the child's slot, once it said HELLO
         self.peer = False                # the ring predecessor, once it said PEER_HELLO
         self.refused = False             # REFUSE sent: what it sent before reading it is moot
+        self._failed: dict[tuple[str, int], None] = {}   # (job, step) of its latest FAILs
 
     def payload_dest(self, conn, msg, nbytes):
         if self.refused:
@@ -99,7 +106,7 @@ class ChildLink:
             elif isinstance(msg, Joined):
                 self.membership.child_joined(self.slot, msg)
             elif isinstance(msg, Fail):
-                self.engine.child_failed(self.slot, msg)
+                self._child_failed(conn, self.slot, msg)
             elif isinstance(msg, Open):
                 self.engine.child_opened(self.slot, msg)
             elif isinstance(msg, Job):
@@ -123,16 +130,38 @@ class ChildLink:
                 self.slot = self.membership.child_hello(conn, msg)
             except JoinRefused as e:
                 self.refused = True
-                _refuse(conn, e)
+                self._refuse(conn, e)
         elif isinstance(msg, PeerHello):
             try:
                 self.membership.peer_hello(conn, msg)
                 self.peer = True
             except JoinRefused as e:
                 self.refused = True
-                _refuse(conn, e)
+                self._refuse(conn, e)
         else:
             raise ProtocolError(self._unexpected(msg))
+
+    def _child_failed(self, conn: Connection, k: int, msg: Fail) -> None:
+        """A child reports each step's failure once: a repeat would change nothing but
+        the log (a flood of them, or one reason forged into many lines). Its reason goes
+        on, printable, into the step's failure reason."""
+        key = (self.membership.job, msg.step)
+        if key in self._failed:
+            self.warnings.warning((conn.label, "FAIL again"),
+                                  "%s (child slot %d) reported step %d's failure again; ignored",
+                                  conn.label, k, msg.step)
+            return
+        self._failed[key] = None
+        if len(self._failed) > RECENT_FAILS:
+            del self._failed[next(iter(self._failed))]
+        self.engine.child_failed(k, dataclasses.replace(msg, reason=tamed(msg.reason)))
+
+    def _refuse(self, conn: Connection, e: JoinRefused) -> None:
+        # One line per peer address every few seconds: a peer may try again and again.
+        self.warnings.warning((conn.label.rpartition(":")[0], "refused"), "refusing %s: %s",
+                              conn.label, e.reason)
+        conn.send(Refuse(e.reason, e.retry))
+        conn.close()
 
     def lost(self, conn, exc):
         if self.peer:
@@ -146,19 +175,31 @@ class ChildLink:
         return f"unexpected {msg.TYPE.name} from {who}"
 
 
-def _refuse(conn: Connection, e: JoinRefused) -> None:
-    log.warning("refusing %s: %s", conn.label, e.reason)
-    conn.send(Refuse(e.reason, e.retry))
-    conn.close()
+class DialedLink:
+    """A link this node dialed (to its parent, or its ring successor): ``welcome``
+    resolves when the peer welcomes this node, or fails with why not. ``dial.py``
+    dials again after a ``ProtocolError`` or a ``JoinRefused`` with ``retry``; any
+    other ``JoinRefused`` is the tree saying this node's configuration is wrong."""
+
+    def __init__(self) -> None:
+        self.welcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def reject(self, conn: Connection, reason: str) -> None:
+        """The peer did, before its welcome, what no parent or successor of this node does
+        (a WELCOME to a place this node cannot take, no proof of the cluster secret): the
+        link is no good. It closes; the dialer logs why and dials again after a pause."""
+        if not self.welcome.done():
+            self.welcome.set_exception(ProtocolError(reason))
+        conn.close()
 
 
-class ParentLink:
+class ParentLink(DialedLink):
     """This node's connection to its parent."""
 
     def __init__(self, membership: Membership, engine: StepEngine):
+        super().__init__()
         self.membership = membership
         self.engine = engine
-        self.welcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def payload_dest(self, conn, msg, nbytes):
         if self.welcome.done():
@@ -175,17 +216,18 @@ class ParentLink:
             if isinstance(msg, Welcome):
                 try:
                     self.membership.welcomed(msg)
-                    self.welcome.set_result(None)
-                except JoinRefused as e:
-                    self.welcome.set_exception(e)
+                except ProtocolError as e:
+                    self.reject(conn, f"a WELCOME this node cannot take: {e}")
+                    return
+                self.welcome.set_result(None)
             elif isinstance(msg, Refuse):
                 self.welcome.set_exception(JoinRefused(msg.reason, msg.retry))
             else:
                 raise ProtocolError(f"{msg.TYPE.name} from the parent before WELCOME")
         elif isinstance(msg, Result):
             self.engine.parent_result(msg)
-        elif isinstance(msg, Fail):
-            self.engine.parent_failed(msg)
+        elif isinstance(msg, Fail):   # its reason goes on to this subtree's processes
+            self.engine.parent_failed(dataclasses.replace(msg, reason=tamed(msg.reason)))
         elif isinstance(msg, Assign):
             self.membership.assigned(msg, payload)
         elif isinstance(msg, Job):
@@ -202,11 +244,8 @@ class ParentLink:
             self.welcome.set_exception(ConnectionResetError("the parent closed the connection"))
 
 
-class SuccessorLink:
+class SuccessorLink(DialedLink):
     """A ring worker's link to its successor: segments go out, only the welcome comes in."""
-
-    def __init__(self) -> None:
-        self.welcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def payload_dest(self, conn, msg, nbytes):
         raise ProtocolError(f"unexpected {msg.TYPE.name} from the ring successor")
@@ -359,7 +398,7 @@ class ClientLink:
         self.conn = conn
         self.job = msg.job
         log.info("training process %s attached (%d of %d)%s", self.pid, self.index + 1,
-                 self.local.k, f" for job {msg.job!r}" if msg.job else "")
+                 self.local.k, f" for job {shown(msg.job)}" if msg.job else "")
         self.membership.on_assigned.append(self._welcome)
         self.membership.on_job.append(self._welcome)
         self.engine.listeners.append(self._progress)
@@ -402,7 +441,9 @@ class ClientLink:
     def attach(self, region: SharedRegion) -> None:
         """The process handed over (new) shared memory (node/client_socket.py). A step it
         waits on keeps its vector where it was read: in the old region, still mapped
-        until the step lets go of it."""
+        until the step lets go of it. Its result goes to the region attached when it
+        comes: if it does not fit there (the new region is smaller), the process gets an
+        ERROR for that step instead (``answer``); nothing else is affected."""
         self.region = region
         self._progress_from_scratch()
         if self.conn is not None:
@@ -419,11 +460,12 @@ class ClientLink:
                     "is over for them", ErrorKind.JOB, step)
         return True
 
-    def _vector(self, length: int, dtype: np.dtype, half: str) -> np.ndarray | None:
+    def _vector(self, length: int, dtype: np.dtype, half: str,
+                step: int | None = None) -> np.ndarray | None:
         """The process's shared ``half`` (input, output) as ``length`` x ``dtype``, or None
-        (it was told why)."""
+        (it was told why, about ``step``)."""
         if self.region is None or length * dtype.itemsize > self.region.capacity:
-            self._error("vector does not fit the attached shared memory", ErrorKind.REQUEST)
+            self._error("vector does not fit the attached shared memory", ErrorKind.REQUEST, step)
             return None
         return getattr(self.region, half)(dtype, length)
 
@@ -481,8 +523,10 @@ class ClientLink:
             if problem:
                 self._error(problem, ErrorKind.MISMATCH, step)
                 return
-            assert self.region is not None
-            np.copyto(self.region.output(dtype, length), outcome.vector)
+            out = self._vector(length, dtype, "output", step)   # the region attached now
+            if out is None:
+                return
+            np.copyto(out, outcome.vector)
             self.waiting = None
             self.conn.send(Done(step, self.engine.tree_step))
         elif isinstance(outcome, Failed):

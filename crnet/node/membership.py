@@ -22,6 +22,7 @@ import dataclasses
 import enum
 import logging
 from collections.abc import Callable
+from math import prod
 
 from ..errors import JoinRefused, ProtocolError
 from ..messages import (
@@ -37,7 +38,7 @@ from ..messages import (
     pack_allocation,
     parse_allocation,
 )
-from ..plan import cut
+from ..plan import Tree, cut
 from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
@@ -45,6 +46,7 @@ from .broadcasts import Broadcasts
 from .dial import Dialer, keep_connected, supervised
 from .engine import StepEngine
 from .neighbours import ChildSlot, Neighbours
+from .peer_text import shown
 
 log = logging.getLogger("crnet.node")
 
@@ -149,7 +151,7 @@ class Membership:
         children = place.tree.children(place.name)
         if hello.name is not None:
             if hello.name not in children:
-                raise JoinRefused(f"{hello.name!r} is not a child of {place.label} "
+                raise JoinRefused(f"{shown(hello.name)} is not a child of {place.label} "
                                   f"(its children are {children[0]}..{children[-1]})")
             k = children.index(hello.name)
             held = slots[k].link
@@ -181,6 +183,14 @@ class Membership:
         return k
 
     def child_joined(self, k: int, msg: Joined) -> None:
+        """Child ``k`` counts the workers of its subtree that joined. More than its subtree
+        holds is a ``ProtocolError`` (that link closes): nothing is counted."""
+        assert self.place is not None
+        most = subtree_workers(self.place.tree, self.place.layer + 1)
+        if msg.workers > most:
+            child = self.place.tree.children(self.place.name)[k]
+            raise ProtocolError(f"JOINED: child {child} counts {msg.workers} workers, but its "
+                                f"subtree holds {most}")
         slot = self.neighbours.slots[k]
         slot.workers = msg.workers
         if msg.job and not self.job and self.engine.tree_step < 0:
@@ -289,26 +299,31 @@ class Membership:
         log.warning("%s lost its %s; reconnecting", self.label, what)
 
     def _refused(self, e: JoinRefused) -> None:
-        log.error("%s: the parent refused this node: %s", self.label, e.reason)
+        """The parent refused this node for good (with a cluster secret, only a parent that
+        authenticated itself gets here: guard.py): this node's configuration is wrong.
+        Exit 2: restarting it as it is would not help."""
+        log.error("%s: the parent refused this node: %s", self.label, shown(e.reason))
         self._stop(2)
 
     def welcomed(self, msg: Welcome) -> None:
-        """The parent's WELCOME: this node's place. JoinRefused if it cannot take it."""
+        """The parent's WELCOME: this node's place. ``ProtocolError`` if it cannot take it
+        (nothing changes; the link closes and the node dials again after a pause: a
+        broken or hostile peer at the parent's address must not stop it for good)."""
         tree = msg.tree
         if self.place is not None and tree != self.place.tree:
-            raise JoinRefused(f"the parent's tree {tree} differs from the one this node joined")
+            raise ProtocolError(f"the parent's tree {tree} differs from the one this node joined")
         if self.place is not None and msg.name != self.place.name:
-            raise JoinRefused(f"the parent gave this node slot {msg.name}, but it is "
-                              f"{self.place.name}")
+            raise ProtocolError(f"the parent gave this node slot {msg.name}, but it is "
+                                f"{self.place.name}")
         ring = None if self.place is None else self.place.ring
         place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes, ring)
         listening = self.listen_address is not None
         if place.scheme == "rar" and not listening:
-            raise JoinRefused(f"{place.label} is in a ring (--scheme rar) and must accept its "
-                              "predecessor: start it with --listen")
+            raise ProtocolError(f"{place.label} is in a ring (--scheme rar) and must accept its "
+                                "predecessor: start it with --listen")
         if place.fanout and not listening:
-            raise JoinRefused(f"{place.label} is at layer {place.layer} of {tree.layers} and must "
-                              "accept children: start it with --listen")
+            raise ProtocolError(f"{place.label} is at layer {place.layer} of {tree.layers} and "
+                                "must accept children: start it with --listen")
         self.place = place
         if self.state is JoinState.JOINING:
             self.state = JoinState.WELCOMED
@@ -345,9 +360,15 @@ class Membership:
         self._tasks.append(supervised(keep_connected(
             f"ring successor {ring.successor}", dial, hello=lambda: PeerHello(ring.rank),
             up=self.neighbours.successor_up, down=self._successor_down,
-            refused=lambda e: log.error("the ring successor refused this node: %s", e.reason)),
+            refused=lambda e: log.error("the ring successor refused this node: %s",
+                                        shown(e.reason))),
             "successor"))
 
     def _successor_down(self, what: str) -> None:
         self.neighbours.successor = None
         log.warning("lost the %s; reconnecting", what)
+
+
+def subtree_workers(tree: Tree, layer: int) -> int:
+    """How many workers the subtree of a node at ``layer`` (>= 1) holds, itself included."""
+    return sum(prod(tree.fanout[layer:deeper]) for deeper in range(layer, tree.layers + 1))
