@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import weakref
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from .. import __version__, defaults, kernels
 from ..plan import Tree
 from ..schemes import Place
 from ..stats import Stats
+from ..tls import TlsFiles, contexts
 from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes
 from ..wire import Limits
@@ -59,6 +61,7 @@ class Settings:
     window: int = defaults.STEP_WINDOW         # steps ahead of the tree's newest result
     send_queue_bytes: int | None = None        # None: max(64 MiB, 4 vectors)
     secret: bytes | None = None                # the cluster secret: every tree link authenticated
+    tls: TlsFiles | None = None                # mutual TLS on every tree link (crnet/tls.py)
     strict: bool = False                       # an internal error stops the daemon (tests)
 
     @property
@@ -91,6 +94,10 @@ class Node:
         self.doorway = Doorway()                 # accepted peers still in their handshake
         self.warnings = Throttle(log)            # what peers do: a line per peer now and then
         self.client_socket: ClientSocket | None = None
+        self._tls_accept: ssl.SSLContext | None = None
+        self._tls_dial: ssl.SSLContext | None = None
+        if settings.tls is not None:
+            self._tls_accept, self._tls_dial = contexts(settings.tls)
         # Every connection made or accepted (weak: a dial that failed leaves a protocol
         # object that never connected, and it must not pile up while a parent is away).
         self._conns: weakref.WeakSet[Connection] = weakref.WeakSet()
@@ -119,12 +126,14 @@ class Node:
                 lambda: self._connection(
                     Accepting(ChildLink(self.membership, self.engine, self.warnings), s.secret,
                               self.doorway, self._limits, self.warnings), HANDSHAKE_LIMITS),
-                *s.listen)
+                *s.listen,
+                ssl=self._tls_accept)
             self._servers.append(server)
             host, port = server.sockets[0].getsockname()[:2]
             self.membership.listen_address = f"{host}:{port}"
-            log.info("listening for children on %s:%d (%s)", host, port,
-                     "authenticated" if s.secret else "no authentication: no --secret-file")
+            log.info("listening for children on %s:%d (%s%s)", host, port,
+                     "authenticated" if s.secret else "no authentication: no --secret-file",
+                     ", TLS" if s.tls else "")
         if s.client_socket:
             self.client_socket = ClientSocket(s.client_socket, self._client, s.client_group)
             await self.client_socket.start()
@@ -190,7 +199,8 @@ class Node:
         link = ParentLink(self.membership, self.engine)
         guard = Dialing(link, self.settings.secret)
         _, conn = await asyncio.get_running_loop().create_connection(
-            lambda: self._connection(guard, label=f"parent {host}:{port}"), host, port)
+            lambda: self._connection(guard, label=f"parent {host}:{port}"), host, port,
+            ssl=self._tls_dial)
         conn.send(guard.hello(hello))
         return conn, link.welcome
 
@@ -202,7 +212,7 @@ class Node:
             guard = Dialing(link, self.settings.secret)
             _, conn = await asyncio.get_running_loop().create_connection(
                 lambda: self._connection(guard, Limits(max_payload=0), f"ring {address}"),
-                host.strip("[]"), int(port))
+                host.strip("[]"), int(port), ssl=self._tls_dial)
             conn.send(guard.hello(hello))
             return conn, link.welcome
         return dial
