@@ -37,6 +37,7 @@ from .errors import (
 from .messages import (
     Attach,
     Attached,
+    Barrier,
     ClientError,
     ClientHello,
     ClientWelcome,
@@ -297,6 +298,23 @@ class AsyncClient:
             return out
         return (await self._receive(key, vec, out, timeout))[0]
 
+    async def barrier(self, key: str = "start", processes: int | None = None,
+                      timeout: float | None = None) -> None:
+        """Wait until all ``processes`` training processes of the job (default
+        ``$CRNET_WORLD_SIZE``, which ``crnet run`` sets) have called ``barrier(key)``:
+        e.g. before the first step, so that no process starts late. Each key once per
+        job. CrnetTimeout if they are not all there within ``timeout``."""
+        if processes is None:
+            world = os.environ.get("CRNET_WORLD_SIZE")
+            if world is None:
+                raise ValueError("barrier: say how many processes take part (processes=N), "
+                                 "or set CRNET_WORLD_SIZE")
+            processes = int(world)
+        if processes < 1:
+            raise ValueError(f"barrier of {processes} processes")
+        self._conn.send(Barrier(key, 1, processes))
+        await self._delivered(key, timeout)
+
     async def request_state(self, like, out: np.ndarray | None = None,
                             timeout: float | None = None) -> tuple[np.ndarray, int]:
         """For a process that joins a running job: ask the other processes for their state
@@ -488,6 +506,10 @@ class Client:
     def broadcast(self, vec, key: str, root: bool, out=None,
                   timeout: float | None = None) -> np.ndarray:
         return self._run(self._c.broadcast(vec, key, root, out, timeout))
+
+    def barrier(self, key: str = "start", processes: int | None = None,
+                timeout: float | None = None) -> None:
+        self._run(self._c.barrier(key, processes, timeout))
 
     def request_state(self, like, out=None, timeout: float | None = None) -> tuple[np.ndarray, int]:
         return self._run(self._c.request_state(like, out, timeout))

@@ -30,6 +30,7 @@ __all__ = [
     "Assign",
     "Attach",
     "Attached",
+    "Barrier",
     "Bcast",
     "Challenge",
     "Chunk",
@@ -807,6 +808,23 @@ class Delivered(Message):
         return cls(h.text("key", MAX_KEY), h.integer("step", -1))
 
 
+@dataclass(frozen=True, slots=True)
+class Barrier(Message):
+    """Barrier ``key`` of ``processes`` training processes. Up (and training process ->
+    daemon, with ``arrived`` 1): ``arrived`` of them are at it in this subtree. Down: all
+    are (``arrived == processes``): go on."""
+
+    TYPE = MsgType.BARRIER
+    key: str
+    arrived: int
+    processes: int
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> Barrier:
+        processes = h.integer("processes", 1, 1 << 20)
+        return cls(h.text("key", MAX_KEY), h.integer("arrived", 0, processes), processes)
+
+
 # ---------------------------------------------------------------- parsing
 
 _CLASSES: dict[MsgType, type[Message]] = {
@@ -814,7 +832,7 @@ _CLASSES: dict[MsgType, type[Message]] = {
                               PeerHello, PeerWelcome, Challenge, Proof, Segment, ClientHello, ClientWelcome,
                               Attach, Attached, Submit, Fetch, Done, ClientError, StatsRequest,
                               StatsReply, Watch, Decided, Bcast, WantState, Publish, Receive,
-                              Delivered)
+                              Delivered, Barrier)
 }
 
 

@@ -50,6 +50,7 @@ class MsgType(enum.IntEnum):
     WANT_STATE = 15     # up (and client -> daemon): a process wants a peer's state; down: asked
     CHALLENGE = 16      # acceptor -> dialer, with a cluster secret: nonce, the acceptor's MAC
     PROOF = 17          # dialer -> acceptor: the dialer's MAC; only then is its hello acted on
+    BARRIER = 18        # up (and client -> daemon): processes at a barrier; down: released
     # Ring links (TCP, --scheme rar), predecessor -> successor.
     PEER_HELLO = 10     # I am your predecessor, rank r
     PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow

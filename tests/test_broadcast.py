@@ -133,3 +133,48 @@ async def test_a_new_job_drops_the_old_jobs_broadcasts(local_tree):
             await new["1"].broadcast(np.ones(3), "k", root=False, timeout=0.5)
     finally:
         close(new)
+
+
+async def test_a_barrier_lets_everyone_go_once_all_are_there(local_tree):
+    lt = local_tree(TREE, 14)
+    clients = await connect(lt, lt.procs)
+    try:
+        names = list(clients)
+        early = [asyncio.ensure_future(clients[n].barrier("start", processes=7))
+                 for n in names[:-1]]
+        await asyncio.sleep(0.5)
+        assert not any(w.done() for w in early)
+        # One leaves while it waits: it no longer counts, and its successor must come.
+        early.pop(0).cancel()
+        clients.pop(names[0]).close()
+        late = asyncio.ensure_future(clients[names[-1]].barrier("start", processes=7))
+        await asyncio.sleep(0.5)
+        assert not late.done() and not any(w.done() for w in early)
+        clients[names[0]] = await AsyncClient.connect(lt.socket_path(names[0]), timeout=30,
+                                                     job="job")
+        await asyncio.wait_for(asyncio.gather(clients[names[0]].barrier("start", processes=7),
+                                              late, *early), 30)
+    finally:
+        close(clients)
+
+
+async def test_newcomers_asking_at_once_all_get_a_peers_state(local_tree):
+    lt = local_tree(TREE, 28)
+    clients = await connect(lt, lt.procs)
+    try:
+        grads = np.ones((28, 3))
+        for t in range(3):
+            await gather_or_cancel(*(c.allreduce(local_gradient(c.assignment, grads), step=t)
+                                     for c in clients.values()))
+        asking = [clients.pop(n) for n in ("0.0", "1.1")]
+        waits = [asyncio.ensure_future(c.request_state(np.zeros(4))) for c in asking]
+        await wait_until(lambda: all(c.state_wanted() for c in clients.values()),
+                         "the others to see a request")
+        for c in clients.values():
+            await c.send_state(np.full(4, 7.0), 2)
+        for state, after in await asyncio.wait_for(asyncio.gather(*waits), 10):
+            np.testing.assert_array_equal(state, np.full(4, 7.0))
+            assert after == 2
+        clients.update(zip(("0.0", "1.1"), asking))
+    finally:
+        close(clients)

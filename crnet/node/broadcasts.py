@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import defaults
 from ..errors import ProtocolError
-from ..messages import Bcast, WantState
+from ..messages import Bcast, WantState, state_key
 from ..schemes.base import Place
 from ..schemes.chunks import DTYPES
 from .neighbours import Neighbours
@@ -38,7 +38,7 @@ log = logging.getLogger("crnet.node")
 
 HELD = 4              # complete broadcasts a node keeps for processes that ask later
 IN_FLIGHT = 16        # incomplete ones it assembles at once (the oldest is dropped)
-UP = "up"
+STATE = state_key(0).rpartition("/")[0] + "/"    # the keys of state answers
 
 
 @dataclass
@@ -259,8 +259,15 @@ class Broadcasts:
         held = self.held[key] = Held(step, vector)
         while len(self.held) > HELD:
             self.held.popitem(last=False)
-        for waiter in self._waiters.pop(key, []):
-            waiter(held)
+        keys = [key]
+        if key.startswith(STATE):
+            # Any peer's state is good for every process still waiting for one: requests
+            # made at the same time are answered by the newest's answer (peers answer
+            # only the newest request they see).
+            keys += [k for k in self._waiters if k.startswith(STATE) and k != key]
+        for k in keys:
+            for waiter in self._waiters.pop(k, []):
+                waiter(held)
 
     def _remember_relayed(self, key: str) -> None:
         self._relayed[key] = None

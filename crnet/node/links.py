@@ -27,6 +27,7 @@ from ..kernels import coded_sum
 from ..messages import (
     Assign,
     Attached,
+    Barrier,
     Bcast,
     Chunk,
     ClientError,
@@ -117,6 +118,8 @@ class ChildLink:
                 self.membership.broadcasts.from_child(self.slot, msg, payload)
             elif isinstance(msg, WantState):
                 self.membership.broadcasts.want_state(msg.nonce)
+            elif isinstance(msg, Barrier):
+                self.membership.barriers.from_child(self.slot, msg)
             else:
                 raise ProtocolError(self._unexpected(msg))
         elif self.peer:
@@ -236,6 +239,8 @@ class ParentLink(DialedLink):
             self.membership.broadcasts.from_parent(msg, payload)
         elif isinstance(msg, WantState):
             self.membership.broadcasts.state_requested(msg.nonce)
+        elif isinstance(msg, Barrier):
+            self.membership.barriers.released(msg)
         else:
             raise ProtocolError(f"unexpected {msg.TYPE.name} from the parent")
 
@@ -357,6 +362,7 @@ class ClientLink:
         self.token = secrets.token_hex(16)     # names it when it hands over shared memory
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
         self.receiving: tuple[str, int, np.dtype] | None = None  # broadcast key, length, dtype
+        self._barriers: list = []              # its releases, while it waits at barriers
 
     def payload_dest(self, conn, msg, nbytes):
         raise ProtocolError("the client link carries no payloads")
@@ -376,6 +382,8 @@ class ClientLink:
             self._receive(msg)
         elif isinstance(msg, WantState):
             self.membership.broadcasts.want_state(msg.nonce)
+        elif isinstance(msg, Barrier):
+            self._barrier(msg)
         elif isinstance(msg, StatsRequest):
             m = self.membership
             stats = {**self.stats.as_dict(), **self.engine.bookkeeping()}
@@ -503,6 +511,19 @@ class ClientLink:
             np.copyto(out, held.vector)
             self.conn.send(Delivered(key, held.step))
 
+    def _barrier(self, msg: Barrier) -> None:
+        if self._job_over():
+            return
+        key = msg.key
+
+        def release() -> None:
+            if release in self._barriers:
+                self._barriers.remove(release)
+            if self.conn is not None:
+                self.conn.send(Delivered(key, -1))
+        self._barriers.append(release)
+        self.membership.barriers.arrive(key, msg.processes, release)
+
     def _state_request(self, nonce: int) -> None:
         if self.region is not None:
             self.region.progress.state_request = nonce
@@ -584,3 +605,5 @@ class ClientLink:
         if self._state_request in broadcasts.on_state_request:
             broadcasts.on_state_request.remove(self._state_request)
         broadcasts.cancel(self._delivered)
+        for release in self._barriers:
+            self.membership.barriers.cancel(release)

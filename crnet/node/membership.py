@@ -42,6 +42,7 @@ from ..plan import Tree, cut
 from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
+from .barriers import Barriers
 from .broadcasts import Broadcasts
 from .dial import Dialer, keep_connected, supervised
 from .engine import StepEngine
@@ -77,6 +78,7 @@ class Membership:
         self._wanted_job = ""                                  # asked of the master, not run yet
         self.on_job: list[Callable[[], None]] = []            # told when that changes
         self.broadcasts = Broadcasts(neighbours, lambda: self.place)
+        self.barriers = Barriers(neighbours, lambda: self.place)
         self._stop = stop
         self._name = name
         self._dial_parent = dial_parent
@@ -128,6 +130,7 @@ class Membership:
         if not fresh:   # fresh daemons (no job, no step decided) have nothing to drop: steps
             self.engine.new_job(name)     # under way there belong to processes that
             self.broadcasts.new_job()     # joined whatever job runs, i.e. this one
+            self.barriers.new_job()
         for slot in self.neighbours.slots:
             if slot.link is not None:
                 slot.link.send(Job(name))
@@ -206,6 +209,7 @@ class Membership:
             return
         self.neighbours.slots[k] = ChildSlot(address=slot.address)
         self.broadcasts.child_lost(k)
+        self.barriers.child_lost(k)
         assert self.place is not None
         log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
         self.engine.child_lost(k)
@@ -289,6 +293,7 @@ class Membership:
         self.neighbours.parent = conn
         self._joined_reported = -1
         self._report_joined()
+        self.barriers.parent_up()
         if self._wanted_job and self._wanted_job != self.job:
             conn.send(Job(self._wanted_job))
 
