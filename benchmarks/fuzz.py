@@ -116,9 +116,10 @@ def _attack(rng: random.Random) -> list[bytes]:
     return [data[i:i + 1] for i in range(len(data))]
 
 
-async def attack_tcp(port: int, chunks: list[bytes]) -> None:
+async def attack(connect, chunks: list[bytes]) -> None:
+    """One hostile connection (``connect()`` opens it: TCP or the Unix socket)."""
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+        reader, writer = await asyncio.wait_for(connect(), 5)
     except (OSError, asyncio.TimeoutError):
         return
     try:
@@ -132,20 +133,12 @@ async def attack_tcp(port: int, chunks: list[bytes]) -> None:
         writer.close()
 
 
-async def attack_unix(path: str, chunks: list[bytes]) -> None:
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 5)
-    except (OSError, asyncio.TimeoutError):
-        return
-    try:
-        for chunk in chunks:
-            writer.write(chunk)
-            await writer.drain()
-        await asyncio.wait_for(reader.read(65536), 0.2)
-    except (OSError, asyncio.TimeoutError):
-        pass
-    finally:
-        writer.close()
+def tcp(port: int):
+    return lambda: asyncio.open_connection("127.0.0.1", port)
+
+
+def unix(path: str):
+    return lambda: asyncio.open_unix_connection(path)
 
 
 def forged_attach(path: str, rng: random.Random, tmp: str) -> None:
@@ -211,12 +204,12 @@ async def fuzz(frames: int, batch: int, seed: int, workdir: str | None) -> int:
                 chunks, count = one_attack(rng)
                 sent += count
                 if rng.random() < 0.8:
-                    attacks.append(attack_tcp(rng.choice(ports), chunks))
+                    attacks.append(attack(tcp(rng.choice(ports)), chunks))
                 else:
-                    attacks.append(attack_unix(rng.choice(sockets), chunks))
+                    attacks.append(attack(unix(rng.choice(sockets)), chunks))
             if rng.random() < 0.3:                 # a flood: many connections at once
                 port = rng.choice(ports)
-                attacks += [attack_tcp(port, [b""]) for _ in range(40)]
+                attacks += [attack(tcp(port), [b""]) for _ in range(40)]
             await asyncio.gather(*attacks)
             for _ in range(3):
                 await asyncio.to_thread(forged_attach, rng.choice(sockets), rng, tmp_file)

@@ -108,9 +108,8 @@ async def children_up(master):
     return (await master.stats())["links"]["children"]
 
 
-async def test_a_tree_with_a_secret_runs_exact_steps(local_tree):
-    lt = local_tree(TREE, 14, secret=True)
-    grads = np.random.default_rng(0).standard_normal((14, 5))
+async def one_exact_step(lt, grads):
+    """Every daemon's process contributes to step 0; every result is the exact sum."""
     clients = {n: await AsyncClient.connect(lt.socket_path(n), timeout=30) for n in lt.procs}
     try:
         for r in await gather_or_cancel(*(c.allreduce(local_gradient(c.assignment, grads), step=0)
@@ -119,6 +118,12 @@ async def test_a_tree_with_a_secret_runs_exact_steps(local_tree):
     finally:
         for c in clients.values():
             c.close()
+
+
+async def test_a_tree_with_a_secret_runs_exact_steps(local_tree):
+    lt = local_tree(TREE, 14, secret=True)
+    grads = np.random.default_rng(0).standard_normal((14, 5))
+    await one_exact_step(lt, grads)
     assert "authenticated" in lt.log_path("").read_text()
 
 
@@ -126,14 +131,7 @@ async def test_a_ring_with_a_secret_runs_exact_steps(local_tree):
     ring = Tree((4,), (0,))
     lt = local_tree(ring, 8, scheme="rar", secret=True)
     grads = np.random.default_rng(1).standard_normal((8, 3))   # 3 < 4 workers: empty segments
-    clients = {n: await AsyncClient.connect(lt.socket_path(n), timeout=30) for n in lt.procs}
-    try:
-        for r in await gather_or_cancel(*(c.allreduce(local_gradient(c.assignment, grads), step=0)
-                                          for c in clients.values())):
-            assert rel_error(r, grads.sum(axis=0)) <= 1e-9
-    finally:
-        for c in clients.values():
-            c.close()
+    await one_exact_step(lt, grads)
 
 
 async def test_a_peer_without_the_handshake_is_refused_before_it_takes_a_slot(local_tree):
@@ -227,14 +225,7 @@ async def test_a_node_with_the_secret_reclaims_its_slot_from_a_dead_connection_a
         old.send_signal(signal.SIGKILL)
         old.wait()
     grads = np.ones((14, 2))
-    clients = {n: await AsyncClient.connect(lt.socket_path(n), timeout=30) for n in lt.procs}
-    try:
-        for r in await gather_or_cancel(*(c.allreduce(local_gradient(c.assignment, grads), step=0)
-                                          for c in clients.values())):
-            assert rel_error(r, grads.sum(axis=0)) <= 1e-9
-    finally:
-        for c in clients.values():
-            c.close()
+    await one_exact_step(lt, grads)
     assert "closing its old connection" in lt.log_path("0").read_text()
 
 
