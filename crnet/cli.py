@@ -6,6 +6,7 @@ Only option parsing and printing lives here; the work is done by the modules it 
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -316,8 +317,7 @@ def run(scheme, workers, fanout, layers, stragglers, local_processes, samples, t
     tree = tree_for_scheme(scheme, workers, fanout, layers, stragglers)
     launcher = Run(tree, command, samples=samples, local_processes=local_processes, scheme=scheme,
                    timeout=timeout, job=job, workdir=workdir, keep_logs=keep_logs,
-                   stdout=click.get_binary_stream("stdout"),
-                   stderr=click.get_binary_stream("stderr"))
+                   stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
     try:
         code = launcher.run()
     except (CrnetError, OSError) as e:
