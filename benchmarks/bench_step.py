@@ -183,11 +183,13 @@ def transfer_estimate(tree: Tree, vec_bytes: int, bandwidth: float) -> tuple[flo
 
 # --------------------------------------------------------------------------- the tree
 class StepBench:
-    def __init__(self, tree: Tree, samples: int, chunk_bytes: int, keep_results: int):
+    def __init__(self, tree: Tree, samples: int, chunk_bytes: int, keep_results: int,
+                 secret: bool = False, tls=None):
         self.tree = tree
         self.names = list(tree.names())
         self.lt = LocalTree(tree, samples, chunk_bytes=chunk_bytes, timeout=120.0,
-                            keep_results=keep_results, log_level="warning")
+                            keep_results=keep_results, log_level="warning", secret=secret,
+                            tls=tls)
         self.samples = samples
         self.step = 0
         self.clients: dict[str, Client] = {}
@@ -302,6 +304,10 @@ def main() -> None:
     ap.add_argument("--keep-results", type=int, default=2, help="results each daemon keeps")
     ap.add_argument("--warmup", type=int, default=None,
                     help="unmeasured steps per size (default: keep-results + 1)")
+    ap.add_argument("--secret", action="store_true",
+                    help="authenticate the tree's links with a cluster secret (--secret-file)")
+    ap.add_argument("--tls", action="store_true",
+                    help="mutual TLS on the tree's links (a throwaway CA, benchmarks/certs.py)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: sizes 1K and 64K, 3 steps each (well under 30 s)")
     args = ap.parse_args()
@@ -334,7 +340,15 @@ def main() -> None:
           f"(best of {3 if args.quick else 5} x {bw_bytes // MiB} MiB)")
 
     warmup = args.warmup if args.warmup is not None else args.keep_results + 1
-    bench = StepBench(tree, args.samples, chunk, args.keep_results)
+    tls = None
+    if args.tls:
+        import tempfile
+
+        from .certs import make_cluster_certs
+        tls = make_cluster_certs(tempfile.mkdtemp(prefix="crnet-certs-"))
+    print("links: " + ("mutual TLS, " if args.tls else "")
+          + ("authenticated" if args.secret else "no secret"))
+    bench = StepBench(tree, args.samples, chunk, args.keep_results, secret=args.secret, tls=tls)
     results = []
     try:
         bench.start()
