@@ -76,12 +76,13 @@ def reference_model(cfg: DemoConfig) -> np.ndarray:
 MICRO_BATCHES = 4
 
 
-def worker(socket_path: str, cfg: DemoConfig, index: int, out: mp.Queue) -> None:
+def worker(socket_path: str, cfg: DemoConfig, index: int, everyone: int, out: mp.Queue) -> None:
     """One training process, as the README's loop: the local gradient in micro-batches,
     stopping as soon as the tree has finished the step; allreduce; the same update."""
     try:
         X, y = synthetic_data(cfg.samples, cfg.features, cfg.seed)
         with Client(socket_path, timeout=120) as c:
+            c.barrier("start", processes=everyone, timeout=120)   # no one starts late
             pos, weights = c.assignment.positions()
             pieces = [(X[p], y[p], weights[k]) for k in np.array_split(np.arange(len(pos)),
                                                                          MICRO_BATCHES)
@@ -114,11 +115,12 @@ def run_demo(cfg: DemoConfig, progress=sys.stderr) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     workers = []
+    names = [n for n in tree.names() if n != MASTER]
     with LocalTree(tree, cfg.samples, timeout=cfg.timeout, scheme=cfg.scheme) as local:
         try:
-            for i, name in enumerate(n for n in tree.names() if n != MASTER):
-                p = ctx.Process(target=worker, args=(local.socket_path(name), cfg, i, out),
-                                daemon=True)
+            for i, name in enumerate(names):
+                p = ctx.Process(target=worker, daemon=True,
+                                args=(local.socket_path(name), cfg, i, len(names) + 1, out))
                 p.start()
                 workers.append(p)
             summary = _observe(local, tree, cfg, out, len(workers), progress)
@@ -137,6 +139,7 @@ def _observe(local, tree, cfg, out, n_workers, progress) -> dict:
     w = np.zeros(cfg.features)
     times = []
     with Client(local.socket_path(MASTER), timeout=120) as master:
+        master.barrier("start", processes=n_workers + 1, timeout=120)   # the workers, and us
         last = time.perf_counter()
         for t in range(cfg.steps):
             g = master.result(t, like=w, timeout=cfg.timeout * 4)
