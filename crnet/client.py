@@ -268,10 +268,7 @@ class AsyncClient:
         or the daemon itself is stuck.
         """
         vec = self._flat(vec, "allreduce")
-        region = await self._ensure(vec.nbytes)
-        staged = region.input(vec.dtype, vec.size)
-        if not np.shares_memory(staged, vec):
-            np.copyto(staged, vec)
+        await self._stage(vec)
         return await self._request(Submit, step, vec, out, timeout)
 
     async def result(self, step: int, like, out: np.ndarray | None = None,
@@ -371,13 +368,7 @@ class AsyncClient:
             done = await self._reply(Done, timeout, f"step {step}")
             if done.step == step:
                 break  # else: a late reply for a step we gave up waiting on
-        assert self._region is not None
-        result = self._region.output(like.dtype, like.size)
-        if out is None:
-            return result.copy()
-        if not np.shares_memory(out, result):
-            np.copyto(out.reshape(-1), result)
-        return out
+        return self._take(like, out)
 
     @staticmethod
     def _flat(vec, what: str) -> np.ndarray:
@@ -388,25 +379,35 @@ class AsyncClient:
             raise ValueError(f"{what} of an empty vector")
         return vec.reshape(-1)
 
-    async def _publish(self, key: str, step: int, vec: np.ndarray, timeout: float | None) -> None:
+    async def _stage(self, vec: np.ndarray) -> None:
+        """``vec`` into the shared input (no copy when it is the shared input itself)."""
         region = await self._ensure(vec.nbytes)
         staged = region.input(vec.dtype, vec.size)
         if not np.shares_memory(staged, vec):
             np.copyto(staged, vec)
+
+    def _take(self, like: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The result in the shared output, as ``out`` (no copy when it is the shared
+        output itself) or a new array."""
+        assert self._region is not None
+        result = self._region.output(like.dtype, like.size)
+        if out is None:
+            return result.copy()
+        if not np.shares_memory(out, result):
+            np.copyto(out.reshape(-1), result)
+        return out
+
+    async def _publish(self, key: str, step: int, vec: np.ndarray, timeout: float | None) -> None:
+        await self._stage(vec)
         self._conn.send(Publish(key, step, vec.size, vec.dtype.name))
         await self._delivered(key, timeout)
 
     async def _receive(self, key: str, like: np.ndarray, out: np.ndarray | None,
                        timeout: float | None) -> tuple[np.ndarray, int]:
-        region = await self._ensure(like.nbytes)
+        await self._ensure(like.nbytes)
         self._conn.send(Receive(key, like.size, like.dtype.name))
         step = await self._delivered(key, timeout)
-        result = region.output(like.dtype, like.size)
-        if out is None:
-            return result.copy(), step
-        if not np.shares_memory(out, result):
-            np.copyto(out.reshape(-1), result)
-        return out, step
+        return self._take(like, out), step
 
     async def _delivered(self, key: str, timeout: float | None) -> int:
         while True:
