@@ -11,6 +11,8 @@ TIMEOUT = 30.0                     # seconds a step may wait for its quorum at o
 KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for its children
 RESULT_MEMORY = 1 << 30            # bytes of results kept for training processes catching up
 STEP_WINDOW = 16                   # steps further ahead of the tree's newest result are refused
+MAX_VECTOR_BYTES = 1 << 40         # the largest vector a peer may claim, where the host's
+                                   # memory cannot be read (else: that memory)
 OPEN_DELAY = 0.05                  # a step that began below a node and sent nothing up yet
                                    # this long after is announced (OPEN): the master's clock
 # A node cut off from the master gives up on a step this long after --timeout:

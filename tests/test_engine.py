@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from crnet import defaults
+from crnet.errors import ProtocolError
 from crnet.messages import Chunk, Fail, FailKind, Open, Result
 from crnet.node.engine import (
     EngineSettings,
@@ -18,6 +19,7 @@ from crnet.node.engine import (
     Refused,
     Resolved,
     StepEngine,
+    physical_memory,
 )
 from crnet.node.neighbours import ChildSlot, Neighbours
 from crnet.plan import Tree, plan
@@ -493,6 +495,175 @@ async def test_a_childs_pieces_beyond_the_window_get_one_refusal(engine_at):
     assert links[1].messages(Fail) == [refusal]
 
 
+FAR = 1 << 62
+
+
+async def test_the_window_holds_before_the_trees_first_step(engine_at):
+    """Before any step is decided the window runs from step 0: a process's request, a
+    child's CHUNK, OPEN or FAIL for a step far ahead is refused to its sender and opens
+    nothing, so no peer can make the tree jump (step-counter poisoning)."""
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, window=4)
+    assert engine.tree_step == -1
+    why = (f"step {FAR} is more than 4 steps ahead of the tree, which has not decided a step "
+           "yet (steps count from 0)")
+    far = recorder()
+    engine.request(FAR, np.zeros(4), far)
+    assert far.got == [Refused(FAR, why)]
+    engine.child_failed(1, Fail(FAR, "poison", FailKind.STALL))
+    engine.child_opened(1, Open(FAR))
+    assert not send_chunk(engine, 2, FAR, 0, np.ones(4))
+    assert links[1].messages() == [Fail(FAR, why, FailKind.REFUSED)]     # once
+    assert links[2].messages() == [Fail(FAR, why, FailKind.REFUSED)]
+    assert links[0].messages() == []
+    assert engine.open_steps == [] and engine.newest_step == -1 and engine.tree_step == -1
+    edge = recorder()
+    engine.request(4, None, edge)        # the window's last step is taken
+    assert edge.got == [] and engine.open_steps == [4]
+    messages, want = coded(STAR, dim=4)
+    for k in (0, 1):                     # and the tree's first steps go on exactly
+        assert all(send_vector(engine, k, 4, messages[k]))
+    [outcome] = edge.got
+    np.testing.assert_allclose(outcome.vector, want, rtol=1e-12, atol=1e-12)
+
+
+async def test_a_childs_fail_opens_no_step_but_counts_once_it_opens(engine_at):
+    """A FAIL starts no clock and opens no step; remembered, it counts the moment the step
+    opens here (a node that lost its quorum says so before its OPEN comes)."""
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, timeout=30)
+    for k in (1, 2):
+        engine.child_failed(k, Fail(3, f"node {k} stalled", FailKind.STALL))
+    assert engine.open_steps == [] and not engine.is_decided(3) and engine.tree_step == -1
+    assert all(link.messages() == [] for link in links)
+    answer = recorder()
+    engine.request(3, None, answer)      # the step opens: more than s children are out
+    reason = ("master did not get 2 of 3 children: 2 of them are gone or failed "
+              "(child 1: node 1 stalled; child 2: node 2 stalled)")
+    assert answer.got == [Failed(3, reason)]
+    assert engine.tree_step == 3 and engine.open_steps == []
+    engine.child_failed(1, Fail(5, "node 1 stalled", FailKind.STALL))
+    engine.child_opened(2, Open(5))      # one out of step 5: s = 1, it goes on
+    assert engine.open_steps == [5] and not engine.is_decided(5)
+    engine.child_failed(0, Fail(5, "node 0 stalled", FailKind.STALL))   # open: at once
+    assert engine.is_decided(5) and engine.tree_step == 5
+    assert engine.scheme._ahead == {}
+
+
+async def test_a_childs_refusals_of_far_steps_leave_one_entry(engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, window=4)
+    for k in (0, 1):
+        assert all(send_vector(engine, k, 0, np.ones(4)))
+    assert engine.tree_step == 0
+    for i in range(500):
+        engine.child_opened(2, Open(10**9 + i))
+    engine.child_opened(2, Open(10**9 + 499))   # the newest refusal is remembered: told once
+    fails = links[2].messages(Fail)
+    assert [f.step for f in fails] == [10**9 + i for i in range(500)]
+    assert all(f.kind is FailKind.REFUSED for f in fails)
+    assert engine.neighbours.slots[2].told == {10**9 + 499}
+    assert engine.bookkeeping()["told"] == 1 and engine.open_steps == []
+
+
+async def test_a_piece_claiming_more_than_the_hosts_memory_closes_the_link(engine_at):
+    assert EngineSettings().max_vector_bytes == physical_memory() > 0
+    parent, links = FakeLink("parent"), [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), links, parent, max_vector_bytes=1024)
+    huge = Chunk(1, 0, 129, "float64")           # 1032 bytes
+    with pytest.raises(ProtocolError, match=r"claims a vector of 129 x float64 \(1032 bytes\)"):
+        engine.child_chunk_dest(0, huge, 1032)
+    with pytest.raises(ProtocolError, match="RESULT for step 1"):
+        engine.parent_result_dest(Result(1, 0, 129, "float64"), 1032)
+    assert engine.open_steps == [] and engine.scheme.ups == {}
+    assert all(link.messages() == [] for link in links) and parent.messages() == []
+    assert send_chunk(engine, 0, 1, 0, np.ones(128))   # 1024 bytes: taken
+
+
+# ---------------------------------------------------------------- a step's layout
+
+@pytest.mark.parametrize("tree_vector", [None, (8, "float64")], ids=["first-step", "new-model"])
+@pytest.mark.parametrize("order", [(2, 0, 1), (0, 2, 1)], ids=["hostile-first", "hostile-second"])
+async def test_a_lone_childs_layout_loses_to_the_n_minus_s_that_agree(engine_at, tree_vector,
+                                                                      order):
+    """With no layout settled (the tree's first step, or a new model's), a hostile child's
+    float32 chunk, first or not, does not set the step's layout: the two honest children's
+    (n - s = 2) decode, and only the hostile one is told MISMATCH."""
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links)
+    if tree_vector is not None:
+        engine.learn(0, tree_vector)
+    messages, want = coded(STAR, dim=10)
+    answer = recorder()
+    engine.request(1, None, answer)
+    for k in order:
+        vector = np.ones(10, np.float32) if k == 2 else messages[k]
+        assert send_chunk(engine, k, 1, 0, vector)
+    for k in (0, 1):
+        assert all(send_vector(engine, k, 1, messages[k])[1:])
+    [outcome] = answer.got
+    assert isinstance(outcome, Resolved)
+    np.testing.assert_allclose(outcome.vector, want, rtol=1e-12, atol=1e-12)
+    assert engine.tree_vector == (10, "float64")
+    [refused] = links[2].messages(Fail)
+    assert refused.kind is FailKind.MISMATCH and "10 x float32" in refused.reason
+    assert links[0].messages(Fail) == links[1].messages(Fail) == []
+    assert engine.scheme._rivals == {}
+
+
+@pytest.mark.parametrize("tree, gone", [
+    (Tree((2,), (0,)), ()),           # s = 0: both children are needed
+    (STAR, (2,)),                     # child 2 is gone: 0 and 1 are needed
+], ids=["s=0", "one-gone"])
+async def test_with_no_majority_possible_the_first_layout_stays(engine_at, tree, gone):
+    """Two children, two layouts, and both are needed: neither can be decoded, so there is
+    nothing to judge by: the second is refused at once, and the step fails at once."""
+    children = [None if k in gone else FakeLink() for k in range(tree.fanout[0])]
+    engine = engine_at(master(tree), children)
+    answer = recorder()
+    engine.request(1, None, answer)
+    assert send_chunk(engine, 0, 1, 0, np.ones(10))
+    assert not send_chunk(engine, 1, 1, 0, np.ones(12))
+    assert children[1].messages(Fail)[0] == Fail(
+        1, "vector is 12 x float64 but the step's is 10 x float64", FailKind.MISMATCH)
+    [outcome] = answer.got
+    assert isinstance(outcome, Failed) and "child 1: its vector does not fit" in outcome.reason
+    assert engine.scheme._rivals == {}
+
+
+async def test_a_nodes_own_vector_settles_the_layout_against_its_children(engine_at):
+    """At a node, before the tree's first result, children's chunks of two layouts are held
+    apart; the training process's vector settles it, and the other layout's sender is told."""
+    parent, links = FakeLink("parent"), [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0", chunk_bytes=32), links, parent)
+    rng = np.random.default_rng(3)
+    messages = rng.integers(-8, 8, (3, 10)).astype(np.float64)
+    local = rng.integers(-8, 8, 10).astype(np.float64)
+    assert all(send_vector(engine, 2, 1, np.ones(10, np.float32)))   # hostile, first
+    for k in (0, 1):
+        assert all(send_vector(engine, k, 1, messages[k]))          # held apart
+    assert links[0].messages() == links[1].messages() == links[2].messages() == []
+    assert parent.messages(Chunk) == []
+    engine.request(1, local, recorder())
+    coeffs = engine.scheme.code.decode((0, 1))
+    want = local + coeffs[0] * messages[0] + coeffs[1] * messages[1]
+    np.testing.assert_allclose(parent.vector(Chunk, 1), want, rtol=1e-12, atol=1e-12)
+    assert {m.dtype for m in parent.messages(Chunk)} == {"float64"}
+    [refused] = links[2].messages(Fail)
+    assert refused.kind is FailKind.MISMATCH and refused.step == 1
+    assert links[0].messages() == links[1].messages() == []
+
+
+async def test_a_child_keeps_to_one_layout_per_step(engine_at):
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links)
+    assert send_chunk(engine, 0, 1, 0, np.ones(10))                    # float64 first
+    assert send_chunk(engine, 2, 1, 0, np.ones(12))                    # held apart
+    assert not send_chunk(engine, 2, 1, 0, np.ones(10))                # another: refused
+    assert [f.kind for f in links[2].messages(Fail)] == [FailKind.MISMATCH]
+    assert not send_chunk(engine, 2, 1, 1, np.ones(12))                # out of the step
+
+
 async def test_a_step_left_open_is_lost_when_the_tree_passes_it_by(engine_at):
     links = [FakeLink() for _ in range(3)]
     engine = engine_at(master(), links, window=4, keep_results=2)
@@ -812,8 +983,12 @@ async def test_a_run_of_failed_steps_keeps_the_bookkeeping_bounded(engine_at):
     s = engine.settings
     peaks: Counter = Counter()
     for step in range(STEPS):       # no step ever has a result
+        # Nodes 1 and 2 lose their quorum at once: each says so (FAIL), then that the step
+        # began (OPEN): the step fails at the master the moment it opens there.
         engine.child_failed(1, Fail(step, "node 1 stalled", FailKind.STALL))
         engine.child_failed(2, Fail(step, "node 2 stalled", FailKind.STALL))
+        assert not engine.is_decided(step)
+        engine.child_opened(1, Open(step))
         assert engine.is_decided(step)
         peak_of(peaks, engine)
     assert engine.tree_step == STEPS - 1 and engine.stats.steps_failed == STEPS
@@ -830,6 +1005,7 @@ async def test_the_window_moves_on_tree_wide_failures(engine_at):
     for k in (1, 2):
         assert all(send_vector(engine, k, 0, messages[k]))
     for step in range(1, 5):             # a bad spell: steps 1..4 fail for the whole tree
+        engine.child_opened(1, Open(step))
         engine.child_failed(1, Fail(step, "node 1 stalled", FailKind.STALL))
         engine.child_failed(2, Fail(step, "node 2 stalled", FailKind.STALL))
     assert engine.tree_step == 4 and engine.stats.steps_failed == 4

@@ -112,3 +112,23 @@ def test_buffer_pool_reuses_only_unreferenced_arrays():
     assert id(d) != a_id
     assert pool.get(10, np.float64).dtype == np.float64
     del queued
+
+
+def test_a_childs_buffer_is_allocated_at_its_first_chunk():
+    """A child that sends nothing (or a layout held apart until a quorum agrees on it)
+    costs no vector: only the children that sent get a receive buffer."""
+    code = code_for(3, 1)
+    layout = ChunkLayout.of(10, np.float64, chunk_bytes=32)
+    allocated = []
+
+    def alloc(total, dtype):
+        allocated.append((total, np.dtype(dtype)))
+        return np.zeros(total, dtype)
+
+    up = UpStep(1, layout, code, has_local=False, child_buffers=[None] * 3, alloc=alloc)
+    assert allocated == []
+    for c in range(layout.chunks):
+        up.child_buffer(0, c)
+    assert allocated == [(10, np.dtype(np.float64))]
+    up.child_buffer(2, 0)
+    assert len(allocated) == 2 and not up.decoded

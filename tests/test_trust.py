@@ -521,10 +521,8 @@ async def planned(lt: LocalTree, name: str = "0") -> None:
 
 
 @pytest.mark.parametrize("path", [
-    pytest.param("child_fail", marks=xfail("step-counter poisoning: a child's FAIL starts a "
-                                           "clock for any step")),
-    pytest.param("local_submit", marks=xfail("step-counter poisoning: a process's request "
-                                             "starts a clock for any step")),
+    "child_fail",
+    "local_submit",
 ])
 async def test_high_step_counter_poisoning(tmp_path, peers, path):
     """| high | step-counter poisoning: one FAIL (or CHUNK) with step 2^62 from a child starts
@@ -627,10 +625,9 @@ async def test_high_rar_ring_predecessor_from_anyone(tmp_path, with_secret, peer
 
 
 @pytest.mark.parametrize("attack", [
-    pytest.param("dtype_first", marks=xfail("the first child chunk sets a step's layout")),
+    "dtype_first",
     "huge_total_mid_step",
-    pytest.param("huge_total_first",
-                 marks=xfail("a step's first child chunk sizes its buffers: 8 TiB, MemoryError")),
+    "huge_total_first",
 ])
 async def test_medium_step_layout_set_by_the_first_child_chunk(tmp_path, peers, attack):
     """| medium | a step's layout (dtype, total length) is set by the first child chunk: a
@@ -1212,7 +1209,6 @@ async def test_low_joined_worker_counts_unbounded(tmp_path, peers):
     assert not planned, f"one connection made the master plan the tree: {counts}"
 
 
-@xfail("a child's refused far-future steps are remembered, one entry each")
 async def test_low_sent_results_grow_per_step_per_child(tmp_path, peers):
     """| low | `sent_results` grows by one entry per step per child forever (300k steps:
     ~33 MiB) | daemon.py | in-process |

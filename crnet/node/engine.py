@@ -11,24 +11,32 @@ through the engine's ``Ports``. The engine owns what every scheme shares:
   that the failure is local). ``tree_step`` is the newest step the master decided
   (a result or a tree-wide failure): after an error a training process goes on at
   ``tree_step + 1``, so processes that drifted apart meet again on the same step.
-- **A window.** Steps more than ``window`` ahead of ``tree_step`` are refused to
-  whoever sent them (a process, or a child), and only to them. Steps further behind
-  than the window (or the kept results) are decided here: a late process gets their
-  result if it is kept, else StepLost with ``tree_step``.
+- **A window.** Steps more than ``window`` ahead of ``tree_step`` (of step 0 before the
+  tree decided any) are refused to whoever sent them (a process, or a child's CHUNK,
+  OPEN or FAIL), and only to them: no step number from a peer moves the tree far
+  ahead. A child hears of its refusal once per step, but only its newest refusal is
+  remembered (a hostile child naming steps far ahead adds nothing that lasts). Steps
+  further behind than the window (or the kept results) are decided here: a late
+  process gets their result if it is kept, else StepLost with ``tree_step``.
 - **A deadline for every wait.** A step that begins here (its first piece, or a
   process asking for it) must be decided within ``timeout``: the master fails it
   then; a node tells its parent it stalled, and gives up for its own subtree only if
   no decision came ``grace`` seconds later (its parent is gone or frozen). So every
   request a training process makes is answered within ``answer_within``. A node
   tells its parent when a step begins below it (OPEN), so the master's clock starts
-  when the step begins anywhere.
+  when the step begins anywhere. A child's FAIL starts no clock and opens no step: it
+  marks the child out of a step (the scheme remembers it until the step opens).
 - **Who waits**: a process's request is answered the moment its step is decided
   (``request``); children that missed a decision get it once (``catch up``).
 - **The tree's vector**: its length and dtype are those of the last result (learned
   from the parent when joining). A vector that does not fit is refused to whoever
   sent it, wherever it enters the tree, even when it arrived first (the scheme begins
   the step again); when every vector of a step has a new layout, it becomes the
-  tree's (a new model).
+  tree's (a new model). How the scheme settles a step's layout when the tree's is not
+  known yet (the first step), or a new one comes: ``crnet.schemes.coded_reduce``.
+- **No vector larger than this host's memory** (``max_vector_bytes``): a peer whose
+  CHUNK, RESULT or segment claims one has its connection closed before anything is
+  allocated (no host could hold it: it is not a gradient, it is an attack or a bug).
 """
 
 from __future__ import annotations
@@ -36,18 +44,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import defaults
+from ..errors import ProtocolError
 from ..messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
 from ..schemes import Place, Scheme, driver
 from ..schemes.buffers import BufferPool
 from ..schemes.chunks import ChunkLayout
 from ..stats import Stats
 from .neighbours import Neighbours
+from .peer_text import Throttle
 
 log = logging.getLogger("crnet.node")
 
@@ -93,6 +104,14 @@ class Mismatched:
 Outcome = Resolved | Failed | Refused | Lost | Mismatched
 
 
+def physical_memory() -> int:
+    """This host's memory in bytes: no vector larger than that is anyone's gradient here."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):   # not POSIX, or not told
+        return defaults.MAX_VECTOR_BYTES
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     timeout: float = defaults.TIMEOUT
@@ -100,6 +119,9 @@ class EngineSettings:
     window: int = defaults.STEP_WINDOW
     send_queue_bytes: int | None = None     # None: max(SEND_QUEUE_BYTES, 4 vectors)
     result_memory: int = defaults.RESULT_MEMORY
+    # The largest vector a peer may claim (a CHUNK's total x dtype): a larger one closes
+    # its connection before anything is allocated.
+    max_vector_bytes: int = field(default_factory=physical_memory)
 
     @property
     def grace(self) -> float:
@@ -146,6 +168,7 @@ class StepEngine:
         self._reported: set[int] = set()        # steps this node told its parent it stalled
         self._sent_up: set[int] = set()         # steps this node sent a chunk of up
         self._last_stall = ""                   # why, as last logged
+        self._refusals = Throttle(log)          # a child naming far steps: a line now and then
         self._waiters: dict[int, list[Callable[[Outcome], None]]] = {}
 
     @property
@@ -237,6 +260,9 @@ class StepEngine:
                 answer(self.outcome(step))
                 return
         self._open_step(step, announce=True)
+        if self.is_decided(step):   # at once: children out of it before it opened here
+            answer(self.outcome(step))
+            return
         self._waiters.setdefault(step, []).append(answer)
 
     def decided_steps(self) -> list[int]:
@@ -258,14 +284,23 @@ class StepEngine:
                           "checkpoint) and go on after it")
 
     def _refusal(self, step: int) -> str | None:
+        """Why ``step`` is too far ahead to take part in here, or None. The window runs from
+        step 0 before the tree decided any: a step number from a peer is never trusted."""
         ahead = self.settings.window
-        if self.tree_step >= 0 and step > self.tree_step + ahead:
-            return (f"step {step} is more than {ahead} steps ahead of the tree, which is at "
-                    f"step {self.tree_step}")
-        return None
+        if step <= self._window_end:
+            return None
+        where = (f"which is at step {self.tree_step}" if self.tree_step >= 0 else
+                 "which has not decided a step yet (steps count from 0)")
+        return f"step {step} is more than {ahead} steps ahead of the tree, {where}"
+
+    @property
+    def _window_end(self) -> int:
+        """The newest step that may take part here."""
+        return max(self.tree_step, 0) + self.settings.window
 
     # ---------------------------------------------------------------- children
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
+        self._check_size(msg)
         if not self._admit_child(k, msg.step) or self.scheme is None:
             return None  # decided (a straggler's late chunk: dropped unread), or refused
         return self.scheme.child_chunk_dest(k, msg, nbytes)
@@ -275,6 +310,7 @@ class StepEngine:
             self.scheme.child_chunk(k, msg)
 
     def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
+        self._check_size(msg)
         if not self._admit_child(k, msg.step) or self.scheme is None:
             return None
         return self.scheme.child_result_dest(k, msg, nbytes)
@@ -304,9 +340,26 @@ class StepEngine:
             return False
         refusal = self._refusal(step)
         if refusal is not None:
+            slot = self.neighbours.slots[k]
+            if step not in slot.told:
+                # Told once per step however many pieces of it come, but only the newest
+                # refusal is remembered: one entry per far step would grow without bound.
+                self._refusals.log(logging.INFO, k, "refusing child %d: %s", k, refusal)
+                end = self._window_end
+                slot.told = {s for s in slot.told if s <= end}
             self._tell_child(k, step, Fail(step, refusal, FailKind.REFUSED))
             return False
         return True
+
+    def _check_size(self, msg: Chunk | Result | Segment) -> None:
+        """A piece claiming a vector no host could hold closes its connection (ProtocolError)
+        before anything is allocated for it."""
+        nbytes = msg.total * np.dtype(msg.dtype).itemsize
+        if nbytes > self.settings.max_vector_bytes:
+            raise ProtocolError(
+                f"{msg.TYPE.name} for step {msg.step} claims a vector of {msg.total} x "
+                f"{msg.dtype} ({nbytes} bytes): more than this host's memory "
+                f"({self.settings.max_vector_bytes} bytes)")
 
     def _catch_up(self, k: int, step: int) -> None:
         """A child is busy with a decided step: if it joined while the step was under way
@@ -336,6 +389,7 @@ class StepEngine:
 
     # ---------------------------------------------------------------- the parent
     def parent_result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
+        self._check_size(msg)
         if self.is_decided(msg.step) or self.scheme is None:
             return None
         if msg.step > self.newest_step:   # results of a step this node took no part in
@@ -367,6 +421,7 @@ class StepEngine:
 
     # ---------------------------------------------------------------- the ring predecessor
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
+        self._check_size(msg)
         if self.is_decided(msg.step) or self._refusal(msg.step) or self.scheme is None:
             return None
         return self.scheme.segment_dest(msg, nbytes)
@@ -380,6 +435,9 @@ class StepEngine:
         # A leaf's chunk goes up at once: it tells the parent the step began.
         self._open_step(step, announce=self.place is not None and not self.place.is_leaf)
 
+    def is_open(self, step: int) -> bool:
+        return step in self._open
+
     def _open_step(self, step: int, announce: bool) -> None:
         if self.is_decided(step) or step in self._open:
             return
@@ -391,6 +449,8 @@ class StepEngine:
             # and the parent then knows), tell the parent the step began here.
             handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
         self._open[step] = handles
+        if self.scheme is not None:
+            self.scheme.opened(step)
 
     def _announce(self, step: int) -> None:
         if not self.is_decided(step) and step not in self._sent_up:

@@ -88,6 +88,9 @@ class Ports(Protocol):
     def open(self, step: int) -> None:
         """``step`` started at this node: its deadline runs from now (once per step)."""
 
+    def is_open(self, step: int) -> bool:
+        """``step`` started at this node and is not decided yet (its deadline runs)."""
+
     def stall(self, step: int, reason: str, here: bool = False) -> None:
         """``step`` can no longer finish here (not enough children left): say so now
         instead of at its deadline."""
@@ -157,9 +160,14 @@ class Scheme:
         pass
 
     # -- what the engine tells the scheme
+    def opened(self, step: int) -> None:
+        """``step`` started at this node (its deadline runs from now), whatever began it:
+        a piece of it, a training process's request, a child's OPEN."""
+
     def child_silent(self, k: int, step: int | None, why: str) -> None:
-        """Child ``k`` won't answer ``step`` (it reported a failure), or any open step
-        (``step`` None: its link is gone)."""
+        """Child ``k`` won't answer ``step`` (it reported a failure: a step in the window,
+        which this neither opens nor starts a clock for), or any open step (``step``
+        None: its link is gone)."""
 
     def stalled(self, step: int) -> Stall | None:
         """``step``'s deadline passed at this node: what is missing, or None if this

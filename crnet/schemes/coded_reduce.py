@@ -7,6 +7,30 @@ every child as RESULT chunks, each forwarded the moment it arrives (``ResultStep
 ``CodedReduce`` drives both over the engine's ``Ports``; gc is CodedReduce on a
 one-layer tree and tree is CodedReduce with s = 0 (``plan.scheme_tree``).
 (``../shared/codedreduce.md``, "One step, end to end".)
+
+A step's layout (its vectors' length and dtype) is never set by the first child's
+chunk. A node takes it from, in this order:
+
+1. the tree's: the last result's (``Ports.tree_vector``). A vector of another layout
+   is refused to whoever sent it (FAIL MISMATCH; a child is then out of the step), and
+   a step that began with one begins again when a vector of the tree's layout comes;
+2. this node's training process's vector, once it is in;
+3. the layout that n - s children agree on, which is what a decode needs anyway.
+
+Until one of these settles a step's layout here (at the tree's first step, or when
+a new model's vectors come), the first chunk's layout is the step's only for now:
+children's chunks of another layout are held apart, one ``UpStep`` per layout, as
+long as n - s children could still agree on it, and the first layout that the
+process's vector or a decode settles is the step's. The senders of every other
+layout are told MISMATCH (and are out of the step), as is a child whose layout can
+no longer win (with no majority possible the first layout stays: s = 0, or too many
+children out). So a lone hostile child cannot impose its dtype or length on the
+honest majority (unless n - s = 1, where any one child decides the step anyway);
+when all vectors change together (a new model), the new layout decodes and becomes
+the tree's. A child keeps to the layout of its first chunk within a step. A child's
+receive buffer is allocated at its first chunk of the step, and no vector larger
+than this host's memory is taken at all (the engine closes that connection first,
+``EngineSettings``).
 """
 
 from __future__ import annotations
@@ -38,7 +62,8 @@ class UpStep:
     """
 
     def __init__(self, step: int, layout: ChunkLayout, code: GradientCode | None,
-                 has_local: bool, child_buffers: list[np.ndarray] | None = None, alloc=fresh):
+                 has_local: bool, child_buffers: list[np.ndarray | None] | None = None,
+                 alloc=fresh):
         self.step = step
         self.layout = layout
         self.code = code
@@ -70,15 +95,28 @@ class UpStep:
         return self._remaining == 0
 
     @property
+    def decoded(self) -> bool:
+        """Some chunk was decoded (it is on its way): the step's layout is this one's."""
+        return self._remaining < self.layout.chunks
+
+    @property
     def decodable(self) -> bool:
         """Enough children may still answer for every chunk to be decoded."""
         return self.code is None or self.code.n - len(self.silent) >= self.needed
 
     def child_buffer(self, child: int, chunk: int) -> memoryview:
         """Where child ``child``'s copy of ``chunk`` is received (a byte view)."""
-        assert self._children is not None
         start, stop = self.layout.bounds(chunk)
-        return byte_view(self._children[child][start:stop])
+        return byte_view(self._child(child)[start:stop])
+
+    def _child(self, child: int) -> np.ndarray:
+        """Child ``child``'s receive buffer, allocated at its first chunk (a child that sends
+        nothing, or a layout held apart, costs no vector)."""
+        assert self._children is not None
+        buffer = self._children[child]
+        if buffer is None:
+            buffer = self._children[child] = self._alloc(self.layout.total, self.layout.dtype)
+        return buffer
 
     def child_arrived(self, child: int, chunk: int) -> list[int]:
         """Record a child's chunk; returns the chunks now ready to decode."""
@@ -114,7 +152,7 @@ class UpStep:
             return self.local[start:stop]
         assert self._children is not None
         children, weights = self._decoder(tuple(self._arrived[chunk][: self.needed]))
-        inputs = [self._children[k][start:stop] for k in children]
+        inputs = [self._child(k)[start:stop] for k in children]
         self.used.update(children)
         if self.local is not None:  # new lists: the cached ones serve the step's other chunks
             inputs, weights = [self.local[start:stop], *inputs], [1.0, *weights]
@@ -190,12 +228,15 @@ class CodedReduce(Scheme):
         # Steps known here before any piece of them came (the master's training process
         # asked, or a child gave up early), with the children already out of each.
         self._ahead: dict[int, dict[int, str]] = {}
+        # Children's vectors of other layouts than the step's, held apart while nothing
+        # settled the step's layout (see the module docstring): step -> layout -> UpStep.
+        self._rivals: dict[int, dict[tuple[int, str], UpStep]] = {}
 
     # -- up: the local vector and the children's chunks --------------------------------
     def local(self, step: int, vector: np.ndarray) -> str | None:
         if self.place.is_master:  # the master computes nothing; its process only waits
             self.ports.open(step)
-            if step not in self.ups:
+            if step not in self.ups and not self.ports.is_decided(step):
                 self._ahead.setdefault(step, {})
                 self._check_ahead(step)
             return None
@@ -204,14 +245,26 @@ class CodedReduce(Scheme):
         if up is None:
             return None
         if not _fits(up.layout, vector.size, name):
-            return up.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
-        self._emit(up, up.local_arrived(vector))
+            if self._settled(up):
+                return up.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
+            # Only children's vectors came, and nothing settled their layout: this
+            # process's vector does.
+            up = self._switch(up, vector.size, name, "this node's training process's vector")
+            if up is None:
+                return None
+        ready = up.local_arrived(vector)
+        self._settle(up)
+        if self.ups.get(step) is up:
+            self._emit(up, ready)
         return None
 
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
         up = self._accept(msg.step, msg.total, msg.dtype)
         if up is None or k in up.silent:
             return None
+        main = up
+        if msg.step in self._rivals or not _fits(up.layout, msg.total, msg.dtype):
+            up = self._held(up, k, msg.total, msg.dtype)
         problem = up.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
         if problem:
             log.warning("step %d: child %d: %s; ignoring it this step", msg.step, k, problem)
@@ -220,38 +273,69 @@ class CodedReduce(Scheme):
             return None
         if up.first_byte is None:
             up.first_byte = time.perf_counter()
+        if k not in up.senders and msg.step in self._rivals:
+            up.senders.add(k)         # one child fewer to side with another layout
+            self._drop_hopeless(main)
+            if self.ups.get(msg.step) is not main:
+                return None           # (that decided the step)
         up.senders.add(k)
         return up.child_buffer(k, msg.chunk)
 
     def child_chunk(self, k: int, msg: Chunk) -> None:
         up = self.ups.get(msg.step)
-        # (A chunk received into a step that began again since is not this step's.)
-        if up is not None and _fits(up.layout, msg.total, msg.dtype):
-            self.ports.stats.bytes_up += up.layout.nbytes(msg.chunk)
-            self._emit(up, up.child_arrived(k, msg.chunk))
+        if up is None:
+            return
+        if not _fits(up.layout, msg.total, msg.dtype):
+            held = self._rivals.get(msg.step, {}).get((msg.total, msg.dtype))
+            # (A chunk received into a step that began again since is not this step's.)
+            if held is None or k not in held.senders:
+                return
+            self.ports.stats.bytes_up += held.layout.nbytes(msg.chunk)
+            ready = held.child_arrived(k, msg.chunk)
+            if ready and self._settled(up):   # (the tree's layout, since: it stays)
+                self._settle(up)
+            elif ready:   # n - s children agree on this layout: the step's is theirs
+                switched = self._switch(up, msg.total, msg.dtype,
+                                        f"the vector of {len(held.senders)} children")
+                if switched is not None:
+                    self._emit(switched, ready)
+            return
+        self.ports.stats.bytes_up += up.layout.nbytes(msg.chunk)
+        self._emit(up, up.child_arrived(k, msg.chunk))
 
     def child_silent(self, k: int, step: int | None, why: str) -> None:
         if self.code is None:
             return
         if step is None:  # the link is gone: every step known here lost the child
             for known in list(self._ahead):
-                if known in self._ahead:   # a stall may have decided (and dropped) it
+                # (A stall may have decided, and dropped, it; one not open waits for that.)
+                if known in self._ahead and self.ports.is_open(known):
                     self._check_ahead(known)
             for open_up in list(self.ups.values()):
                 if open_up.step in self.ups and k not in open_up.silent:
                     open_up.silent[k] = why
-                    self._check_quorum(open_up)
+                    self._drop_hopeless(open_up)
             return
         up = self.ups.get(step)
         if up is None:
-            # A step not begun here yet (the child gave up before anything else came):
-            # remember, and fail it now if too many children are already out.
+            # A step not begun here yet (the child gave up before anything else came).
+            # Its FAIL opens nothing and starts no clock (a child may name any step of the
+            # window): it is remembered for when the step opens, and counts now if it is
+            # open (then it fails now if too many children are out).
+            if step not in self._ahead:   # what is kept lies in the window
+                for known in [s for s in self._ahead if self.ports.is_decided(s)]:
+                    del self._ahead[known]
             self._ahead.setdefault(step, {})[k] = why
-            self.ports.open(step)
-            self._check_ahead(step)
+            if self.ports.is_open(step):
+                self._check_ahead(step)
         elif k not in up.silent:
             up.silent[k] = why
-            self._check_quorum(up)
+            self._drop_hopeless(up)
+
+    def opened(self, step: int) -> None:
+        # Children that gave up on it before it began here count from now on.
+        if step in self._ahead and step not in self.ups:
+            self._check_ahead(step)
 
     def _check_ahead(self, step: int) -> None:
         """A step known here before any piece of it came: fail it now if more than s
@@ -280,19 +364,119 @@ class CodedReduce(Scheme):
         again = self._up_for(step, total, dtype)
         if again is not None:
             again.silent.update(silent)
-            self._check_quorum(again)
+            self._settle(again)   # the tree's layout: any held apart are refused
+            if self.ups.get(step) is again:
+                self._check_quorum(again)
         return self.ups.get(step)
+
+    def _settled(self, up: UpStep) -> bool:
+        """Is ``up``'s layout the step's for sure: the tree's, this node's process's, or one
+        decoded from already?"""
+        return (up.local is not None or up.decoded
+                or self.ports.tree_vector == (up.layout.total, up.layout.dtype_name))
+
+    def _held(self, up: UpStep, k: int, total: int, dtype: str) -> UpStep:
+        """Where child ``k``'s chunk of a ``total`` x ``dtype`` vector goes: into the step's
+        UpStep ``up``, or, while nothing settled the step's layout, into one held apart for
+        its layout. A child keeps to the layout of its first chunk of the step: a chunk of
+        another goes where it does not fit (and is refused)."""
+        rivals = self._rivals.get(up.step, {})
+        for sent in (up, *rivals.values()):
+            if k in sent.senders:
+                return sent
+        if _fits(up.layout, total, dtype) or self._settled(up):
+            return up
+        held = rivals.get((total, dtype))
+        if held is None:
+            held = self._new_up(up.step, self.place.layout(total, dtype), fresh)
+        if not self._may_win(up, held, k):
+            return up   # no majority for it: the step's layout stays, and k is refused
+        if (total, dtype) not in rivals:
+            log.warning("step %d: child %d's vector is %d x %s, but the step began here with "
+                        "%s: holding it apart until the step's layout is settled",
+                        up.step, k, total, dtype, up.layout.describe())
+            self._rivals.setdefault(up.step, {})[(total, dtype)] = held
+        return held
+
+    def _may_win(self, up: UpStep, held: UpStep, k: int | None = None) -> bool:
+        """Could n - s children still agree on ``held``'s layout (with child ``k``)? The
+        others are out of the step here (``up.silent``) or sent another layout."""
+        assert self.code is not None
+        committed = set(up.silent) | up.senders
+        for rival in self._rivals.get(up.step, {}).values():
+            committed |= rival.senders
+        if k is not None:
+            committed.add(k)
+        backers = held.senders - up.silent.keys()
+        if k is not None:
+            backers = backers | {k}
+        return len(backers) + self.code.n - len(committed) >= held.needed
+
+    def _drop_hopeless(self, up: UpStep) -> None:
+        """Children dropped out of the step or chose a layout: one held apart that can no
+        longer be decoded is refused (its senders are out of the step)."""
+        for key, held in list(self._rivals.get(up.step, {}).items()):
+            if self._may_win(up, held):
+                continue
+            del self._rivals[up.step][key]
+            self._refuse(up, held)
+        if not self._rivals.get(up.step, True):
+            del self._rivals[up.step]
+        self._check_quorum(up)
+
+    def _refuse(self, up: UpStep, other: UpStep) -> None:
+        """``other``'s senders are told their vector does not fit the step's (``up``'s), and
+        are out of the step."""
+        wrong = f"{other.layout.describe()}, but the step's is {up.layout.describe()}"
+        for k in sorted(other.senders):
+            if k not in up.silent:
+                self.ports.to_child(k, Fail(up.step, f"this subtree's vector is {wrong}",
+                                            FailKind.MISMATCH))
+                up.silent[k] = f"its vector is {other.layout.describe()}"
+
+    def _switch(self, up: UpStep, total: int, dtype: str, whose: str) -> UpStep | None:
+        """The step began here with ``up``'s layout, which nothing settled; ``whose`` is
+        ``total`` x ``dtype``, which settles it: the step goes on with the children's chunks
+        of that layout held apart so far, and ``up``'s senders are told theirs does not fit.
+        Returns the step's UpStep (None if that decided the step)."""
+        step = up.step
+        assert up.local is None
+        held = self._rivals.get(step, {}).pop((total, dtype), None)
+        if held is None:
+            held = self._new_up(step, self.place.layout(total, dtype), self.ports.alloc)
+        log.warning("step %d began here with vectors of %s, but the step's is %s (%s)",
+                    step, up.layout.describe(), held.layout.describe(), whose)
+        held.silent.update(up.silent)
+        self._refuse(held, up)
+        held.silent.update(self.ports.absent_children())
+        self.ups[step] = held
+        self._settle(held)
+        if self.ups.get(step) is held:
+            self._check_quorum(held)
+        return self.ups.get(step)
+
+    def _settle(self, up: UpStep) -> None:
+        """``up``'s layout is the step's: children's vectors of other layouts held apart are
+        refused, and their senders are out of the step."""
+        rivals = self._rivals.pop(up.step, None)
+        if not rivals:
+            return
+        for held in rivals.values():
+            self._refuse(up, held)
+        self._check_quorum(up)
+
+    def _new_up(self, step: int, layout: ChunkLayout, alloc) -> UpStep:
+        buffers: list[np.ndarray | None] | None = (
+            None if self.code is None else [None] * self.code.n)   # allocated as chunks come
+        return UpStep(step, layout, self.code, has_local=not self.place.is_master,
+                      child_buffers=buffers, alloc=alloc)
 
     def _up_for(self, step: int, total: int, dtype) -> UpStep | None:
         """The UpStep for ``step``, begun if new (None if the step is decided)."""
         up = self.ups.get(step)
         if up is not None or self.ports.is_decided(step):
             return up
-        layout = self.place.layout(total, dtype)
-        buffers = (None if self.code is None else
-                   [self.ports.alloc(layout.total, layout.dtype) for _ in range(self.code.n)])
-        up = self.ups[step] = UpStep(step, layout, self.code, has_local=not self.place.is_master,
-                                     child_buffers=buffers, alloc=self.ports.alloc)
+        up = self.ups[step] = self._new_up(step, self.place.layout(total, dtype), self.ports.alloc)
         self.ports.open(step)
         if self.code is not None:
             up.silent.update(self.ports.absent_children())
@@ -315,6 +499,10 @@ class CodedReduce(Scheme):
 
     def _emit(self, up: UpStep, chunks: list[int]) -> None:
         """Decode the chunks that are ready; each goes up, or down from the master."""
+        if chunks and up.step in self._rivals:
+            self._settle(up)   # decoded from: the step's layout is this one
+            if self.ups.get(up.step) is not up:
+                return
         stats = self.ports.stats
         for c in chunks:
             t0 = time.perf_counter()
@@ -370,6 +558,7 @@ class CodedReduce(Scheme):
     def forget(self, step: int, resolved: bool) -> None:
         self.down.pop(step, None)
         self._ahead.pop(step, None)
+        self._rivals.pop(step, None)
         up = self.ups.pop(step, None)
         if resolved and not self.place.is_master and (up is None or not up.complete):
             self.ports.stats.times_skipped += 1
