@@ -42,6 +42,7 @@ to do. The core package never imports this module (torch is an optional extra).
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -60,6 +61,7 @@ from .errors import (
     JobEnded,
     StepFailed,
     StepLost,
+    StepRefused,
 )
 
 __all__ = [
@@ -677,6 +679,12 @@ class DistributedOptimizer:
         except StepLost as e:
             log.warning("step %d lost (%s): resynchronising", step, e)
             self._resync()
+            return False
+        except StepRefused as e:
+            # Far ahead of what this host's daemon knows of the tree (it restarted, or
+            # lost its parent): it learns where the tree is when it is back. Ask again.
+            log.warning("step %d refused (%s): asking again shortly", step, e)
+            time.sleep(0.1)
             return False
         self._scatter()
         self.optimizer.step()

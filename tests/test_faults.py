@@ -403,8 +403,8 @@ def _rss_kib(pid: int) -> int:
 
 class Trainer:
     """One host's training process, written as the README says: catch up on steps the
-    tree finished without it, skip a step that failed, jump after a step it lost, and
-    reconnect when its daemon restarts. Records every answer and how long it took."""
+    tree finished without it, skip a step that failed, jump after a step it lost, ask
+    again when refused, and reconnect when its daemon restarts. Records every answer and how long it took."""
 
     def __init__(self, lt, name, grads, rng):
         self.lt, self.name, self.grads, self.rng = lt, name, grads, rng
@@ -444,6 +444,9 @@ class Trainer:
             except (StepFailed, StepLost) as e:   # go on where the tree is
                 self.errors.append(type(e).__name__)
                 step = max(step, e.tree_step) + 1
+            except StepRefused:   # ahead of what its (restarted) daemon knows: ask again
+                self.errors.append("StepRefused")
+                await asyncio.sleep(0.1)
             except DaemonNotRunning:
                 self.errors.append("DaemonNotRunning")
                 if c is not None:

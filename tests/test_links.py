@@ -5,6 +5,7 @@ where the tree stands (``tree_step``)."""
 
 import logging
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ from crnet.messages import (
     Welcome,
     pack_allocation,
 )
-from crnet.node.engine import EngineSettings, Failed
+from crnet.node.engine import EngineSettings, Failed, Refused
 from crnet.node.links import ChildLink, ClientLink, LocalProcesses, ParentLink
 from crnet.node.peer_text import SHOWN, Throttle, shown, tamed
 from crnet.plan import Tree, plan
@@ -532,3 +533,19 @@ def test_a_throttle_logs_a_key_once_per_interval_and_counts_the_rest(caplog):
     for k in range(100):                     # many peers: it remembers at most max_keys
         throttle.warning(k, "x")
     assert len(throttle._seen) <= 4
+
+
+async def test_far_steps_of_one_of_k_processes_are_refused_and_kept_nowhere(master):
+    """With --local-processes K > 1 a process's vector waits for the host's others: one
+    naming steps beyond the window is refused at once, and nothing of it is kept."""
+    assign_everyone(master)
+    seat = LocalProcesses(2, master.engine)
+    answers: list = []
+    process = SimpleNamespace(index=0, answer=answers.append)
+    window = master.engine.settings.window
+    for step in range(window + 1, window + 201):
+        seat.submit(process, step, np.zeros(4))
+    assert len(answers) == 200 and all(isinstance(a, Refused) for a in answers)
+    assert seat._parts == {}
+    seat.submit(process, 0, np.zeros(4))     # in the window: it waits for the other
+    assert len(answers) == 200 and list(seat._parts) == [0]

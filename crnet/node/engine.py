@@ -58,7 +58,7 @@ from ..schemes.buffers import BufferPool
 from ..schemes.chunks import ChunkLayout
 from ..stats import Stats
 from .neighbours import Neighbours
-from .peer_text import Throttle
+from .peer_text import Throttle, shown
 
 log = logging.getLogger("crnet.node")
 
@@ -168,7 +168,7 @@ class StepEngine:
         self._reported: set[int] = set()        # steps this node told its parent it stalled
         self._sent_up: set[int] = set()         # steps this node sent a chunk of up
         self._last_stall = ""                   # why, as last logged
-        self._refusals = Throttle(log)          # a child naming far steps: a line now and then
+        self._peer_lines = Throttle(log)        # lines about what children sent
         self._waiters: dict[int, list[Callable[[Outcome], None]]] = {}
 
     @property
@@ -246,7 +246,7 @@ class StepEngine:
         if self.is_decided(step):
             answer(self.outcome(step))
             return
-        refusal = self._refusal(step)
+        refusal = self.refusal(step)
         if refusal is not None:
             answer(Refused(step, refusal))
             return
@@ -283,7 +283,7 @@ class StepEngine:
                           f"{self.tree_step}: reload the parameters (e.g. the newest "
                           "checkpoint) and go on after it")
 
-    def _refusal(self, step: int) -> str | None:
+    def refusal(self, step: int) -> str | None:
         """Why ``step`` is too far ahead to take part in here, or None. The window runs from
         step 0 before the tree decided any: a step number from a peer is never trusted."""
         ahead = self.settings.window
@@ -324,7 +324,10 @@ class StepEngine:
             self._open_step(msg.step, announce=True)
 
     def child_failed(self, k: int, msg: Fail) -> None:
-        log.info("step %d: child %d reports: %s", msg.step, k, msg.reason)
+        # A child's text, and a child may report a failure of every step of the window:
+        # quoted, cut short, and a line now and then per child.
+        self._peer_lines.log(logging.INFO, (k, "FAIL"), "step %d: child %d reports: %s",
+                             msg.step, k, shown(msg.reason))
         if self.scheme is not None and self._admit_child(k, msg.step):
             self.scheme.child_silent(k, msg.step, msg.reason)
 
@@ -338,13 +341,14 @@ class StepEngine:
         if self.is_decided(step):
             self._catch_up(k, step)
             return False
-        refusal = self._refusal(step)
+        refusal = self.refusal(step)
         if refusal is not None:
             slot = self.neighbours.slots[k]
             if step not in slot.told:
                 # Told once per step however many pieces of it come, but only the newest
                 # refusal is remembered: one entry per far step would grow without bound.
-                self._refusals.log(logging.INFO, k, "refusing child %d: %s", k, refusal)
+                self._peer_lines.log(logging.INFO, (k, "refused"), "refusing child %d: %s",
+                                     k, refusal)
                 end = self._window_end
                 slot.told = {s for s in slot.told if s <= end}
             self._tell_child(k, step, Fail(step, refusal, FailKind.REFUSED))
@@ -402,7 +406,8 @@ class StepEngine:
 
     def parent_failed(self, msg: Fail) -> None:
         if msg.kind is FailKind.MISMATCH:
-            log.error("step %d: the parent refused this node's vector: %s", msg.step, msg.reason)
+            log.error("step %d: the parent refused this node's vector: %s", msg.step,
+                      shown(msg.reason))
             for answer in self._waiters.pop(msg.step, []):
                 answer(Mismatched(msg.step, msg.reason))
         elif msg.kind is FailKind.REFUSED:
@@ -410,7 +415,8 @@ class StepEngine:
         elif msg.kind is FailKind.LOST:
             self._decide(msg.step, Lost(msg.step, msg.reason))
         elif msg.kind is FailKind.STALL:
-            log.warning("step %d: the parent sent a child's FAIL kind: %s", msg.step, msg.reason)
+            log.warning("step %d: the parent sent a child's FAIL kind: %s", msg.step,
+                        shown(msg.reason))
         else:
             self.fail(msg.step, msg.reason, tree_wide=msg.kind is FailKind.TREE)
 
@@ -422,7 +428,7 @@ class StepEngine:
     # ---------------------------------------------------------------- the ring predecessor
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
         self._check_size(msg)
-        if self.is_decided(msg.step) or self._refusal(msg.step) or self.scheme is None:
+        if self.is_decided(msg.step) or self.refusal(msg.step) or self.scheme is None:
             return None
         return self.scheme.segment_dest(msg, nbytes)
 

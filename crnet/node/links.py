@@ -316,6 +316,10 @@ class LocalProcesses:
             self.engine.request(step, vector, link.answer)
             return
         assert link.index is not None
+        refusal = None if self.engine.is_decided(step) else self.engine.refusal(step)
+        if refusal is not None:   # kept nowhere: a process naming far steps adds nothing
+            link.answer(Refused(step, refusal))
+            return
         parts = self._parts.setdefault(step, {})
         first = next(iter(parts.values()), None)
         if first is not None and (first[1].size, first[1].dtype) != (vector.size, vector.dtype):
