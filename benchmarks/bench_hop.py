@@ -68,7 +68,7 @@ from multiprocessing.process import BaseProcess
 
 import numpy as np
 
-from crnet import Client
+from crnet import Client, defaults
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree
 
@@ -167,8 +167,13 @@ class CrnetHop:
         if err > tol:
             raise AssertionError(f"result off by {err:.3g} (tolerance {tol:.3g})")
 
-    def warm_up(self, steps: int = 3) -> None:
-        self._steps(steps)
+    def warm_up(self) -> None:
+        """Until the daemons run in steady state. The master's client never asks for a
+        result, so the master keeps every result for it up to --result-memory (it might
+        catch up on them): until that is full, each step decodes into a fresh buffer
+        and pays its first-touch page faults (half the hop's speed at 64 MiB)."""
+        kept = -(-defaults.RESULT_MEMORY // (self.dim * 4))
+        self._steps(3 + min(kept + 1, 64))   # (small vectors: their faults cost little)
 
     def round(self, steps: int) -> tuple[float, float, dict]:
         """(receive GB/s, client-view GB/s, counter deltas) over ``steps`` steps."""
