@@ -427,16 +427,21 @@ def bench(presets, schemes, sweep, persistent_stragglers, steps, seed, out, plot
 
 
 class Address(click.ParamType):
-    """HOST:PORT (IPv6 as [::1]:PORT)."""
+    """HOST:PORT (IPv6 as [::1]:PORT); ports from ``min_port`` (0: any free port)."""
 
     name = "HOST:PORT"
+
+    def __init__(self, min_port: int = 0):
+        self.min_port = min_port
 
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
         host, sep, port = str(value).rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        if not sep or not port.isdigit():
             self.fail(f"{value!r} is not HOST:PORT", param, ctx)
+        if not self.min_port <= int(port) <= 65535:
+            self.fail(f"port {port} is out of range {self.min_port}..65535", param, ctx)
         return (host.strip("[]") or "0.0.0.0", int(port))
 
 
@@ -446,7 +451,12 @@ class Address(click.ParamType):
               help="master: the tree's root; node: every other host.")
 @click.option("--listen", type=Address(), default=None,
               help="Where children connect (master, and nodes that have children).")
-@click.option("--parent", type=Address(), default=None, help="The parent's --listen (nodes).")
+@click.option("--parent", type=Address(min_port=1), default=None,
+              help="The parent's --listen (nodes).")
+@click.option("--resolve-timeout", type=click.FloatRange(min=0), default=defaults.RESOLVE_TIMEOUT,
+              show_default=True,
+              help="Node: seconds the parent's host name may fail to resolve before the node "
+                   "gives up (exit 2).")
 @click.option("--name", default=None,
               help="Node: the tree slot to (re)claim, e.g. 0.2; default: any free slot.")
 @scheme_options
@@ -454,9 +464,11 @@ class Address(click.ParamType):
 @click.option("--samples", "-m", type=click.IntRange(min=1), default=None,
               help="Master: samples in the global batch.")
 @click.option("--code", "code_kind", type=click.Choice(["auto", "frc", "crc"]), default="auto",
-              show_default=True, help="Master: gradient code at every parent.")
-@click.option("--client-socket", type=click.Path(dir_okay=False), default=None,
-              help="Unix socket for the local training processes (mode 600: this user's).")
+              show_default=True, envvar="CRNET_CODE", help="Master: gradient code at every parent.")
+@click.option("--client-socket", type=click.Path(dir_okay=False), default=defaults.CLIENT_SOCKET,
+              show_default=True,
+              help="Unix socket for the local training processes (mode 600: this user's; "
+                   "its directory is created if missing).")
 @click.option("--client-group", default=None,
               help="Also let this group's members' training processes connect (mode 660).")
 @click.option("--chunk-bytes", type=click.IntRange(min=1024), default=defaults.CHUNK_BYTES,
@@ -498,81 +510,47 @@ class Address(click.ParamType):
               help="Exit with code 70 on any internal error instead of dropping the "
                    "connection it happened on (the tests run this way).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
-def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
-           code_kind, client_socket, client_group, chunk_bytes, timeout, keep_results,
-           local_processes, result_memory, step_window, max_send_queue, secret_file, tls_cert,
-           tls_key, tls_ca, insecure, strict, log_level):
+              default="info", show_default=True, help="Re-read from the config file on SIGHUP.")
+@click.option("--log-format", type=click.Choice(["kv", "json"]), default="kv", show_default=True,
+              help="One event per line: key=value pairs, or a JSON object.")
+@click.option("--config", type=click.Path(dir_okay=False), default=None, is_eager=True,
+              expose_value=False, callback=lambda ctx, param, value: _read_config(ctx, value),
+              help="A TOML file of options (keys: the long option names with _, e.g. "
+                   "client_socket); flags and CRNET_* variables win over it.")
+@click.option("--check-config", is_flag=True, allow_from_autoenv=False,
+              help="Print the effective configuration (each value and where it came from) "
+                   "and exit: 0 if it is good, 2 naming what is wrong.")
+@click.pass_context
+def crnetd(ctx, check_config, log_level, log_format, **options):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
     crnetd --role master --listen 0.0.0.0:7070 --fanout 3 --layers 2 --stragglers 1 --samples 60000
     crnetd --role node --parent master-host:7070 --listen 0.0.0.0:7071
 
-    Every option can also be set as CRNET_<OPTION>, e.g. CRNET_CLIENT_SOCKET.
+    Every option can also be set as CRNET_<OPTION>, e.g. CRNET_CLIENT_SOCKET, or in the
+    --config file; a flag wins over CRNET_*, which wins over the file (docs/operations.md).
     """
-    import logging
+    from .config import effective_config
+    from .logs import setup_logging
+    from .node import run_node
 
-    from .auth import is_loopback, load_secret
-    from .node import Settings, run_node
-    from .tls import TlsFiles, contexts
-
-    if role == "master":
-        if listen is None or samples is None:
-            raise click.UsageError("--role master needs --listen and --samples")
-        if parent is not None or name is not None:
-            raise click.UsageError("--parent and --name are for --role node")
-        tree = tree_for_scheme(scheme, workers, fanout, layers, stragglers)
-    else:
-        if parent is None:
-            raise click.UsageError("--role node needs --parent HOST:PORT")
-        tree = None
-    gid = None
-    if client_group is not None:
-        import grp
-
-        try:
-            gid = grp.getgrnam(client_group).gr_gid
-        except KeyError:
-            raise click.BadParameter(f"no group {client_group!r}",
-                                     param_hint="--client-group") from None
-    secret = None
-    if secret_file is not None:
-        try:
-            secret = load_secret(secret_file)
-        except (OSError, ValueError) as e:
-            raise click.BadParameter(str(e), param_hint="--secret-file") from None
-    elif listen is not None and not is_loopback(listen[0]) and not insecure:
-        raise click.UsageError(f"refusing to listen on {listen[0]} without --secret-file: any "
-                               "host that reaches the port could join the tree and read or "
-                               "corrupt every gradient (--insecure to do it anyway)")
-    tls = None
-    given = [o for o, v in (("--tls-cert", tls_cert), ("--tls-key", tls_key), ("--tls-ca", tls_ca))
-             if v is not None]
-    if given and len(given) < 3:
-        raise click.UsageError(f"{', '.join(given)} needs --tls-cert, --tls-key and --tls-ca")
-    if given:
-        tls = TlsFiles(tls_cert, tls_key, tls_ca)
-        try:
-            contexts(tls)
-        except (OSError, ValueError) as e:     # ssl.SSLError is an OSError
-            raise click.BadParameter(f"cannot load the TLS files: {e}",
-                                     param_hint="--tls-cert/--tls-key/--tls-ca") from None
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s")
-    settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
-                        samples=samples, code_kind=code_kind, chunk_bytes=chunk_bytes,
-                        client_socket=client_socket, client_group=gid, timeout=timeout,
-                        keep_results=keep_results,
-                        window=step_window, result_memory=int(result_memory),
-                        local_processes=local_processes,
-                        send_queue_bytes=None if max_send_queue is None else int(max_send_queue),
-                        secret=secret, tls=tls, strict=strict)
+    config = effective_config(ctx)
+    if check_config:
+        click.echo(config.describe())
+        return
+    setup_logging(log_level, log_format)
     try:
-        code = run_node(settings)
+        code = run_node(config.settings)
     except OSError as e:
         raise click.ClickException(f"cannot start: {e}") from None
     raise SystemExit(code)
+
+
+def _read_config(ctx, path):
+    from .config import read_config
+
+    read_config(ctx, path)
 
 
 main.add_command(crnetd, name="daemon")

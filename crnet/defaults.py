@@ -20,6 +20,7 @@ OPEN_DELAY = 0.05                  # a step that began below a node and sent not
 GRACE_SHARE, GRACE_MIN, GRACE_MAX = 0.25, 0.5, 5.0
 CLIENT_SOCKET = "/run/crnet/client.sock"
 CLIENT_CONNECT_TIMEOUT = 120.0     # a training process waits this long for the tree's assignment
+RESOLVE_TIMEOUT = 300.0            # a node whose parent's host name stays unknown this long exits
 RECONNECT_BACKOFF = (0.1, 2.0)     # first and longest pause between attempts to reach a peer
 SHUTDOWN_GRACE = 5.0               # seconds an orderly shutdown may take before it is cut short
 # Control payloads (ASSIGN) are small next to gradients; cap what a peer can make us hold.

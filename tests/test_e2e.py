@@ -339,7 +339,7 @@ def test_full_parent_refuses_a_node_clearly(local_tree):
     lt = local_tree(tree, 4)
     extra = subprocess.run(
         [sys.executable, "-m", "crnet", "daemon", "--role", "node",
-         "--parent", f"127.0.0.1:{lt.ports[MASTER]}"],
+         "--parent", f"127.0.0.1:{lt.ports[MASTER]}", "--client-socket", lt.socket_path("extra")],
         capture_output=True, text=True, timeout=30)
     assert extra.returncode == 2
     assert "has all 2 child slots taken" in extra.stderr

@@ -60,6 +60,7 @@ class ClientSocket:
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
+        self._make_directory()
         self._take_path()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         # Made under another name and moved into place once it listens: a process that
@@ -69,6 +70,10 @@ class ClientSocket:
         old = os.umask(0o117 if self._group is not None else 0o177)
         try:
             sock.bind(staging)
+        except OSError as e:
+            sock.close()
+            raise OSError(e.errno, f"cannot create the client socket {self.path}: "
+                                   f"{e.strerror}") from None
         finally:
             os.umask(old)
         try:
@@ -93,6 +98,21 @@ class ClientSocket:
             self._sock = None
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+    def _make_directory(self) -> None:
+        """The socket's directory (the default, /run/crnet, exists under systemd's
+        RuntimeDirectory= only): made if its own parent exists, mode 0755, this user's;
+        never a whole chain of them (a mistyped path would leave one behind)."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if os.path.isdir(directory):
+            return
+        try:
+            os.mkdir(directory, 0o755)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot create the client socket {self.path}: its directory "
+                                   f"{directory} is missing and could not be created "
+                                   f"({e.strerror})") from None
+        log.info("created %s for the client socket", directory)
 
     def _take_path(self) -> None:
         if not os.path.exists(self.path):

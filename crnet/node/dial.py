@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import time
 from collections.abc import Awaitable, Callable
 
 from .. import defaults
@@ -68,18 +70,36 @@ def _moot(welcomed: asyncio.Future[None]) -> None:
 async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message],
                          up: Callable[[Connection], None], down: Callable[[str], None],
                          refused: Callable[[JoinRefused], None],
+                         unresolved: tuple[float, Callable[[], None]] | None = None,
                          backoff: tuple[float, float] = defaults.RECONNECT_BACKOFF) -> None:
+    """``unresolved``: (seconds, give_up): when the peer's host name has not resolved
+    for that long, ``give_up()`` is called and the loop ends (a typo in a name does not
+    heal by retrying; a name missing from DNS for a while does, within the bound)."""
     delay = backoff[0]
     warnings = Throttle(log)    # a link that stays bad is a line every few seconds
+    unresolved_since: float | None = None
     while True:
         conn = None
         try:
             conn, welcomed = await dial(hello())
             await _welcome(welcomed)
+        except socket.gaierror as e:
+            now = time.monotonic()
+            unresolved_since = now if unresolved_since is None else unresolved_since
+            if unresolved is not None and now - unresolved_since >= unresolved[0]:
+                log.error("%s: %s for %.0f s: giving up (--resolve-timeout)", what,
+                          e.strerror or e, now - unresolved_since)
+                unresolved[1]()
+                return
+            warnings.warning(("unresolved", what), "%s: %s; retrying in %.1f s%s", what,
+                             e.strerror or e, delay, "" if unresolved is None else
+                             f" (giving up {unresolved[0]:g} s after the first try)")
         except (OSError, asyncio.TimeoutError) as e:
+            unresolved_since = None
             log.info("%s not reachable (%s); retrying in %.1f s", what,
                      getattr(e, "strerror", None) or e or "no welcome", delay)
         except ProtocolError as e:
+            unresolved_since = None
             warnings.warning(("bad", what), "%s: %s; dropped that connection, dialing again "
                              "in %.1f s", what, e, delay)
         except JoinRefused as e:
@@ -91,6 +111,7 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
             log.info("%s asks to retry: %s", what, shown(e.reason))
         else:
             delay = backoff[0]
+            unresolved_since = None
             up(conn)
             await conn.closed
             down(what)

@@ -407,7 +407,7 @@ class StepEngine:
     def parent_failed(self, msg: Fail) -> None:
         if msg.kind is FailKind.MISMATCH:
             log.error("step %d: the parent refused this node's vector: %s", msg.step,
-                      shown(msg.reason))
+                      shown(msg.reason), extra={"step": msg.step})
             for answer in self._waiters.pop(msg.step, []):
                 answer(Mismatched(msg.step, msg.reason))
         elif msg.kind is FailKind.REFUSED:
@@ -416,7 +416,7 @@ class StepEngine:
             self._decide(msg.step, Lost(msg.step, msg.reason))
         elif msg.kind is FailKind.STALL:
             log.warning("step %d: the parent sent a child's FAIL kind: %s", msg.step,
-                        shown(msg.reason))
+                        shown(msg.reason), extra={"step": msg.step})
         else:
             self.fail(msg.step, msg.reason, tree_wide=msg.kind is FailKind.TREE)
 
@@ -499,7 +499,8 @@ class StepEngine:
             why = reason.partition(":")[2] or reason
             level = logging.DEBUG if why == self._last_stall else logging.WARNING
             self._last_stall = why
-            log.log(level, "step %d: %s; telling the parent (this subtree straggles)", step, reason)
+            log.log(level, "step %d: %s; telling the parent (this subtree straggles)", step, reason,
+                    extra={"step": step})
             self.neighbours.to_parent(Fail(step, reason, FailKind.STALL))
         if here or self.neighbours.parent is None:
             self.fail(step, reason, tree_wide=False)
@@ -507,14 +508,15 @@ class StepEngine:
     def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
         if self._decide(step, Resolved(step, layout, vector)):
             self.stats.steps_done += 1
-            log.debug("step %d done", step)
+            log.debug("step %d done", step, extra={"step": step})
 
     def fail(self, step: int, reason: str, tree_wide: bool = True) -> None:
         """``step`` failed: for the whole tree (the master decided), or for this subtree."""
         outcome = Failed(step, reason, tree_wide)
         if not self._decide(step, outcome):
             return
-        log.error("step %d failed%s: %s", step, "" if tree_wide else " here", reason)
+        log.error("step %d failed%s: %s", step, "" if tree_wide else " here", reason,
+                  extra={"step": step})
         self.stats.steps_failed += 1
 
     def refuse_local(self, step: int, reason: str) -> None:

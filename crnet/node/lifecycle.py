@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import ssl
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import __version__, defaults, kernels
+from .. import __version__, defaults, kernels, logs
 from ..plan import Tree
 from ..schemes import Place
 from ..stats import Stats
@@ -63,6 +65,8 @@ class Settings:
     secret: bytes | None = None                # the cluster secret: every tree link authenticated
     tls: TlsFiles | None = None                # mutual TLS on every tree link (crnet/tls.py)
     strict: bool = False                       # an internal error stops the daemon (tests)
+    resolve_timeout: float = defaults.RESOLVE_TIMEOUT  # node: the parent's name must resolve
+    reread_log_level: Callable[[], None] | None = None  # SIGHUP (crnet/config.py)
 
     @property
     def is_master(self) -> bool:
@@ -86,7 +90,7 @@ class Node:
         self.membership = Membership(
             self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
-            dial_successor=self._dialer)
+            dial_successor=self._dialer, resolve_timeout=settings.resolve_timeout)
         self.local = LocalProcesses(settings.local_processes, self.engine)
         self.stopping = asyncio.Event()
         self.exit_code = 0
@@ -198,9 +202,13 @@ class Node:
         host, port = self.settings.parent
         link = ParentLink(self.membership, self.engine)
         guard = Dialing(link, self.settings.secret)
-        _, conn = await asyncio.get_running_loop().create_connection(
-            lambda: self._connection(guard, label=f"parent {host}:{port}"), host, port,
-            ssl=self._tls_dial)
+        try:
+            _, conn = await asyncio.get_running_loop().create_connection(
+                lambda: self._connection(guard, label=f"parent {host}:{port}"), host, port,
+                ssl=self._tls_dial)
+        except socket.gaierror as e:   # say which name (dial.py gives up on it in time)
+            raise socket.gaierror(e.errno, f"the host name {host!r} does not resolve "
+                                           f"({e.strerror})") from None
         conn.send(guard.hello(hello))
         return conn, link.welcome
 
@@ -226,6 +234,10 @@ def run_node(settings: Settings) -> int:
         loop.set_exception_handler(node.loop_error)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, node.stop)
+        if settings.reread_log_level is not None:   # SIGHUP: the log level, nothing else
+            loop.add_signal_handler(signal.SIGHUP, settings.reread_log_level)
+        joined = node.membership   # log lines carry node=<slot> once it has one
+        logs.name_node(lambda: None if joined.place is None else joined.place.name or "master")
         return await node.serve()
 
     return run(main())

@@ -62,10 +62,13 @@ class Membership:
     def __init__(self, engine: StepEngine, neighbours: Neighbours, *, stop: Callable[[int], None],
                  place: Place | None = None, samples: int | None = None,
                  name: str | None = None, dial_parent: Dialer | None = None,
-                 dial_successor: Callable[[str], Dialer] | None = None):
+                 dial_successor: Callable[[str], Dialer] | None = None,
+                 resolve_timeout: float | None = None):
         """The master passes its ``place`` and ``samples`` (it knows the tree from its
         options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
-        learns both from its parent. ``dial_successor(address)`` dials a ring successor."""
+        learns both from its parent. ``dial_successor(address)`` dials a ring successor.
+        A node whose parent's host name does not resolve for ``resolve_timeout`` s exits 2."""
+        self.resolve_timeout = resolve_timeout
         self.engine = engine
         self.neighbours = neighbours
         self.place = place
@@ -283,7 +286,9 @@ class Membership:
         if self._dial_parent is not None:
             self._tasks.append(supervised(keep_connected(
                 "parent", self._dial_parent, hello=self._hello, up=self._parent_up,
-                down=self._parent_down, refused=self._refused), "parent"))
+                down=self._parent_down, refused=self._refused,
+                unresolved=None if self.resolve_timeout is None else
+                (self.resolve_timeout, lambda: self._stop(2))), "parent"))
 
     def _hello(self) -> Hello:
         name = self._name if self.place is None else self.place.name

@@ -1,0 +1,265 @@
+"""crnetd's effective configuration: flags, ``CRNET_*`` variables, a TOML file, defaults.
+
+click merges the four and remembers where each value came from (``ParameterSource``):
+a flag wins over ``CRNET_<OPTION>``, which wins over the ``--config`` file, whose values
+are handed to click as the context's ``default_map`` (read here, before any other
+option), which wins over the option's default. This module reads and checks the file,
+turns the merged values into the ``Settings`` that ``run_node`` takes (every rule that
+spans several options lives here, not in the CLI), says what it did
+(``crnetd --check-config``) and, on SIGHUP, re-reads the file's log level.
+
+The file's keys are the long option names with ``_`` for ``-`` (``client_socket``,
+``step_window``, ``code``): the spelling of the ``CRNET_*`` variables, lower case.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+
+import click
+from click.core import ParameterSource
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+from .node import Settings
+
+log = logging.getLogger("crnet.config")
+
+NOT_IN_FILE = {"config", "check_config", "help"}   # options a config file cannot set
+# Options only the master uses (a node learns the tree from its parent): given to a
+# node, they would be silently ignored, so they are refused.
+MASTER_ONLY = ("fanout", "layers", "stragglers", "samples", "code_kind", "chunk_bytes", "scheme",
+               "workers")
+LIST_KEYS = {"fanout", "stragglers"}                # may be TOML lists of integers
+
+
+def key_of(param: click.Parameter) -> str:
+    """The option's key in the config file: its long name with ``_`` for ``-``."""
+    longest = max(param.opts, key=len)
+    return longest.lstrip("-").replace("-", "_")
+
+
+def file_options(command: click.Command) -> dict[str, click.Option]:
+    """Config file key -> the option it sets."""
+    return {key_of(p): p for p in command.params
+            if isinstance(p, click.Option) and p.name not in NOT_IN_FILE}
+
+
+def load_toml(path: str) -> dict:
+    """The file's table, or a usage error (exit 2) that names the file."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise click.UsageError(f"cannot read the config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise click.UsageError(f"{path} is not valid TOML: {e}") from None
+
+
+def read_config(ctx: click.Context, path: str | None) -> None:
+    """``--config`` (an eager option: read before the others): check every key of the
+    file and hand the values to click as defaults, so that flags and ``CRNET_*`` still
+    win over them."""
+    if path is None:
+        return
+    table = load_toml(path)
+    options = file_options(ctx.command)
+    values = {}
+    for key, value in table.items():
+        param = options.get(key)
+        if param is None:
+            hint = key.replace("-", "_")
+            raise click.UsageError(f"{path}: unknown key {key!r}" + (
+                f" (did you mean {hint!r}? keys use _)" if hint in options else ""))
+        values[param.name] = _checked(ctx, param, key, value, path)
+    ctx.default_map = {**(ctx.default_map or {}), **values}
+    ctx.meta["crnet.config"] = path
+
+
+def _checked(ctx: click.Context, param: click.Option, key: str, value: object, path: str):
+    """The file's ``value`` converted as the option converts a flag's, or a usage error
+    naming the key and the file."""
+    def wrong(what: str):
+        return click.UsageError(f"{path}: {key} must be {what}, not {_toml(value)}")
+
+    if param.is_flag:
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if key in LIST_KEYS and isinstance(value, list):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise wrong("an integer or a list of integers")
+        value = ",".join(str(v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise wrong("a string or a number")
+    try:
+        return param.type_cast_value(ctx, value)
+    except click.BadParameter as e:
+        raise click.UsageError(f"{path}: {key}: {e.message}") from None
+
+
+# ---------------------------------------------------------------- the effective configuration
+@dataclass
+class Config:
+    settings: Settings
+    lines: list[tuple[str, object, str]]        # key, value, where it came from
+
+    def describe(self) -> str:
+        """What ``--check-config`` prints: valid TOML, each value and its source."""
+        out = ["# crnetd: the effective configuration (flag > CRNET_* > file > default)"]
+        width = max(len(k) + len(_toml(v)) for k, v, _ in self.lines if v is not None) + 3
+        for key, value, source in self.lines:
+            if value is None:
+                out.append(f"# {key} is not set".ljust(width) + f"  # {source}")
+            else:
+                out.append(f"{key} = {_toml(value)}".ljust(width) + f"  # {source}")
+        return "\n".join(out)
+
+
+def effective_config(ctx: click.Context) -> Config:
+    """The daemon's ``Settings`` from the parsed options, or a usage error (exit 2)
+    naming what is wrong."""
+    from .auth import is_loopback, load_secret
+    from .cli import tree_for_scheme
+    from .tls import TlsFiles, contexts
+
+    p = ctx.params
+    given = {name: _given(ctx, name) for name in p}
+    shown: dict[str, tuple[object, str]] = {}   # values in effect that differ from p's
+    role, listen, parent = p["role"], p["listen"], p["parent"]
+    if role == "master":
+        missing = [o for o, v in (("--listen", listen), ("--samples", p["samples"])) if v is None]
+        if missing:
+            raise click.UsageError(f"--role master needs {' and '.join(missing)}")
+        if parent is not None or p["name"] is not None:
+            raise click.UsageError("--parent and --name are for --role node")
+        stragglers = p["stragglers"]
+        if not given["stragglers"]:   # the default (1) fits no fanout of 1: there it is 0
+            fanout = p["fanout"]
+            stragglers = [min(s, fanout[min(i, len(fanout) - 1)] - 1)
+                          for i, s in enumerate(stragglers)]
+            if stragglers != p["stragglers"]:
+                shown["stragglers"] = (stragglers, "default, at most the fanout - 1")
+        tree = tree_for_scheme(p["scheme"], p["workers"], p["fanout"], p["layers"], stragglers)
+    else:
+        if parent is None:
+            raise click.UsageError("--role node needs --parent HOST:PORT")
+        ignored = [f"{_spelling(ctx, n)} ({given[n]})" for n in MASTER_ONLY if given[n]]
+        if ignored:
+            raise click.UsageError(f"{', '.join(ignored)}: only the master takes "
+                                   f"{'this option' if len(ignored) == 1 else 'these options'}; "
+                                   "a node learns the tree from its parent")
+        tree = None
+    gid = None
+    if p["client_group"] is not None:
+        import grp
+
+        try:
+            gid = grp.getgrnam(p["client_group"]).gr_gid
+        except KeyError:
+            raise click.BadParameter(f"no group {p['client_group']!r}",
+                                     param_hint="--client-group") from None
+    secret = None
+    if p["secret_file"] is not None:
+        try:
+            secret = load_secret(p["secret_file"])
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint="--secret-file") from None
+    elif listen is not None and not is_loopback(listen[0]) and not p["insecure"]:
+        raise click.UsageError(f"refusing to listen on {listen[0]} without --secret-file: any "
+                               "host that reaches the port could join the tree and read or "
+                               "corrupt every gradient (--insecure to do it anyway)")
+    tls = None
+    named = [o for o in ("tls_cert", "tls_key", "tls_ca") if p[o] is not None]
+    if named and len(named) < 3:
+        raise click.UsageError(f"{', '.join(_spelling(ctx, o) for o in named)} needs "
+                               "--tls-cert, --tls-key and --tls-ca")
+    if named:
+        tls = TlsFiles(p["tls_cert"], p["tls_key"], p["tls_ca"])
+        try:
+            contexts(tls)
+        except (OSError, ValueError) as e:     # ssl.SSLError is an OSError
+            raise click.BadParameter(f"cannot load the TLS files: {e}",
+                                     param_hint="--tls-cert/--tls-key/--tls-ca") from None
+    path = ctx.meta.get("crnet.config")
+    level_param = next(o for o in ctx.command.params if o.name == "log_level")
+    choices = list(getattr(level_param.type, "choices", ()))
+    source = given["log_level"]
+    fixed_by = source if source is not None and not source.startswith("file ") else None
+    settings = Settings(
+        role=role, scheme=p["scheme"], listen=listen, parent=parent, name=p["name"], tree=tree,
+        samples=p["samples"], code_kind=p["code_kind"], chunk_bytes=p["chunk_bytes"],
+        client_socket=p["client_socket"], client_group=gid, timeout=p["timeout"],
+        keep_results=p["keep_results"], window=p["step_window"],
+        result_memory=int(p["result_memory"]), local_processes=p["local_processes"],
+        send_queue_bytes=None if p["max_send_queue"] is None else int(p["max_send_queue"]),
+        secret=secret, tls=tls, strict=p["strict"], resolve_timeout=p["resolve_timeout"],
+        reread_log_level=lambda: reread_log_level(path, fixed_by, choices))
+    lines = [(key, *shown.get(param.name, (p[param.name], given[param.name] or "default")))
+             for key, param in file_options(ctx.command).items() if param.name in p]
+    return Config(settings, lines)
+
+
+def _given(ctx: click.Context, name: str) -> str | None:
+    """Where option ``name``'s value came from, unless it is the option's default."""
+    source = ctx.get_parameter_source(name)
+    if source is ParameterSource.COMMANDLINE:
+        return "flag"
+    if source is ParameterSource.ENVIRONMENT:
+        param = next(o for o in ctx.command.params if o.name == name)
+        return f"env {param.envvar or f'{ctx.auto_envvar_prefix}_{name.upper()}'}"
+    if source is ParameterSource.DEFAULT_MAP:
+        return f"file {ctx.meta.get('crnet.config')}"
+    return None
+
+
+def _spelling(ctx: click.Context, name: str) -> str:
+    return max(next(o for o in ctx.command.params if o.name == name).opts, key=len)
+
+
+def _toml(value: object) -> str:
+    """``value`` as TOML writes it (an address as "HOST:PORT")."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):         # an address
+        host, port = value
+        return json.dumps(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1024:
+        return str(int(value))           # a size in bytes
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+# ---------------------------------------------------------------- SIGHUP
+def reread_log_level(path: str | None, fixed_by: str | None, choices: list[str]) -> None:
+    """SIGHUP: take the config file's ``log_level`` (nothing else changes). A flag or a
+    ``CRNET_LOG_LEVEL`` given at start still wins over the file, as it did then."""
+    from .logs import set_log_level
+
+    now = logging.getLevelName(logging.getLogger().level).lower()
+    if fixed_by is not None:
+        log.warning("SIGHUP: the log level stays %s: set by %s, which wins over the config "
+                    "file", now, fixed_by)
+        return
+    if path is None:
+        log.warning("SIGHUP: no --config file to re-read; the log level stays %s", now)
+        return
+    try:
+        level = load_toml(path).get("log_level", "info")
+    except click.UsageError as e:
+        log.error("SIGHUP: %s; the log level stays %s", e.message, now)
+        return
+    if level not in choices:
+        log.error("SIGHUP: %s: log_level must be one of %s, not %s; the log level stays %s",
+                  path, ", ".join(choices), _toml(level), now)
+        return
+    set_log_level(level, announce=f"SIGHUP: log level {now} -> {level} (from {path})")

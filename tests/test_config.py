@@ -1,0 +1,234 @@
+"""crnetd's configuration (crnet/config.py): precedence, --check-config, the CLI's messages,
+SIGHUP re-reading the log level of a running daemon, the parent's name that never resolves."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from crnet import AsyncClient, defaults
+from crnet.cli import crnetd
+from crnet.client import _socket_path
+from crnet.config import effective_config
+from crnet.launch import MASTER, LocalTree
+from crnet.node.client_socket import ClientSocket
+from crnet.plan import Tree
+
+from .conftest import gather_or_cancel, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+MASTER_ARGS = ["--role", "master", "--listen", "127.0.0.1:0", "--samples", "4", "--fanout", "2",
+               "--layers", "1", "--stragglers", "1"]
+
+
+def check(args, env=None):
+    """``crnetd --check-config`` in-process: (exit code, output)."""
+    env = {k: None for k in os.environ if k.startswith("CRNET_")} | (env or {})
+    got = CliRunner().invoke(crnetd, [*args, "--check-config"], env=env)
+    return got.exit_code, got.output
+
+
+def entry(output: str, key: str) -> tuple[str, str]:
+    """The value and source --check-config printed for ``key``."""
+    for line in output.splitlines():
+        if line.startswith(f"{key} = "):
+            value, _, source = line[len(key) + 3:].partition("  # ")
+            return value.strip(), source.strip()
+    raise AssertionError(f"no {key} in\n{output}")
+
+
+@pytest.mark.parametrize("flag, env, in_file, want, source", [
+    (None, None, None, "30.0", "default"),
+    (None, None, 5, "5.0", "file"),
+    (None, 9, 5, "9.0", "env CRNET_TIMEOUT"),
+    (7, 9, 5, "7.0", "flag"),
+    (7, None, None, "7.0", "flag"),
+    (None, 9, None, "9.0", "env CRNET_TIMEOUT"),
+])
+def test_flag_beats_env_beats_file_beats_default(tmp_path, monkeypatch, flag, env, in_file, want,
+                                                 source):
+    config = tmp_path / "crnetd.toml"
+    config.write_text("role = 'master'\nlisten = '127.0.0.1:0'\nsamples = 4\nfanout = [2]\n"
+                      + (f"timeout = {in_file}\n" if in_file is not None else ""))
+    args = ["--config", str(config)] + (["--timeout", str(flag)] if flag is not None else [])
+    code, out = check(args, {"CRNET_TIMEOUT": str(env)} if env is not None else {})
+    assert code == 0, out
+    assert entry(out, "timeout") == (want, f"file {config}" if source == "file" else source)
+    assert entry(out, "fanout") == ("[2]", f"file {config}")
+    # The same through click's own parsing into the Settings run_node gets.
+    for k in [k for k in os.environ if k.startswith("CRNET_")]:
+        monkeypatch.delenv(k)
+    if env is not None:
+        monkeypatch.setenv("CRNET_TIMEOUT", str(env))
+    ctx = crnetd.make_context("crnetd", args)
+    assert effective_config(ctx).settings.timeout == float(want)
+
+
+def test_config_file_from_crnet_config_and_the_stragglers_default(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('role = "master"\nlisten = "127.0.0.1:7070"\nsamples = 60000\n'
+                      'fanout = [3, 2]\nstragglers = "1,0"\nresult_memory = "2GiB"\n')
+    code, out = check([], {"CRNET_CONFIG": str(config)})
+    assert code == 0, out
+    assert entry(out, "listen") == ('"127.0.0.1:7070"', f"file {config}")
+    assert entry(out, "stragglers") == ("[1, 0]", f"file {config}")
+    assert entry(out, "result_memory") == (str(2 << 30), f"file {config}")
+    assert entry(out, "client_socket") == (f'"{defaults.CLIENT_SOCKET}"', "default")
+    assert "# parent is not set" in out
+
+
+def test_check_config_never_prints_the_secret(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("f00d" * 16)
+    secret.chmod(0o600)
+    code, out = check(["--role", "master", "--listen", "0.0.0.0:7070", "--samples", "4",
+                       "--secret-file", str(secret)])
+    assert code == 0, out
+    assert entry(out, "secret_file") == (f'"{secret}"', "flag")
+    assert "f00d" not in out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fanuot = 3", "unknown key 'fanuot'"),
+    ("client-socket = '/x'", "unknown key 'client-socket' (did you mean 'client_socket'? keys use _)"),
+    ("check_config = true", "unknown key 'check_config'"),
+    ("timeout = 'soon'", "timeout: 'soon' is not a valid float range"),
+    ("timeout = true", "timeout must be a string or a number, not true"),
+    ("strict = 1", "strict must be true or false, not 1"),
+    ("fanout = [3, 'x']", 'fanout must be an integer or a list of integers, not [3, "x"]'),
+    ("listen = '127.0.0.1:70000'", "listen: port 70000 is out of range 0..65535"),
+    ("log_level = 'loud'", "log_level: 'loud' is not one of"),
+    ("timeout = [", "is not valid TOML"),
+])
+def test_bad_config_file_exits_2_naming_the_key_and_the_file(tmp_path, text, message):
+    config = tmp_path / "crnetd.toml"
+    config.write_text(text + "\n")
+    code, out = check(["--config", str(config), *MASTER_ARGS])
+    assert code == 2, out
+    assert f"Error: {config}" in out and message in out, out
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    code, out = check(["--config", str(tmp_path / "none.toml"), *MASTER_ARGS])
+    assert code == 2 and f"cannot read the config file {tmp_path / 'none.toml'}" in out
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--role", "master"], {}, "--role master needs --listen and --samples"),
+    (["--role", "master", "--samples", "4"], {}, "--role master needs --listen\n"),
+    (["--role", "master", "--listen", ":7070"], {}, "--role master needs --samples\n"),
+    (["--role", "master", "--listen", "127.0.0.1:70000"], {},
+     "port 70000 is out of range 0..65535"),
+    (["--role", "node", "--parent", "master:0"], {}, "port 0 is out of range 1..65535"),
+    (["--role", "node", "--parent", "master"], {}, "'master' is not HOST:PORT"),
+    (["--role", "node", "--parent", "m:7070", "--fanout", "3", "--code", "crc"], {},
+     "--fanout (flag), --code (flag): only the master takes these options"),
+    (["--role", "node", "--parent", "m:7070"], {"CRNET_SAMPLES": "8"},
+     "--samples (env CRNET_SAMPLES): only the master takes this option"),
+    (["--role", "master", "--listen", ":1", "--samples", "4", "--fanout", "1",
+      "--stragglers", "1"], {}, "stragglers must be in 0..0 for fanout 1, got 1"),
+    (["--role", "master", "--listen", "127.0.0.1:1", "--samples", "4", "--tls-key", __file__], {},
+     "--tls-key needs --tls-cert, --tls-key and --tls-ca"),
+    (["--role", "master", "--listen", "127.0.0.1:1", "--samples", "4", "--client-group", "no-such-grp"],
+     {}, "no group 'no-such-grp'"),
+])
+def test_crnetd_names_what_is_wrong(args, env, message):
+    code, out = check(args, env)
+    assert code == 2, out
+    assert message in out + "\n", out
+
+
+def test_node_refuses_every_master_only_option():
+    code, out = check(["--role", "node", "--parent", "m:7070", "--chunk-bytes", "4096",
+                       "--scheme", "gc", "--workers", "3", "--layers", "2", "--stragglers", "0",
+                       "--samples", "9"])
+    assert code == 2
+    for option in ("--layers", "--stragglers", "--samples", "--chunk-bytes", "--scheme",
+                   "--workers"):
+        assert f"{option} (flag)" in out, out
+
+
+def test_fanout_1_takes_the_default_stragglers_as_0():
+    code, out = check(["--role", "master", "--listen", "127.0.0.1:1", "--samples", "4",
+                       "--fanout", "1", "--layers", "1"])
+    assert code == 0, out
+    assert entry(out, "stragglers") == ("[0]", "default, at most the fanout - 1")
+
+
+def test_crnetd_and_client_agree_on_the_default_socket(monkeypatch):
+    monkeypatch.delenv("CRNET_CLIENT_SOCKET", raising=False)
+    code, out = check(MASTER_ARGS)
+    assert code == 0
+    assert entry(out, "client_socket") == (f'"{_socket_path(None)}"', "default")
+    assert _socket_path(None) == "/run/crnet/client.sock"
+
+
+async def test_client_socket_directory_is_made_or_named(tmp_path):
+    async def accept(sock):
+        sock.close()
+
+    made = ClientSocket(str(tmp_path / "run" / "client.sock"), accept)
+    await made.start()
+    try:
+        assert (tmp_path / "run" / "client.sock").exists()
+        assert (tmp_path / "run").stat().st_mode & 0o777 == 0o755
+        assert (tmp_path / "run").stat().st_uid == os.geteuid()
+    finally:
+        made.close()
+    deep = tmp_path / "a" / "b" / "client.sock"
+    with pytest.raises(OSError, match=f"cannot create the client socket {deep}: its directory "
+                                      f"{deep.parent} is missing and could not be created"):
+        await ClientSocket(str(deep), accept).start()
+    assert not (tmp_path / "a").exists()
+
+
+def test_parent_name_that_does_not_resolve_warns_then_exits_2(tmp_path):
+    got = subprocess.run(
+        [sys.executable, "-m", "crnet", "daemon", "--role", "node", "--parent",
+         "no-such-host.invalid:7070", "--resolve-timeout", "1", "--client-socket",
+         str(tmp_path / "n.sock")], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 2, got.stderr
+    lines = got.stderr.splitlines()
+    warned = [line for line in lines if "level=warning" in line and "does not resolve" in line]
+    assert warned and "'no-such-host.invalid'" in warned[0], got.stderr
+    assert any("level=error" in line and "'no-such-host.invalid' does not resolve" in line
+               and "giving up" in line for line in lines), got.stderr
+
+
+async def test_sighup_rereads_the_log_level_of_a_running_daemon(tmp_path):
+    """Master and one worker; the master's level comes from its config file (info: no
+    "step N done" lines); after the file says debug and a SIGHUP, they appear."""
+    config = tmp_path / "crnetd.toml"
+    config.write_text('log_level = "info"\n')
+    lt = LocalTree(Tree((1,), (0,)), 4, workdir=tmp_path / "tree", strict=True)
+    del lt.options["--log-level"]               # a flag would win over the file
+    lt.options["--config"] = str(config)
+    lt.start()
+    try:
+        async def steps(first):
+            async def run(name):
+                async with await AsyncClient.connect(lt.socket_path(name), timeout=30) as c:
+                    for t in range(first, first + 3):
+                        await c.allreduce(np.ones(4), step=t, timeout=30)
+            await gather_or_cancel(run(MASTER), run("0"))
+
+        log = lt.log_path(MASTER)
+        await steps(0)
+        assert "step 2 done" not in log.read_text()
+        config.write_text('log_level = "debug"\n')
+        lt.signal(MASTER, signal.SIGHUP)
+        await wait_until(lambda: "SIGHUP: log level info -> debug" in log.read_text(),
+                         "the master to take the new level")
+        await steps(3)
+        await wait_until(lambda: "step 5 done" in log.read_text(), "a debug line")
+        line = next(x for x in log.read_text().splitlines() if "step 5 done" in x)
+        assert "level=debug" in line and "node=master" in line and "step=5" in line
+        assert lt.alive(MASTER) and lt.alive("0")
+    finally:
+        lt.stop()
+    assert lt.problems() == []
