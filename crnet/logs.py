@@ -97,7 +97,8 @@ class EventFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = event(record, self.timestamps)
         if self.json:
-            return json.dumps(fields, ensure_ascii=False, default=str)
+            line = json.dumps(fields, ensure_ascii=False, default=str)
+            return line if line.isprintable() else json.dumps(fields, default=str)
         return format_kv(fields)
 
 

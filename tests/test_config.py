@@ -232,3 +232,24 @@ async def test_sighup_rereads_the_log_level_of_a_running_daemon(tmp_path):
     finally:
         lt.stop()
     assert lt.problems() == []
+
+
+def test_example_config_names_every_key_and_checks(tmp_path):
+    """scripts/systemd/crnetd.toml: every option is there (set or commented), and what
+    it sets passes --check-config (with a secret file that exists here)."""
+    import re
+    from pathlib import Path
+
+    from crnet.config import file_options
+
+    example = Path(__file__).parent.parent / "scripts" / "systemd" / "crnetd.toml"
+    text = example.read_text()
+    listed = set(re.findall(r"^#? ?([a-z_]+) = ", text, re.M))
+    assert listed == set(file_options(crnetd)), set(file_options(crnetd)) ^ listed
+    secret = tmp_path / "secret"
+    secret.write_text("ab" * 32)
+    secret.chmod(0o600)
+    code, out = check(["--config", str(example), "--secret-file", str(secret)])
+    assert code == 0, out
+    assert entry(out, "parent") == ('"master.example:7070"', f"file {example}")
+    assert entry(out, "secret_file") == (f'"{secret}"', "flag")
