@@ -33,6 +33,7 @@ from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
 from .neighbours import Neighbours
+from .notify import Notifier, Readiness
 from .peer_text import Throttle
 
 log = logging.getLogger("crnet.node")
@@ -88,6 +89,7 @@ class Node:
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
             dial_successor=self._dialer)
         self.local = LocalProcesses(settings.local_processes, self.engine)
+        self.readiness = Readiness(Notifier(), self.membership, self.engine, self.stats)  # systemd
         self.stopping = asyncio.Event()
         self.exit_code = 0
         self._servers: list[asyncio.AbstractServer] = []
@@ -138,13 +140,16 @@ class Node:
             self.client_socket = ClientSocket(s.client_socket, self._client, s.client_group)
             await self.client_socket.start()
             log.info("training processes connect to %s", s.client_socket)
+        self.readiness.start()
         if s.is_master:
             assert s.tree is not None
             log.info("master: tree fanout %s, stragglers %s: waiting for %d workers",
                      list(s.tree.fanout), list(s.tree.stragglers), s.tree.workers)
+            self.readiness.listening(str(self.membership.listen_address))
         self.membership.start()
 
     async def shutdown(self) -> None:
+        self.readiness.stopping()
         for server in self._servers:
             server.close()                      # stop accepting
         self.membership.close()                 # stop dialing
