@@ -25,7 +25,7 @@ from ..schemes import Place
 from ..stats import Stats
 from ..tls import TlsFiles, contexts
 from ..transport import Connection, Handler, loop_name, run
-from ..units import format_bytes
+from ..units import format_bytes, plural
 from ..wire import Limits
 from .client_socket import ClientSocket
 from .engine import EngineSettings, StepEngine
@@ -143,8 +143,8 @@ class Node:
         self.readiness.start()
         if s.is_master:
             assert s.tree is not None
-            log.info("master: tree fanout %s, stragglers %s: waiting for %d workers",
-                     list(s.tree.fanout), list(s.tree.stragglers), s.tree.workers)
+            log.info("master: tree fanout %s, stragglers %s: waiting for %s",
+                     list(s.tree.fanout), list(s.tree.stragglers), plural(s.tree.workers, "worker"))
             self.readiness.listening(str(self.membership.listen_address))
         self.membership.start()
 

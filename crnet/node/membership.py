@@ -214,7 +214,8 @@ class Membership:
         self.broadcasts.child_lost(k)
         self.barriers.child_lost(k)
         assert self.place is not None
-        log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
+        if not self._closing:   # at shutdown this node closes its links itself
+            log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
         self.engine.child_lost(k)
         self._report_joined()
 
