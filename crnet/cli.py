@@ -15,7 +15,7 @@ from .errors import CrnetError
 from .plan import SCHEMES, Tree, scheme_tree
 from .plan import plan as make_plan
 from .run import DEFAULT_SAMPLES, Run
-from .units import parse_bandwidth, parse_bytes, parse_seconds
+from .units import parse_bandwidth, parse_bytes, parse_seconds, plural
 
 
 class IntList(click.ParamType):
@@ -153,7 +153,7 @@ def model_options(f):
 MODEL_OPTIONS = ("vector_bytes", "bandwidth", "latency", "compute", "chunk_bytes", "trials", "seed")
 
 
-@main.command()
+@main.command(short_help="Show who computes which samples, or rank tree shapes (--auto).")
 @tree_options
 @click.option("--samples", "-m", type=click.IntRange(min=1), default=None,
               help="Samples in the global batch (required; with --auto, default 60000).")
@@ -191,19 +191,26 @@ def plan(ctx, fanout, layers, stragglers, samples, code_kind, as_json, auto, hos
         p = make_plan(tree, samples, code_kind)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    idle = [a.name for a in p.nodes.values() if a.name and not a.local_samples]
+    if idle:   # fewer samples than workers: some compute nothing, and no error says so
+        why = " (fewer samples than workers)" if samples < tree.workers else ""
+        click.echo(f"warning: --samples {samples} leaves {len(idle)} of the "
+                   f"{plural(tree.workers, 'worker')} with no samples to compute{why}: "
+                   f"{', '.join(idle[:4])}{', ...' if len(idle) > 4 else ''}", err=True)
     if as_json:
         click.echo(json.dumps(p.to_json()))
         return
     click.echo(f"tree        fanout {_csv(tree.fanout)}, stragglers {_csv(tree.stragglers)}, "
-               f"{tree.layers} layers")
+               f"{plural(tree.layers, 'layer')}")
     click.echo(f"workers     N = {tree.workers} (+ the master)")
     click.echo(f"load        d* = {p.optimal_load:.6g} of the batch "
-               f"({p.optimal_load * samples:.1f} of {samples} samples); "
+               f"({p.optimal_load * samples:.1f} of {plural(samples, 'sample')}); "
                f"max local {p.max_local_samples} (uncoded: {samples / tree.workers:.1f})")
     for l, (n, s) in enumerate(zip(tree.fanout, tree.stragglers), start=1):
         click.echo(f"resiliency  layer {l}: any {s} of the {n} children of every parent may "
                    f"straggle ({_code_name(tree, l, code_kind)} code)")
-    click.echo(f"master      receives {tree.fanout[0]} vectors per step (gradient coding: {tree.workers})")
+    click.echo(f"master      receives {plural(tree.fanout[0], 'vector')} per step "
+               f"(gradient coding: {tree.workers})")
     click.echo()
     rows = [(a.name or "(master)", str(a.layer), str(a.local_samples), _ranges(a.local),
              _ranges(a.responsibility)) for a in p.nodes.values()]
@@ -233,21 +240,25 @@ def _ranges(ranges, limit: int = 4) -> str:
     return " ".join(shown)
 
 
-@main.command()
+@main.command(short_help="Train logistic regression on a local tree, with stragglers.")
 @scheme_options
 @tree_options
-@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Gradient descent steps (each one allreduce over the tree).")
 @click.option("--samples", "-m", type=click.IntRange(min=1), default=6000, show_default=True,
               help="Samples in the (full) batch.")
-@click.option("--features", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--features", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Features per sample: the length of the gradient vector.")
 @click.option("--straggle-prob", type=click.FloatRange(0, 1), default=0.1, show_default=True,
               help="Chance that a worker straggles in a step.")
 @click.option("--straggle-factor", type=click.FloatRange(min=1), default=5.0, show_default=True,
               help="A straggling worker takes this many times its compute time.")
 @click.option("--compute-ms", type=click.FloatRange(min=0), default=20.0, show_default=True,
               help="Emulated minimum compute time of a worker's step.")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="The daemons' --timeout: seconds a step may wait for its quorum.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the synthetic data and of who straggles when.")
 @click.option("--json", "as_json", is_flag=True, help="End with the summary as one JSON line.")
 def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, straggle_prob,
          straggle_factor, compute_ms, timeout, seed, as_json):
@@ -260,9 +271,10 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
                      features=features, straggle_prob=straggle_prob,
                      straggle_factor=straggle_factor, compute_ms=compute_ms, timeout=timeout,
                      seed=seed)
-    click.echo(f"crnet demo ({scheme}): {tree.workers} workers + master (fanout {_csv(tree.fanout)}, "
-               f"stragglers {_csv(tree.stragglers)}), {steps} steps of full-batch gradient "
-               f"descent on {samples} samples x {features} features", err=True)
+    click.echo(f"crnet demo ({scheme}): {plural(tree.workers, 'worker')} + master (fanout "
+               f"{_csv(tree.fanout)}, stragglers {_csv(tree.stragglers)}), "
+               f"{plural(steps, 'step')} of full-batch gradient descent on "
+               f"{plural(samples, 'sample')} x {plural(features, 'feature')}", err=True)
     try:
         summary = run_demo(cfg)
     except (CrnetError, OSError) as e:
@@ -276,13 +288,15 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
     click.echo(f"max rel. difference {summary['max_rel_error']:.2e} vs single-process gradient "
                f"descent ({'exact' if ok else 'TOO LARGE'})")
     if as_json:
-        keys = ("steps", "mean_step_s", "max_rel_error", "stragglers_skipped")
+        keys = ("steps", "mean_step_s", "max_rel_error", "stragglers_skipped",
+                "stragglers_injected", "final_loss")
         click.echo(json.dumps({k: summary[k] for k in keys}))
     if not ok:
         raise SystemExit(1)
 
 
-@main.command("run", context_settings={"allow_interspersed_args": False})
+@main.command("run", context_settings={"allow_interspersed_args": False},
+              short_help="Start a local tree and a training process per host.")
 @scheme_options
 @tree_options
 @click.option("--local-processes", type=click.IntRange(1, 1024), default=1, show_default=True,
@@ -325,7 +339,7 @@ def run(scheme, workers, fanout, layers, stragglers, local_processes, samples, t
     raise SystemExit(code)
 
 
-@main.command()
+@main.command(short_help="Compare every scheme and Gloo on an emulated cluster (root).")
 @click.option("--preset", "presets", multiple=True, default=["stragglers"], show_default=True,
               type=click.Choice(["stragglers", "heavy-tail", "dead", "bandwidth", "quick"]),
               help="Scenario (repeatable).")
@@ -559,7 +573,7 @@ main.add_command(crnetd, name="daemon")
 # ---- run-time model: crnet model, crnet plan --auto --------------------------------------
 
 
-@main.command("model")
+@main.command("model", short_help="Predict each scheme's step time (the run-time model).")
 @click.option("--scheme", type=click.Choice(["all", *SCHEMES]), default="all",
               show_default=True,
               help="all: cr on the tree, gc on its N workers with layer 1's s, tree, rar.")
@@ -626,7 +640,8 @@ def _plan_auto(ctx, auto, hosts, samples, top, max_layers, as_json, inputs) -> N
                "best_per_scheme": {name: p.to_json() for name, p in best_of.items()}}
         click.echo(json.dumps(doc))
         return
-    click.echo(f"hosts       {hosts} workers (+ the master): {count} schemes and shapes tried")
+    click.echo(f"hosts       {plural(hosts, 'worker')} (+ the master): {count} schemes and "
+               "shapes tried")
     click.echo(f"model       {_model_inputs_text(samples, inputs)}")
     click.echo()
     _prediction_table(ranked[:top], numbered=True)

@@ -40,6 +40,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 SpawnFn = Callable[[str, list, dict], subprocess.Popen]
 
+# ``python -m crnet`` puts the current directory first on the child's sys.path: a folder
+# named crnet there (the clone itself, run from the directory that holds it) would be
+# imported instead of the package (a namespace package: "cannot import name
+# '__version__'"). The daemons drop that entry and import crnet from where this process
+# did (python -P does the first half, from 3.11 on only).
+_BOOTSTRAP = ("import sys; sys.path[:] = [p for p in sys.path if p]; r = {root!r}; "
+              "r in sys.path or sys.path.insert(0, r); "
+              "from crnet.cli import main; main(prog_name='crnet')")
+
+
+def crnet_argv(*args: str) -> list[str]:
+    """``python -m crnet ARGS`` that the current directory cannot shadow."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return [sys.executable, "-c", _BOOTSTRAP.format(root=root), *args]
+
 
 def _popen(name: str, argv: list, kwargs: dict) -> subprocess.Popen:
     return subprocess.Popen(argv, **kwargs)
@@ -114,7 +129,7 @@ class LocalTree:
         return self.workdir / "logs" / f"{self.filename(name)}.log"
 
     def command(self, name: str) -> list[str]:
-        cmd = [sys.executable, "-m", "crnet", "daemon", "--client-socket", self.socket_path(name)]
+        cmd = crnet_argv("daemon", "--client-socket", self.socket_path(name))
         if name == MASTER:
             t = self.tree
             cmd += ["--role", "master", "--samples", str(self.samples), "--layers", str(t.layers),

@@ -12,7 +12,7 @@ import math
 import re
 
 __all__ = ["format_bytes", "format_rate", "format_seconds", "parse_bandwidth", "parse_bytes",
-           "parse_seconds"]
+           "parse_seconds", "plural"]
 
 _NUMBER = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(\S*)\s*$")
 
@@ -68,6 +68,11 @@ def parse_bytes(text: str) -> float:
     if not size > 0:
         raise ValueError(f"size {text!r} must be > 0")
     return size
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 layer``, ``2 layers``, ``0 children`` (``words``: an irregular plural)."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
 
 
 def format_seconds(seconds: float) -> str:

@@ -58,8 +58,40 @@ def test_demo_trains_exactly_with_stragglers():
                  timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(summary) == {"steps", "mean_step_s", "max_rel_error", "stragglers_skipped"}
+    assert set(summary) == {"steps", "mean_step_s", "max_rel_error", "stragglers_skipped",
+                            "stragglers_injected", "final_loss"}
     assert summary["steps"] == 8
+    assert summary["stragglers_injected"] > 0 and 0 < summary["final_loss"] < 0.6931  # < log 2
     assert summary["max_rel_error"] <= 1e-6
     assert summary["stragglers_skipped"] > 0
     assert summary["mean_step_s"] > 0
+
+
+def test_help_lists_every_command_whole():
+    proc = crnet("--help")
+    assert proc.returncode == 0
+    commands = proc.stdout.split("Commands:")[1].strip().splitlines()
+    assert len(commands) >= 6 and not [c for c in commands if c.endswith("...")], commands
+
+
+def test_demo_help_explains_every_option():
+    from crnet.cli import demo
+
+    undocumented = [p.name for p in demo.params if not getattr(p, "help", None)]
+    assert not undocumented
+    assert "Features per sample" in crnet("demo", "--help").stdout
+
+
+def test_plan_warns_when_workers_get_no_samples():
+    proc = crnet("plan", "--fanout", "3", "--layers", "2", "--samples", "1")
+    assert proc.returncode == 0
+    assert ("warning: --samples 1 leaves 10 of the 12 workers with no samples to compute "
+            "(fewer samples than workers)") in proc.stderr
+    assert "warning" not in crnet("plan", "--fanout", "3", "--layers", "2", "--samples",
+                                  "600").stderr
+
+
+def test_plan_counts_in_words():
+    proc = crnet("plan", "--fanout", "2", "--layers", "1", "--samples", "1")
+    assert "stragglers 1, 1 layer\n" in proc.stdout
+    assert "(1.0 of 1 sample)" in proc.stdout and "receives 2 vectors per step" in proc.stdout

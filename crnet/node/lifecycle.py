@@ -27,7 +27,7 @@ from ..schemes import Place
 from ..stats import Stats
 from ..tls import TlsFiles, contexts
 from ..transport import Connection, Handler, loop_name, run
-from ..units import format_bytes
+from ..units import format_bytes, plural
 from ..wire import Limits
 from .client_socket import ClientSocket
 from .engine import EngineSettings, StepEngine
@@ -35,6 +35,7 @@ from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
 from .neighbours import Neighbours
+from .notify import Notifier, Readiness
 from .peer_text import Throttle
 
 log = logging.getLogger("crnet.node")
@@ -92,6 +93,7 @@ class Node:
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
             dial_successor=self._dialer, resolve_timeout=settings.resolve_timeout)
         self.local = LocalProcesses(settings.local_processes, self.engine)
+        self.readiness = Readiness(Notifier(), self.membership, self.engine, self.stats)  # systemd
         self.stopping = asyncio.Event()
         self.exit_code = 0
         self._servers: list[asyncio.AbstractServer] = []
@@ -142,13 +144,16 @@ class Node:
             self.client_socket = ClientSocket(s.client_socket, self._client, s.client_group)
             await self.client_socket.start()
             log.info("training processes connect to %s", s.client_socket)
+        self.readiness.start()
         if s.is_master:
             assert s.tree is not None
-            log.info("master: tree fanout %s, stragglers %s: waiting for %d workers",
-                     list(s.tree.fanout), list(s.tree.stragglers), s.tree.workers)
+            log.info("master: tree fanout %s, stragglers %s: waiting for %s",
+                     list(s.tree.fanout), list(s.tree.stragglers), plural(s.tree.workers, "worker"))
+            self.readiness.listening(str(self.membership.listen_address))
         self.membership.start()
 
     async def shutdown(self) -> None:
+        self.readiness.stopping()
         for server in self._servers:
             server.close()                      # stop accepting
         self.membership.close()                 # stop dialing

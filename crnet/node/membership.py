@@ -77,6 +77,7 @@ class Membership:
         self.allocation: dict[str, NodeShare] | None = None   # this subtree's shares
         self.listen_address: str | None = None                 # where this node accepts children
         self.on_assigned: list[Callable[[], None]] = []       # e.g. the training process's link
+        self.on_change: list[Callable[[], None]] = []         # the join moved (notify.py's STATUS)
         self.job = ""                                          # the training job the tree runs
         self._wanted_job = ""                                  # asked of the master, not run yet
         self.on_job: list[Callable[[], None]] = []            # told when that changes
@@ -87,6 +88,7 @@ class Membership:
         self._dial_parent = dial_parent
         self._dial_successor = dial_successor
         self._joined_reported = -1
+        self._closing = False
         self._tasks: list[asyncio.Task] = []
         if place is not None:
             self._size_slots()
@@ -107,6 +109,7 @@ class Membership:
                 "process": process, "processes": processes}
 
     def close(self) -> None:
+        self._closing = True    # the links closing now are the shutdown's: nothing to report
         for task in self._tasks:
             task.cancel()
 
@@ -214,7 +217,8 @@ class Membership:
         self.broadcasts.child_lost(k)
         self.barriers.child_lost(k)
         assert self.place is not None
-        log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
+        if not self._closing:   # at shutdown this node closes its links itself
+            log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
         self.engine.child_lost(k)
         self._report_joined()
 
@@ -235,9 +239,10 @@ class Membership:
         assert place is not None
         slots = self.neighbours.slots
         count = (0 if place.is_master else 1) + sum(s.workers for s in slots if s.link)
-        if count == self._joined_reported:
+        if count == self._joined_reported or self._closing:
             return
         self._joined_reported = count
+        self._changed()
         if not place.is_master:
             self.neighbours.to_parent(Joined(count, self.engine.tree_step, self.job))
             return
@@ -307,6 +312,11 @@ class Membership:
         self.engine.parent_lost(f"lost the connection to its {what}")
         self.broadcasts.parent_lost()
         log.warning("%s lost its %s; reconnecting", self.label, what)
+        self._changed()
+
+    def _changed(self) -> None:
+        for callback in self.on_change:
+            callback()
 
     def _refused(self, e: JoinRefused) -> None:
         """The parent refused this node for good (with a cluster secret, only a parent that
@@ -344,6 +354,7 @@ class Membership:
         self.engine.learn(msg.tree_step, vector)
         log.info("joined as %s (layer %d of %d); the tree is at step %d", place.name, place.layer,
                  tree.layers, self.engine.tree_step)
+        self._changed()
 
     def assigned(self, msg: Assign, payload: memoryview) -> None:
         """The parent's ASSIGN: this subtree's shares (and the ring place, rar)."""

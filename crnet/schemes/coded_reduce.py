@@ -562,8 +562,9 @@ class CodedReduce(Scheme):
         up = self.ups.pop(step, None)
         if resolved and not self.place.is_master and (up is None or not up.complete):
             self.ports.stats.times_skipped += 1
-            log.info("step %d finished without this node (%s)", step,
-                     "nothing of it came here" if up is None else f"{up.waiting_for()} missing")
+            log.info("step %d finished without this node, %s", step,
+                     "before anything of it came here" if up is None
+                     else f"which still waited for {up.waiting_for()}")
 
 
 def _fits(layout: ChunkLayout, total: int, dtype: str) -> bool:

@@ -1,0 +1,69 @@
+"""crnet/launch.py: daemons start the same crnet as their launcher, wherever it runs."""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from crnet.launch import MASTER, LocalTree, crnet_argv
+from crnet.plan import Tree
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def shadowing_dir(tmp_path):
+    """A directory holding a folder named crnet, as the one that holds the clone does: a
+    process that imported it instead of the package fails loudly."""
+    (tmp_path / "crnet").mkdir()
+    (tmp_path / "crnet" / "__init__.py").write_text(
+        'raise ImportError("the current directory\'s crnet/ was imported")\n')
+    return tmp_path
+
+
+def test_daemons_start_from_a_directory_holding_a_crnet_folder(shadowing_dir, monkeypatch):
+    monkeypatch.chdir(shadowing_dir)
+    lt = LocalTree(Tree((2,), (1,)), 60, workdir=shadowing_dir / "tree", strict=True)
+    try:
+        lt.start(wait=30)          # LaunchError with the daemon's log if one failed to import
+        assert all(lt.alive(name) for name in lt.procs)
+    finally:
+        lt.stop()
+    assert not lt.problems()
+
+
+def test_demo_from_a_directory_holding_a_crnet_folder(shadowing_dir):
+    """``crnet demo`` from the directory that holds the clone: the daemons and the training
+    processes it starts, and --json's summary whole."""
+    proc = subprocess.run(crnet_argv("demo", "--steps", "3", "--fanout", "2", "--layers", "1",
+                                     "--compute-ms", "1", "--samples", "200", "--json"),
+                          cwd=shadowing_dir, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "was imported" not in proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["max_rel_error"] <= 1e-6
+    assert summary["final_loss"] > 0
+    assert isinstance(summary["stragglers_injected"], int)
+
+
+def test_a_stopping_tree_logs_no_join_progress(tmp_path):
+    """At shutdown the master closes its children's links itself (or they stop first):
+    neither "n/3 workers joined" nor "child k disconnected" once its shutdown began."""
+    lt = LocalTree(Tree((3,), (1,)), 60, workdir=tmp_path, strict=True)
+    try:
+        lt.start(wait=30)
+        master_log = lt.log_path(MASTER)
+        deadline = time.monotonic() + 20
+        while "all workers joined" not in master_log.read_text():
+            assert time.monotonic() < deadline, master_log.read_text()
+            time.sleep(0.05)
+        lt.signal(MASTER, signal.SIGTERM)
+        assert lt.procs[MASTER].wait(10) == 0
+    finally:
+        lt.stop()
+    assert not lt.problems()
+    after = master_log.read_text().split("all workers joined")[1]
+    assert "master stopped" in after
+    assert "workers joined" not in after and "disconnected" not in after, after
