@@ -440,6 +440,17 @@ class Address(click.ParamType):
         return (host.strip("[]") or "0.0.0.0", int(port))
 
 
+class MetricsAddress(Address):
+    """PORT or HOST:PORT: on 127.0.0.1 unless a host is given."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.isdigit():
+            value = f"127.0.0.1:{value}"
+        elif isinstance(value, str) and value.startswith(":"):
+            value = "127.0.0.1" + value
+        return super().convert(value, param, ctx)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"],
                                  "auto_envvar_prefix": "CRNET"})
 @click.option("--role", type=click.Choice(["master", "node"]), required=True,
@@ -494,6 +505,15 @@ class Address(click.ParamType):
 @click.option("--insecure", is_flag=True,
               help="Listen on a non-loopback address without --secret-file: any host that "
                    "reaches the port can join the tree.")
+@click.option("--metrics", type=MetricsAddress(), default=None,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (PORT alone: on "
+                   "127.0.0.1). Beyond loopback it needs --metrics-token-file (or --insecure).")
+@click.option("--metrics-token-file", type=click.Path(dir_okay=False), default=None,
+              help="The bearer token scrapers must send (mode 600; Prometheus' "
+                   "authorization: {credentials_file: ...}).")
+@click.option("--host-id", default=None,
+              help="Node: this host's stable identity, sent to the parent, which gives it "
+                   "the same slot whenever it comes back (default: the hostname; --name wins).")
 @click.option("--strict", is_flag=True,
               help="Exit with code 70 on any internal error instead of dropping the "
                    "connection it happened on (the tests run this way).")
@@ -502,7 +522,7 @@ class Address(click.ParamType):
 def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, stragglers, samples,
            code_kind, client_socket, client_group, chunk_bytes, timeout, keep_results,
            local_processes, result_memory, step_window, max_send_queue, secret_file, tls_cert,
-           tls_key, tls_ca, insecure, strict, log_level):
+           tls_key, tls_ca, insecure, metrics, metrics_token_file, host_id, strict, log_level):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
@@ -558,6 +578,26 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
         except (OSError, ValueError) as e:     # ssl.SSLError is an OSError
             raise click.BadParameter(f"cannot load the TLS files: {e}",
                                      param_hint="--tls-cert/--tls-key/--tls-ca") from None
+    metrics_token = None
+    if metrics_token_file is not None:
+        try:
+            metrics_token = load_secret(metrics_token_file)
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint="--metrics-token-file") from None
+    elif metrics is not None and not is_loopback(metrics[0]) and not insecure:
+        raise click.UsageError(f"refusing to serve metrics on {metrics[0]} without "
+                               "--metrics-token-file: they show the tree's hosts and state to "
+                               "anyone who reaches the port (--insecure to do it anyway)")
+    if host_id is None and role == "node":
+        import socket
+
+        host_id = socket.gethostname()
+    if host_id is not None:
+        from .messages import check_host_id
+
+        problem = check_host_id(host_id)
+        if problem:
+            raise click.BadParameter(problem, param_hint="--host-id")
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s")
     settings = Settings(role=role, scheme=scheme, listen=listen, parent=parent, name=name, tree=tree,
@@ -567,7 +607,8 @@ def crnetd(role, listen, parent, name, scheme, workers, fanout, layers, straggle
                         window=step_window, result_memory=int(result_memory),
                         local_processes=local_processes,
                         send_queue_bytes=None if max_send_queue is None else int(max_send_queue),
-                        secret=secret, tls=tls, strict=strict)
+                        secret=secret, tls=tls, strict=strict, metrics=metrics,
+                        metrics_token=metrics_token, host_id=host_id)
     try:
         code = run_node(settings)
     except OSError as e:

@@ -32,6 +32,7 @@ from .engine import EngineSettings, StepEngine
 from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
+from .metrics import MetricsServer, registry_for, server_context
 from .neighbours import Neighbours
 from .peer_text import Throttle
 
@@ -63,6 +64,9 @@ class Settings:
     secret: bytes | None = None                # the cluster secret: every tree link authenticated
     tls: TlsFiles | None = None                # mutual TLS on every tree link (crnet/tls.py)
     strict: bool = False                       # an internal error stops the daemon (tests)
+    metrics: tuple[str, int] | None = None     # serve Prometheus metrics here (node/metrics.py)
+    metrics_token: bytes | None = None         # ... to scrapers with this bearer token only
+    host_id: str | None = None                 # this host's stable identity (HELLO; the slot's key)
 
     @property
     def is_master(self) -> bool:
@@ -86,7 +90,7 @@ class Node:
         self.membership = Membership(
             self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
-            dial_successor=self._dialer)
+            dial_successor=self._dialer, host_id=settings.host_id)
         self.local = LocalProcesses(settings.local_processes, self.engine)
         self.stopping = asyncio.Event()
         self.exit_code = 0
@@ -94,6 +98,7 @@ class Node:
         self.doorway = Doorway()                 # accepted peers still in their handshake
         self.warnings = Throttle(log)            # what peers do: a line per peer now and then
         self.client_socket: ClientSocket | None = None
+        self.metrics: MetricsServer | None = None
         self._tls_accept: ssl.SSLContext | None = None
         self._tls_dial: ssl.SSLContext | None = None
         if settings.tls is not None:
@@ -134,6 +139,13 @@ class Node:
             log.info("listening for children on %s:%d (%s%s)", host, port,
                      "authenticated" if s.secret else "no authentication: no --secret-file",
                      ", TLS" if s.tls else "")
+        if s.metrics is not None:   # before the client socket: that one says "up"
+            tls = None if s.tls is None else server_context(s.tls.cert, s.tls.key)
+            self.metrics = MetricsServer(registry_for(self), s.metrics, s.metrics_token, tls)
+            await self.metrics.start()
+            assert self.metrics.bound is not None
+            log.info("metrics on %s://%s:%d/metrics (%s)", "https" if tls else "http",
+                     *self.metrics.bound, "bearer token" if s.metrics_token else "no token")
         if s.client_socket:
             self.client_socket = ClientSocket(s.client_socket, self._client, s.client_group)
             await self.client_socket.start()
@@ -147,6 +159,8 @@ class Node:
     async def shutdown(self) -> None:
         for server in self._servers:
             server.close()                      # stop accepting
+        if self.metrics is not None:
+            self.metrics.close()
         self.membership.close()                 # stop dialing
         self.engine.close()                     # stop the step clocks
         live = [c for c in self._conns if c.transport is not None]
