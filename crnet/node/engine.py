@@ -236,7 +236,6 @@ class StepEngine:
         """How many steps each table tracks: bounded by the window, whatever the run's length."""
         return {"open": len(self._open), "decided": len(self._decided),
                 "kept": len(self._outcomes), "kept_bytes": self._held,
-                "began": len(self._began),
                 "waiting": len(self._waiters),
                 "told": sum(len(slot.told) for slot in self.neighbours.slots)}
 
