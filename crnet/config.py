@@ -187,6 +187,28 @@ def effective_config(ctx: click.Context) -> Config:
         except (OSError, ValueError) as e:     # ssl.SSLError is an OSError
             raise click.BadParameter(f"cannot load the TLS files: {e}",
                                      param_hint="--tls-cert/--tls-key/--tls-ca") from None
+    metrics_token = None
+    metrics = p["metrics"]
+    if p["metrics_token_file"] is not None:
+        try:
+            metrics_token = load_secret(p["metrics_token_file"])
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint="--metrics-token-file") from None
+    elif metrics is not None and not is_loopback(metrics[0]) and not p["insecure"]:
+        raise click.UsageError(f"refusing to serve metrics on {metrics[0]} without "
+                               "--metrics-token-file: they show the tree's hosts and state to "
+                               "anyone who reaches the port (--insecure to do it anyway)")
+    host_id = p["host_id"]
+    if host_id is None:   # the master's too: crnet status shows it
+        import socket
+
+        host_id = socket.gethostname()
+        shown["host_id"] = (host_id, "default, this host's name")
+    from .messages import check_host_id
+
+    problem = check_host_id(host_id)
+    if problem:
+        raise click.BadParameter(problem, param_hint="--host-id")
     path = ctx.meta.get("crnet.config")
     level_param = next(o for o in ctx.command.params if o.name == "log_level")
     choices = list(getattr(level_param.type, "choices", ()))
@@ -200,6 +222,7 @@ def effective_config(ctx: click.Context) -> Config:
         result_memory=int(p["result_memory"]), local_processes=p["local_processes"],
         send_queue_bytes=None if p["max_send_queue"] is None else int(p["max_send_queue"]),
         secret=secret, tls=tls, strict=p["strict"], resolve_timeout=p["resolve_timeout"],
+        metrics=metrics, metrics_token=metrics_token, host_id=host_id,
         reread_log_level=lambda: reread_log_level(path, fixed_by, choices))
     lines = [(key, *shown.get(param.name, (p[param.name], given[param.name] or "default")))
              for key, param in file_options(ctx.command).items() if param.name in p]

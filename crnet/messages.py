@@ -61,10 +61,14 @@ __all__ = [
     "Segment",
     "StatsReply",
     "StatsRequest",
+    "StatusHello",
+    "StatusReply",
+    "StatusRequest",
     "Submit",
     "WantState",
     "Watch",
     "Welcome",
+    "check_host_id",
     "parse",
     "parse_allocation",
     "state_key",
@@ -190,20 +194,40 @@ class _Fields:
 
 # ---------------------------------------------------------------- join (tree links)
 
+MAX_HOST_ID = 64                # characters of a host's identity (a hostname, or --host-id)
+
+
+def check_host_id(host: str) -> str | None:
+    """Why ``host`` is no host identity (None if it is one): 1..64 printable ASCII
+    characters, no spaces (it is shown in logs, metrics and ``crnet status``)."""
+    if not 1 <= len(host) <= MAX_HOST_ID:
+        return f"a host id has 1..{MAX_HOST_ID} characters, not {len(host)}"
+    if not all("!" <= c <= "~" for c in host):
+        return f"a host id is printable ASCII without spaces: {host[:MAX_HOST_ID]!r} is not"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Hello(Message):
     """child -> parent, first frame: the slot it wants (``name``; None: any free one)
     and where it listens for its own children and ring predecessor (``listen``);
-    ``nonce``: its half of the authentication (``crnet.auth``), with a cluster secret."""
+    ``nonce``: its half of the authentication (``crnet.auth``), with a cluster secret;
+    ``host``: its host's stable identity: a node without ``name`` gets the slot that
+    host had before (``membership.py``)."""
 
     TYPE = MsgType.HELLO
     name: str | None = None
     listen: str | None = None
     nonce: bytes | None = None
+    host: str | None = None
 
     @classmethod
     def from_header(cls, h: _Fields) -> Hello:
-        return cls(h.opt_text("name"), h.opt_text("listen"), h.opt_blob("nonce", NONCE_BYTES))
+        host = h.opt_text("host", MAX_HOST_ID)
+        if host is not None and check_host_id(host):
+            raise ProtocolError(f"HELLO: field 'host': {check_host_id(host)}")
+        return cls(h.opt_text("name"), h.opt_text("listen"), h.opt_blob("nonce", NONCE_BYTES),
+                   host)
 
 
 @dataclass(frozen=True, slots=True)
@@ -825,6 +849,81 @@ class Barrier(Message):
         return cls(h.text("key", MAX_KEY), h.integer("arrived", 0, processes), processes)
 
 
+# ---------------------------------------------------------------- crnet status
+
+STATUS_STATES = ("joined", "joining", "reconnecting", "missing", "silent", "unreachable")
+MAX_STATUS_DEADLINE = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class StatusHello(Message):
+    """``crnet status`` -> a node's --listen, first frame (``nonce``: as HELLO's)."""
+
+    TYPE = MsgType.STATUS_HELLO
+    nonce: bytes | None = None
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> StatusHello:
+        return cls(h.opt_blob("nonce", NONCE_BYTES))
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRequest(Message):
+    """``crnet status`` -> node, or parent -> child: your subtree's state within
+    ``deadline`` seconds, as answer ``id``."""
+
+    TYPE = MsgType.STATUS
+    id: int
+    deadline: float
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> StatusRequest:
+        return cls(h.integer("id", 0, 1 << 62), h.number("deadline", 0.0, MAX_STATUS_DEADLINE))
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReply(Message):
+    """node -> whoever asked: ``node``, its subtree's state (``status_entry``)."""
+
+    TYPE = MsgType.STATUS_REPLY
+    id: int
+    node: dict
+
+    @classmethod
+    def from_header(cls, h: _Fields) -> StatusReply:
+        return cls(h.integer("id", 0, 1 << 62), status_entry(h.mapping("node"), depth=0))
+
+
+def status_entry(entry: dict, depth: int) -> dict:
+    """One node of a STATUS_REPLY, checked field by field, with its children (at most
+    16 layers deep). The parent also checks that the names are its child's subtree's
+    (``crnet/node/status.py``)."""
+    f = _Fields("STATUS_REPLY node", entry)
+    if depth > 16:
+        raise ProtocolError("STATUS_REPLY: more than 16 layers")
+    host = f.opt_text("host", MAX_HOST_ID)
+    if host is not None and check_host_id(host):
+        raise ProtocolError(f"STATUS_REPLY: field 'host': {check_host_id(host)}")
+    last = entry.get("last_step_seconds")
+    children = entry.get("children", [])
+    if not isinstance(children, list):
+        raise f._bad("children", "a list")
+    return {"name": f.text("name", 256), "host": host, "address": f.opt_text("address", 300),
+            "state": f.text("state", choices=STATUS_STATES),
+            "tree_step": f.integer("tree_step", -1),
+            "steps_done": f.integer("steps_done"),
+            "last_step_seconds": None if last is None else f.number("last_step_seconds", 0, 1e9),
+            "straggled": f.opt_integer("straggled", 0, 1 << 20),
+            "recent": f.opt_integer("recent", 0, 1 << 20),
+            "children": [status_entry(_entry_map(c), depth + 1) for c in children]}
+
+
+def _entry_map(value) -> dict:
+    if not isinstance(value, dict):
+        raise ProtocolError("STATUS_REPLY: a node must be a map")
+    return value
+
+
 # ---------------------------------------------------------------- parsing
 
 _CLASSES: dict[MsgType, type[Message]] = {
@@ -832,7 +931,7 @@ _CLASSES: dict[MsgType, type[Message]] = {
                               PeerHello, PeerWelcome, Challenge, Proof, Segment, ClientHello, ClientWelcome,
                               Attach, Attached, Submit, Fetch, Done, ClientError, StatsRequest,
                               StatsReply, Watch, Decided, Bcast, WantState, Publish, Receive,
-                              Delivered, Barrier)
+                              Delivered, Barrier, StatusHello, StatusRequest, StatusReply)
 }
 
 

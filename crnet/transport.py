@@ -61,6 +61,9 @@ class Connection(asyncio.BufferedProtocol):
         # sender on it (a step's buffers are bounded by design); the step engine uses
         # it to spot a child that stopped reading.
         self.writing_paused = False
+        # Bytes this connection carried each way (the daemon's metrics read them).
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     def set_limits(self, limits: Limits) -> None:
         """What the peer may send from now on (e.g. more, once it has authenticated)."""
@@ -84,6 +87,7 @@ class Connection(asyncio.BufferedProtocol):
         return self._reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes):
+        self.bytes_in += nbytes
         try:
             self._reader.buffer_updated(nbytes)
         except ProtocolError as e:
@@ -135,6 +139,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is None or self.transport.is_closing():
             return False
         self.transport.writelines(frame)
+        self.bytes_out += sum(len(part) for part in frame)   # bytes, or a memoryview cast to "B"
         return True
 
     @property

@@ -51,6 +51,10 @@ class MsgType(enum.IntEnum):
     CHALLENGE = 16      # acceptor -> dialer, with a cluster secret: nonce, the acceptor's MAC
     PROOF = 17          # dialer -> acceptor: the dialer's MAC; only then is its hello acted on
     BARRIER = 18        # up (and client -> daemon): processes at a barrier; down: released
+    # crnet status (TCP): a status client on --listen, or a parent asking down its tree link.
+    STATUS_HELLO = 35   # status client -> node: first frame (its nonce, with a cluster secret)
+    STATUS = 36         # asker -> node: this subtree's state, please (within a deadline)
+    STATUS_REPLY = 37   # node -> asker: its subtree's state
     # Ring links (TCP, --scheme rar), predecessor -> successor.
     PEER_HELLO = 10     # I am your predecessor, rank r
     PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow

@@ -165,6 +165,7 @@ class StepEngine:
         self.consumers: list[Callable[[], int]] = []
         self._decided: set[int] = set()         # decided steps within the window behind
         self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
+        self._began: dict[int, float] = {}      # step -> when it began here (loop time)
         self._reported: set[int] = set()        # steps this node told its parent it stalled
         self._sent_up: set[int] = set()         # steps this node sent a chunk of up
         self._last_stall = ""                   # why, as last logged
@@ -455,6 +456,7 @@ class StepEngine:
             # and the parent then knows), tell the parent the step began here.
             handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
         self._open[step] = handles
+        self._began[step] = loop.time()
         if self.scheme is not None:
             self.scheme.opened(step)
 
@@ -518,6 +520,8 @@ class StepEngine:
         log.error("step %d failed%s: %s", step, "" if tree_wide else " here", reason,
                   extra={"step": step})
         self.stats.steps_failed += 1
+        if not tree_wide:
+            self.stats.steps_failed_here += 1
 
     def refuse_local(self, step: int, reason: str) -> None:
         for answer in self._waiters.pop(step, []):
@@ -560,6 +564,9 @@ class StepEngine:
         self.newest_decided = max(self.newest_decided, step)
         for handle in self._open.pop(step, ()):
             handle.cancel()
+        began = self._began.pop(step, None)
+        if began is not None and isinstance(outcome, (Resolved, Failed)):   # once per step
+            self.stats.times.step_seconds.observe(asyncio.get_running_loop().time() - began)
         self._reported.discard(step)
         self._sent_up.discard(step)
         if isinstance(outcome, Resolved):

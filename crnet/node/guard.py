@@ -23,7 +23,7 @@ from typing import Protocol
 from .. import defaults
 from ..auth import mac, new_nonce, verify
 from ..errors import ProtocolError
-from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse
+from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse, StatusHello
 from ..transport import Connection, Handler
 from ..wire import Limits, MsgType
 from .peer_text import Throttle, shown
@@ -34,7 +34,8 @@ log = logging.getLogger("crnet.node")
 # What a peer may send before its hello has been acted on: a few small frame types,
 # checked before their headers are decoded (wire.Limits).
 HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_items=16,
-                          types=frozenset({MsgType.HELLO, MsgType.PEER_HELLO, MsgType.PROOF}))
+                          types=frozenset({MsgType.HELLO, MsgType.PEER_HELLO, MsgType.PROOF,
+                                           MsgType.STATUS_HELLO}))
 
 
 class Doorway:
@@ -72,11 +73,15 @@ class Doorway:
         return len(self._pending)
 
 
-def _claim(hello: Hello | PeerHello) -> tuple[str, str]:
-    """The role and name a hello claims: what its handshake binds."""
+def _claim(hello: Hello | PeerHello | StatusHello) -> tuple[str, str]:
+    """The role and name a hello claims: what its handshake binds (a child's host id
+    too: it picks the slot; NUL cannot occur in a host id, so the pair is unambiguous)."""
     if isinstance(hello, PeerHello):
         return "ring", str(hello.rank)
-    return "child", hello.name or ""
+    if isinstance(hello, StatusHello):
+        return "status", ""
+    name = hello.name or ""
+    return "child", name if hello.host is None else f"{name}\0{hello.host}"
 
 
 class Accepting:
@@ -91,14 +96,14 @@ class Accepting:
         self._doorway = doorway
         self._limits = limits
         self._warnings = warnings or Throttle(log)   # the node's: one per peer address
-        self._hello: Hello | PeerHello | None = None
+        self._hello: Hello | PeerHello | StatusHello | None = None
         self._nonce = b""
 
     def made(self, conn: Connection) -> None:
         if not self._doorway.enter(conn):
             conn.abort("too many connections in their handshake")
 
-    def _pass(self, conn: Connection, hello: Hello | PeerHello) -> None:
+    def _pass(self, conn: Connection, hello: Hello | PeerHello | StatusHello) -> None:
         """Through the handshake: the link takes over, with its own limits."""
         self.open = True
         self._doorway.leave(conn)
@@ -134,7 +139,7 @@ class Accepting:
             raise ProtocolError(f"{msg.TYPE.name} before the handshake's PROOF")
 
     def _hello_from(self, conn: Connection, msg: Message) -> None:
-        if not isinstance(msg, (Hello, PeerHello)):
+        if not isinstance(msg, (Hello, PeerHello, StatusHello)):
             raise ProtocolError(f"unexpected {msg.TYPE.name} from a peer before HELLO")
         if self.secret is None:
             self._pass(conn, msg)
@@ -172,9 +177,9 @@ class Dialing:
         self.inner = inner
         self.secret = secret
         self.open = secret is None
-        self._hello: Hello | PeerHello | None = None
+        self._hello: Hello | PeerHello | StatusHello | None = None
 
-    def hello(self, msg: Hello | PeerHello) -> Hello | PeerHello:
+    def hello(self, msg: Hello | PeerHello | StatusHello) -> Hello | PeerHello | StatusHello:
         if self.secret is None:
             return msg
         self._hello = dataclasses.replace(msg, nonce=new_nonce())

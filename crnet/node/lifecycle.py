@@ -34,6 +34,7 @@ from .engine import EngineSettings, StepEngine
 from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
+from .metrics import MetricsServer, registry_for, server_context
 from .neighbours import Neighbours
 from .notify import Notifier, Readiness
 from .peer_text import Throttle
@@ -68,6 +69,9 @@ class Settings:
     strict: bool = False                       # an internal error stops the daemon (tests)
     resolve_timeout: float = defaults.RESOLVE_TIMEOUT  # node: the parent's name must resolve
     reread_log_level: Callable[[], None] | None = None  # SIGHUP (crnet/config.py)
+    metrics: tuple[str, int] | None = None     # serve Prometheus metrics here (node/metrics.py)
+    metrics_token: bytes | None = None         # ... to scrapers with this bearer token only
+    host_id: str | None = None                 # this host's stable identity (HELLO; the slot's key)
 
     @property
     def is_master(self) -> bool:
@@ -91,7 +95,8 @@ class Node:
         self.membership = Membership(
             self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
-            dial_successor=self._dialer, resolve_timeout=settings.resolve_timeout)
+            dial_successor=self._dialer, resolve_timeout=settings.resolve_timeout,
+            host_id=settings.host_id)
         self.local = LocalProcesses(settings.local_processes, self.engine)
         self.readiness = Readiness(Notifier(), self.membership, self.engine, self.stats)  # systemd
         self.stopping = asyncio.Event()
@@ -100,6 +105,7 @@ class Node:
         self.doorway = Doorway()                 # accepted peers still in their handshake
         self.warnings = Throttle(log)            # what peers do: a line per peer now and then
         self.client_socket: ClientSocket | None = None
+        self.metrics: MetricsServer | None = None
         self._tls_accept: ssl.SSLContext | None = None
         self._tls_dial: ssl.SSLContext | None = None
         if settings.tls is not None:
@@ -140,6 +146,13 @@ class Node:
             log.info("listening for children on %s:%d (%s%s)", host, port,
                      "authenticated" if s.secret else "no authentication: no --secret-file",
                      ", TLS" if s.tls else "")
+        if s.metrics is not None:   # before the client socket: that one says "up"
+            tls = None if s.tls is None else server_context(s.tls.cert, s.tls.key)
+            self.metrics = MetricsServer(registry_for(self), s.metrics, s.metrics_token, tls)
+            await self.metrics.start()
+            assert self.metrics.bound is not None
+            log.info("metrics on %s://%s:%d/metrics (%s)", "https" if tls else "http",
+                     *self.metrics.bound, "bearer token" if s.metrics_token else "no token")
         if s.client_socket:
             self.client_socket = ClientSocket(s.client_socket, self._client, s.client_group)
             await self.client_socket.start()
@@ -156,6 +169,8 @@ class Node:
         self.readiness.stopping()
         for server in self._servers:
             server.close()                      # stop accepting
+        if self.metrics is not None:
+            self.metrics.close()
         self.membership.close()                 # stop dialing
         self.engine.close()                     # stop the step clocks
         live = [c for c in self._conns if c.transport is not None]

@@ -5,9 +5,11 @@ messages (``crnet.messages``); it checks that the message is one this peer may
 send at this point and hands it to membership (joining) or the step engine
 (steps). A message out of place is a ``ProtocolError``: that connection closes.
 
-- ``ChildLink``: accepted on ``--listen``. Starts with HELLO (a child joining) or
-  PEER_HELLO (a ring predecessor, rar); then CHUNK/JOINED/FAIL, or SEGMENTs.
-- ``ParentLink``: dialed to the parent. WELCOME or REFUSE, then ASSIGN, RESULT, FAIL.
+- ``ChildLink``: accepted on ``--listen``. Starts with HELLO (a child joining),
+  PEER_HELLO (a ring predecessor, rar) or STATUS_HELLO (``crnet status``); then
+  CHUNK/JOINED/FAIL/STATUS_REPLY, SEGMENTs, or STATUS questions.
+- ``ParentLink``: dialed to the parent. WELCOME or REFUSE, then ASSIGN, RESULT, FAIL,
+  STATUS.
 - ``SuccessorLink``: dialed to the ring successor; we only send on it.
 - ``ClientLink``: the local training process on the Unix socket; its vectors are in
   shared memory, the socket carries step numbers.
@@ -52,6 +54,9 @@ from ..messages import (
     Segment,
     StatsReply,
     StatsRequest,
+    StatusHello,
+    StatusReply,
+    StatusRequest,
     Submit,
     WantState,
     Watch,
@@ -81,6 +86,7 @@ class ChildLink:
         self.warnings = warnings or Throttle(log)   # the node's: shared by every connection
         self.slot: int | None = None     # the child's slot, once it said HELLO
         self.peer = False                # the ring predecessor, once it said PEER_HELLO
+        self.status = False              # crnet status, once it said STATUS_HELLO
         self.refused = False             # REFUSE sent: what it sent before reading it is moot
         self._failed: dict[tuple[str, int], None] = {}   # (job, step) of its latest FAILs
 
@@ -120,8 +126,14 @@ class ChildLink:
                 self.membership.broadcasts.want_state(msg.nonce)
             elif isinstance(msg, Barrier):
                 self.membership.barriers.from_child(self.slot, msg)
+            elif isinstance(msg, StatusReply):
+                self.membership.status.child_reply(self.slot, msg)
             else:
                 raise ProtocolError(self._unexpected(msg))
+        elif self.status:
+            if not isinstance(msg, StatusRequest):
+                raise ProtocolError(self._unexpected(msg))
+            self.membership.status.asked(conn, msg.id, msg.deadline)
         elif self.peer:
             if not isinstance(msg, Segment):
                 raise ProtocolError(self._unexpected(msg))
@@ -134,6 +146,9 @@ class ChildLink:
             except JoinRefused as e:
                 self.refused = True
                 self._refuse(conn, e)
+        elif isinstance(msg, StatusHello):   # answered at once; it may ask again (--watch)
+            self.status = True
+            self.membership.status.asked(conn, 0)
         elif isinstance(msg, PeerHello):
             try:
                 self.membership.peer_hello(conn, msg)
@@ -174,7 +189,7 @@ class ChildLink:
 
     def _unexpected(self, msg: Message) -> str:
         who = ("a child" if self.slot is not None else "the ring predecessor" if self.peer
-               else "a peer before HELLO")
+               else "crnet status" if self.status else "a peer before HELLO")
         return f"unexpected {msg.TYPE.name} from {who}"
 
 
@@ -241,6 +256,8 @@ class ParentLink(DialedLink):
             self.membership.broadcasts.state_requested(msg.nonce)
         elif isinstance(msg, Barrier):
             self.membership.barriers.released(msg)
+        elif isinstance(msg, StatusRequest):
+            self.membership.status.asked(conn, msg.id, msg.deadline)
         else:
             raise ProtocolError(f"unexpected {msg.TYPE.name} from the parent")
 

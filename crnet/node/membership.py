@@ -1,7 +1,8 @@
 """Membership: a node's place in the tree, its child slots, its share of the data.
 
 Join, as the parent sees it: a child says HELLO; it gets a free slot (or the slot
-its ``--name`` held before, so a restarted host gets its share back) and WELCOME
+its ``--name`` held before, or else the slot its host id held before: a restarted
+host gets its share back without ``--name``, see ``_slot_for_host``) and WELCOME
 with the tree; it reports how many workers of its subtree have JOINED. Once all N
 have, the master computes ``crnet.plan`` and ASSIGNs every subtree its allocation,
 down the tree.
@@ -48,6 +49,7 @@ from .dial import Dialer, keep_connected, supervised
 from .engine import StepEngine
 from .neighbours import ChildSlot, Neighbours
 from .peer_text import shown
+from .status import StatusService
 
 log = logging.getLogger("crnet.node")
 
@@ -63,7 +65,7 @@ class Membership:
                  place: Place | None = None, samples: int | None = None,
                  name: str | None = None, dial_parent: Dialer | None = None,
                  dial_successor: Callable[[str], Dialer] | None = None,
-                 resolve_timeout: float | None = None):
+                 resolve_timeout: float | None = None, host_id: str | None = None):
         """The master passes its ``place`` and ``samples`` (it knows the tree from its
         options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
         learns both from its parent. ``dial_successor(address)`` dials a ring successor.
@@ -83,8 +85,11 @@ class Membership:
         self.on_job: list[Callable[[], None]] = []            # told when that changes
         self.broadcasts = Broadcasts(neighbours, lambda: self.place)
         self.barriers = Barriers(neighbours, lambda: self.place)
+        self.status = StatusService(self)                     # crnet status (node/status.py)
         self._stop = stop
         self._name = name
+        self.host_id = host_id
+        self.hosts: dict[str, int] = {}    # host id -> the child slot it held (this run)
         self._dial_parent = dial_parent
         self._dial_successor = dial_successor
         self._joined_reported = -1
@@ -175,21 +180,47 @@ class Membership:
                 raise JoinRefused(f"slot {hello.name} of {place.label} is held by a live "
                                   "connection", retry=True)
         else:
-            free = [k for k, slot in enumerate(slots) if slot.link is None]
-            if not free:
-                raise JoinRefused(f"{place.label} has all {len(slots)} child slots taken")
-            k = free[0]
+            k = self._slot_for_host(hello.host, conn)
+        # The host id's slot from now on: the one it named, or was given (not a second
+        # node that shares a host id with a live one: that one keeps its slot).
+        if hello.host is not None and (hello.name is not None
+                                       or self.hosts.get(hello.host, k) == k):
+            for other in [h for h, held in self.hosts.items() if held == k]:
+                del self.hosts[other]      # the slot is this host's now
+            self.hosts[hello.host] = k
         listen = hello.listen
         if listen is not None and listen.startswith("0.0.0.0:"):
             # It listens everywhere: reach it at the address it connected from.
             listen = f"{conn.label.rpartition(':')[0]}:{listen.rpartition(':')[2]}"
-        slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.newest_step)
+        slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.newest_step,
+                             host=hello.host, peer=conn.label)
         total, dtype = self.engine.tree_vector or (None, None)
         conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
                           place.code_kind, place.chunk_bytes, place.scheme,
                           self.engine.tree_step, total, dtype, self.job))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
+
+    def _slot_for_host(self, host: str | None, conn: Connection) -> int:
+        """The slot for a child without ``--name``: the one its host id held before, if
+        free; else a free one no other host id held (else any free one). A second live
+        node with the same host id is not refused: it gets another slot (and a warning
+        that says to give each daemon its own ``--host-id``); the host id keeps its slot."""
+        assert self.place is not None
+        slots = self.neighbours.slots
+        free = [k for k, slot in enumerate(slots) if slot.link is None]
+        if not free:
+            raise JoinRefused(f"{self.place.label} has all {len(slots)} child slots taken")
+        held = None if host is None else self.hosts.get(host)
+        if held is not None and slots[held].link is None:
+            return held
+        if held is not None:
+            log.warning("host id %s connected from %s, but it holds child slot %s from %s: giving "
+                        "this one another slot (two daemons with one host id? give each its own "
+                        "--host-id)", shown(host), conn.label,
+                        self.place.tree.children(self.place.name)[held], slots[held].peer)
+        unclaimed = [k for k in free if k not in self.hosts.values()]
+        return (unclaimed or free)[0]
 
     def child_joined(self, k: int, msg: Joined) -> None:
         """Child ``k`` counts the workers of its subtree that joined. More than its subtree
@@ -213,7 +244,7 @@ class Membership:
         slot = self.neighbours.slots[k]
         if slot.link is not conn:
             return
-        self.neighbours.slots[k] = ChildSlot(address=slot.address)
+        self.neighbours.slots[k] = ChildSlot(address=slot.address, host=slot.host, peer=slot.peer)
         self.broadcasts.child_lost(k)
         self.barriers.child_lost(k)
         assert self.place is not None
@@ -297,7 +328,7 @@ class Membership:
 
     def _hello(self) -> Hello:
         name = self._name if self.place is None else self.place.name
-        return Hello(name, self.listen_address)
+        return Hello(name, self.listen_address, host=self.host_id)
 
     def _parent_up(self, conn: Connection) -> None:
         self.neighbours.parent = conn

@@ -27,6 +27,8 @@ class ChildSlot:
     # when it joined): a late chunk of one of them gets the outcome sent once.
     missed_through: int = -1
     told: set[int] = field(default_factory=set)   # steps it was sent a verdict about (pruned)
+    host: str | None = None         # the host id it said in HELLO (kept when it leaves)
+    peer: str | None = None         # the address it connected from (kept when it leaves)
 
 
 class Neighbours:

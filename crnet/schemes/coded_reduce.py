@@ -73,6 +73,7 @@ class UpStep:
         self.senders: set[int] = set()         # children some chunk was received from
         self.used: set[int] = set()            # children some chunk was decoded from
         self.first_byte: float | None = None   # when the first child chunk started (stats)
+        self.arrived_at: dict[int, float] = {}  # child -> when its first chunk started (stats)
         self._children = child_buffers
         self._alloc = alloc
         # Quorum -> (children, weights) with the zero coefficients dropped. Chunks of a
@@ -271,8 +272,10 @@ class CodedReduce(Scheme):
             self.ports.to_child(k, Fail(msg.step, problem, FailKind.MISMATCH))
             self.child_silent(k, msg.step, f"its vector does not fit: {problem}")
             return None
-        if up.first_byte is None:
-            up.first_byte = time.perf_counter()
+        if k not in up.arrived_at:            # once per child and step: its arrival lag
+            up.arrived_at[k] = time.perf_counter()
+            if up.first_byte is None:
+                up.first_byte = up.arrived_at[k]
         if k not in up.senders and msg.step in self._rivals:
             up.senders.add(k)         # one child fewer to side with another layout
             self._drop_hopeless(main)
@@ -505,9 +508,10 @@ class CodedReduce(Scheme):
                 return
         stats = self.ports.stats
         for c in chunks:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()   # the kernels run in this thread
             message = up.decode(c)
             stats.decode_seconds += time.perf_counter() - t0
+            stats.decode_cpu_seconds += time.thread_time() - cpu0
             if self.place.is_master:
                 result = self.down.get(up.step)
                 if result is None:
@@ -517,6 +521,11 @@ class CodedReduce(Scheme):
                 self.ports.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype_name), message)
         if chunks and up.complete and up.code is not None:
             stats.children_skipped += up.code.n - len(up.used)
+            for k in range(up.code.n):   # once per step: who this step was decoded without
+                record = stats.times.child(k)
+                record.recent.append(k not in up.used)
+                if k not in up.used:
+                    record.skipped += 1
             if up.first_byte is not None:
                 stats.receive_seconds += time.perf_counter() - up.first_byte
 
@@ -560,6 +569,9 @@ class CodedReduce(Scheme):
         self._ahead.pop(step, None)
         self._rivals.pop(step, None)
         up = self.ups.pop(step, None)
+        if up is not None and up.first_byte is not None:   # each child's lag, once per step
+            for k, at in up.arrived_at.items():
+                self.ports.stats.times.child(k).lag.observe(at - up.first_byte)
         if resolved and not self.place.is_master and (up is None or not up.complete):
             self.ports.stats.times_skipped += 1
             log.info("step %d finished without this node, %s", step,

@@ -1,0 +1,238 @@
+"""``crnetd --metrics HOST:PORT``: what this node is doing, as Prometheus text.
+
+Served from the daemon's own event loop, not with prometheus_client's
+``start_http_server``: that runs a thread which would read the node's state (dicts
+and counters the loop changes between any two of its lines) with no lock, and the
+daemon is single-threaded by design. Here a scrape runs between two loop callbacks,
+so what it reads is consistent, and it costs the steps nothing until someone asks.
+
+Nothing on the hot path knows about Prometheus: ``NodeCollector`` reads the counters
+the node keeps anyway (``crnet.stats``: ``Stats``, and ``StepTimes`` observed once per
+step), the engine's and membership's state and each connection's byte counts, at
+the moment of the scrape, into a private registry (never the global one: a process
+running two nodes, as the tests do, must not mix them).
+
+Trust (as every endpoint that reveals tree state): on a loopback address it is
+served without credentials (only this host's users reach it); on any other it needs
+a bearer token (``--metrics-token-file``; Prometheus' ``authorization:
+{credentials_file: ...}``) unless ``--insecure``, and uses TLS when the daemon has
+``--tls-cert/--tls-key`` (server-side only: Prometheus need not hold a certificate of
+the cluster CA). A request without the right token gets 401 and nothing else. The
+server reads at most ``MAX_REQUEST`` bytes of a request, serves only ``GET /metrics``,
+answers at most ``MAX_CONNECTIONS`` scrapers at once and drops one that has not sent
+its request within ``REQUEST_DEADLINE`` seconds (bounded like the tree's handshakes,
+``guard.py``). The metrics are listed in docs/operations.md, "Metrics".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import ssl
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from .. import __version__, defaults
+from ..stats import Histogram
+from .membership import JoinState
+
+if TYPE_CHECKING:
+    from .lifecycle import Node
+
+log = logging.getLogger("crnet.node")
+
+MAX_REQUEST = 4096                           # bytes of request line and headers
+MAX_CONNECTIONS = 16                         # scrapers served at once
+REQUEST_DEADLINE = defaults.HANDSHAKE_DEADLINE   # seconds to send the request / take the answer
+
+
+class NodeCollector:
+    """Every ``crnet_*`` metric, read from the node when Prometheus asks."""
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        stats, engine, membership = node.stats, node.engine, node.membership
+        place = membership.place
+        name = "" if place is None else place.name
+        info = GaugeMetricFamily("crnet_node", "This daemon: its slot (master: empty), role, "
+                                 "host id and version", labels=["name", "role", "host", "version"])
+        info.add_metric([name, node.settings.role, node.settings.host_id or "", __version__], 1)
+        yield info
+        state = GaugeMetricFamily("crnet_join_state", "1 for the node's join state: joining "
+                                  "(no place yet), welcomed (placed, no share yet), assigned",
+                                  labels=["state"])
+        for s in JoinState:
+            state.add_metric([s.value], 1 if membership.state is s else 0)
+        yield state
+        yield GaugeMetricFamily("crnet_tree_step", "The newest step the master decided, as "
+                                "this node knows it", value=engine.tree_step)
+        yield CounterMetricFamily("crnet_steps_done", "Steps resolved here (a full result)",
+                                  value=stats.steps_done)
+        failed = CounterMetricFamily("crnet_steps_failed", "Steps failed here: scope tree (the "
+                                     "master failed it for everyone) or here (this subtree gave "
+                                     "up, cut off from the master)", labels=["scope"])
+        failed.add_metric(["tree"], stats.steps_failed - stats.steps_failed_here)
+        failed.add_metric(["here"], stats.steps_failed_here)
+        yield failed
+        yield CounterMetricFamily("crnet_times_skipped", "Steps the tree finished without this "
+                                  "node's part", value=stats.times_skipped)
+        yield _histogram("crnet_step_seconds", "Seconds from a step's beginning here (its first "
+                         "piece, or a process asking) to its decision, once per step",
+                         [], [([], stats.times.step_seconds)])
+        yield CounterMetricFamily("crnet_decode_cpu_seconds", "CPU time of the decodes (this "
+                                  "thread's time around the kernel calls)",
+                                  value=stats.decode_cpu_seconds)
+        yield CounterMetricFamily("crnet_decode_seconds", "Wall-clock time of the same decodes",
+                                  value=stats.decode_seconds)
+        yield GaugeMetricFamily("crnet_result_memory_bytes", "Bytes of results held for "
+                                "children and training processes catching up",
+                                value=engine.bookkeeping()["kept_bytes"])
+        children = [] if place is None else place.tree.children(place.name)
+        records = [(children[k], r) for k, r in sorted(stats.times.children.items())
+                   if k < len(children)]
+        yield _histogram("crnet_child_arrival_lag_seconds", "Seconds from a step's first child "
+                         "chunk here to each child's first chunk, once per step and child (of "
+                         "the children whose part came before the step was decided here; a "
+                         "later one counts in crnet_child_skipped_steps)",
+                         ["child"], [([c], r.lag) for c, r in records])
+        skipped = CounterMetricFamily("crnet_child_skipped_steps", "Steps decoded here without "
+                                      "this child (it straggled, failed or was gone)",
+                                      labels=["child"])
+        for child, record in records:
+            skipped.add_metric([child], record.skipped)
+        yield skipped
+        up = GaugeMetricFamily("crnet_link_up", "1 if the link is connected", labels=["link", "peer"])
+        received = CounterMetricFamily("crnet_link_received_bytes", "Bytes received on the link's "
+                                       "current connection", labels=["link", "peer"])
+        sent = CounterMetricFamily("crnet_link_sent_bytes", "Bytes sent on the link's current "
+                                   "connection", labels=["link", "peer"])
+        for labels, conn in self._links(children):
+            up.add_metric(labels, 0 if conn is None or conn.is_closing else 1)
+            if conn is not None:
+                received.add_metric(labels, conn.bytes_in)
+                sent.add_metric(labels, conn.bytes_out)
+        yield from (up, received, sent)
+
+    def _links(self, children: list[str]):
+        """([link kind, peer], connection or None) for every link this node has or should have."""
+        nb = self.node.neighbours
+        place = self.node.membership.place
+        parent = self.node.settings.parent
+        if parent is not None:
+            yield ["parent", f"{parent[0]}:{parent[1]}"], nb.parent
+        for k, slot in enumerate(nb.slots):
+            yield ["child", children[k] if k < len(children) else str(k)], slot.link
+        if place is not None and place.ring is not None:
+            yield ["successor", ""], nb.successor
+            yield ["predecessor", ""], nb.predecessor
+        for i, seat in enumerate(self.node.local.seats):
+            yield ["client", str(i)], None if seat is None else seat.conn
+
+
+def _histogram(name: str, documentation: str, labels: list[str],
+               series: list[tuple[list[str], Histogram]]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    for values, h in series:
+        buckets = [("+Inf" if bound == float("inf") else repr(bound), n)
+                   for bound, n in h.cumulative()]
+        family.add_metric(values, buckets, h.sum)
+    return family
+
+
+def registry_for(node: Node) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(node))
+    return registry
+
+
+def server_context(cert: str, key: str) -> ssl.SSLContext:
+    """TLS for scrapes: this host's certificate; the scraper shows none (it has a token)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+class MetricsServer:
+    """``GET /metrics`` on ``address``, with a bearer ``token`` if given."""
+
+    def __init__(self, registry: CollectorRegistry, address: tuple[str, int],
+                 token: bytes | None = None, tls: ssl.SSLContext | None = None):
+        self.registry = registry
+        self.address = address
+        self.token = token
+        self.tls = tls
+        self.bound: tuple[str, int] | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._serving: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, *self.address, ssl=self.tls,
+                                                  limit=MAX_REQUEST)
+        self.bound = self._server.sockets[0].getsockname()[:2]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in self._serving:
+            task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if len(self._serving) >= MAX_CONNECTIONS or task is None:
+            writer.transport.abort()
+            return
+        self._serving.add(task)
+        try:
+            done, _ = await asyncio.wait({asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))},
+                                         timeout=REQUEST_DEADLINE)
+            head = done.pop().result() if done else None
+            if head is None:
+                return                                   # too slow: dropped
+            status, body, kind = self.answer(head)
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind.encode()
+                         + b"\r\nContent-Length: " + str(len(body)).encode()
+                         + b"\r\nConnection: close\r\n\r\n" + body)
+            await asyncio.wait_for(writer.drain(), REQUEST_DEADLINE)
+        except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, ValueError, OSError,
+                asyncio.TimeoutError):
+            pass                                         # too long, cut short, or gone
+        finally:
+            self._serving.discard(task)
+            writer.close()
+
+    def answer(self, head: bytes) -> tuple[bytes, bytes, str]:
+        """(status, body, content type) for one request's line and headers."""
+        text = "text/plain; charset=utf-8"
+        lines = head.decode("latin-1").split("\r\n")
+        if self.token is not None and not self._authorized(lines[1:]):
+            return b"401 Unauthorized", b"", text
+        method, _, rest = lines[0].partition(" ")
+        path = rest.partition(" ")[0].partition("?")[0]
+        if method != "GET":
+            return b"405 Method Not Allowed", b"only GET /metrics\n", text
+        if path != "/metrics":
+            return b"404 Not Found", b"only GET /metrics\n", text
+        return b"200 OK", generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def _authorized(self, headers: list[str]) -> bool:
+        assert self.token is not None
+        for line in headers:
+            key, _, value = line.partition(":")
+            if key.strip().lower() == "authorization":
+                scheme, _, credentials = value.strip().partition(" ")
+                return scheme.lower() == "bearer" and hmac.compare_digest(
+                    credentials.strip().encode("latin-1"), self.token)
+        return False

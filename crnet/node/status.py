@@ -1,0 +1,146 @@
+"""``crnet status``, the daemon's side: this node's subtree, as it stands now.
+
+Asked on ``--listen`` by ``crnet status`` (a STATUS_HELLO, through the same handshake
+as every tree link: ``guard.py``, role "status"), or by its parent down the tree link
+(STATUS). The node answers with its own entry and, for each child slot, that child's
+answer to the same question, asked down the existing tree links with a shorter
+deadline: nothing is sent while nobody asks, and a child that does not answer in time
+is shown as "silent" instead of holding the answer up.
+
+What a parent adds to each child's entry, from its own view: the child's host id
+and address (where it listens, or connected from), and how often it straggled (of
+the last ``RECENT_STEPS`` steps decoded here, how many without it). A child's answer
+is checked like any child message: its names must be its own subtree's, no more
+nodes than that subtree holds (``check_subtree``). An empty slot is "missing"; the
+nodes under it are "unreachable" from here (they are reconnecting to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import TYPE_CHECKING
+
+from ..errors import ProtocolError
+from ..messages import StatusReply, StatusRequest
+from ..plan import Tree
+from ..transport import Connection
+from .dial import supervised
+
+if TYPE_CHECKING:
+    from .membership import Membership
+
+log = logging.getLogger("crnet.node")
+
+DEADLINE = 3.0          # seconds for a whole tree's answer (crnet status)
+CHILD_SHARE = 0.7       # a child gets this share of its parent's deadline
+
+
+class StatusService:
+    def __init__(self, membership: Membership):
+        self.membership = membership
+        self._ids = itertools.count(1)
+        self._pending: dict[tuple[int, int], asyncio.Future[dict]] = {}   # (id, slot)
+        self._busy: set[Connection] = set()   # connections whose question is being answered
+
+    # ---------------------------------------------------------------- asked
+    def asked(self, conn: Connection, request_id: int, deadline: float = DEADLINE) -> None:
+        """``conn`` (crnet status, or the parent) asks: it gets a STATUS_REPLY. One question
+        per connection at a time: another one while it is answered is dropped."""
+        if conn in self._busy:
+            return
+        self._busy.add(conn)
+
+        async def answer() -> None:
+            try:
+                conn.send(StatusReply(request_id, await self.subtree(deadline)))
+            finally:
+                self._busy.discard(conn)
+        supervised(answer(), "status")
+
+    def child_reply(self, k: int, msg: StatusReply) -> None:
+        waiting = self._pending.get((msg.id, k))
+        if waiting is None or waiting.done():
+            return                               # late, or never asked: moot
+        place = self.membership.place
+        assert place is not None
+        child = place.tree.children(place.name)[k]
+        check_subtree(place.tree, child, msg.node)   # ProtocolError: that link closes
+        waiting.set_result(msg.node)
+
+    # ---------------------------------------------------------------- the answer
+    def own(self) -> dict:
+        """This node's entry, without its children."""
+        m = self.membership
+        engine = m.engine
+        if m.place is None or m.state.value != "assigned":
+            state = "joining"
+        elif not m.place.is_master and m.neighbours.parent is None:
+            state = "reconnecting"
+        else:
+            state = "joined"
+        return {"name": "" if m.place is None else m.place.name, "host": m.host_id,
+                "address": m.listen_address, "state": state, "tree_step": engine.tree_step,
+                "steps_done": engine.stats.steps_done,
+                "last_step_seconds": engine.stats.times.step_seconds.last,
+                "straggled": None, "recent": None, "children": []}
+
+    async def subtree(self, deadline: float) -> dict:
+        """This node's entry with every child slot's (asked within ``deadline``)."""
+        entry = self.own()
+        place = self.membership.place
+        slots = self.membership.neighbours.slots
+        if place is None or not slots:
+            return entry
+        names = place.tree.children(place.name)
+        request_id = next(self._ids)
+        loop = asyncio.get_running_loop()
+        asked: dict[int, asyncio.Future[dict]] = {}
+        for k, slot in enumerate(slots):
+            if slot.link is not None and slot.link.send(
+                    StatusRequest(request_id, deadline * CHILD_SHARE)):
+                asked[k] = self._pending[(request_id, k)] = loop.create_future()
+        try:
+            if asked:
+                await asyncio.wait(asked.values(), timeout=deadline)
+        finally:
+            for k in asked:
+                self._pending.pop((request_id, k), None)
+        stats = self.membership.engine.stats
+        for k, slot in enumerate(slots):
+            got = asked.get(k)
+            if got is not None and got.done() and not got.cancelled():
+                child = got.result()
+            elif slot.link is not None:
+                child = _placeholder(place.tree, names[k], "silent", children=False)
+            else:
+                child = _placeholder(place.tree, names[k], "missing")
+            child["host"] = child["host"] or slot.host
+            child["address"] = child["address"] or slot.address or slot.peer
+            record = stats.times.children.get(k)
+            if record is not None:
+                child["straggled"], child["recent"] = sum(record.recent), len(record.recent)
+            entry["children"].append(child)
+        return entry
+
+
+def _placeholder(tree: Tree, name: str, state: str, children: bool = True) -> dict:
+    """A node this one knows only by its place: ``state``; its subtree unreachable."""
+    below = [_placeholder(tree, c, "unreachable") for c in tree.children(name)] if children else []
+    return {"name": name, "host": None, "address": None, "state": state, "tree_step": -1,
+            "steps_done": 0, "last_step_seconds": None, "straggled": None, "recent": None,
+            "children": below}
+
+
+def check_subtree(tree: Tree, name: str, entry: dict) -> None:
+    """A child's answer names its own subtree's nodes, each in its place, once."""
+    if entry["name"] != name:
+        raise ProtocolError(f"STATUS_REPLY: child {name} answered as {entry['name']!r}")
+    allowed = tree.children(name)
+    seen = [c["name"] for c in entry["children"]]
+    if len(set(seen)) != len(seen) or not set(seen) <= set(allowed):
+        raise ProtocolError(f"STATUS_REPLY: child {name} names children {seen[:8]!r}, but its "
+                            f"children are {allowed[:8]!r}")
+    for child in entry["children"]:
+        check_subtree(tree, child["name"], child)

@@ -1,0 +1,119 @@
+"""``crnet status HOST:PORT``: ask a node (the master, or any node's --listen) for its subtree.
+
+The connection is authenticated like every tree link (``crnet.auth``; the role
+"status" is bound into the handshake): with the cluster's ``--secret-file`` and, if
+the tree uses TLS, its certificate files. The node answers at once with its subtree
+(``crnet/node/status.py``); ``refresh`` asks again on the same connection (``--watch``).
+This module gets and summarises the answer; the CLI only prints it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from .errors import CrnetError, JoinRefused, ProtocolError
+from .messages import Refuse, StatusHello, StatusReply, StatusRequest
+from .node.guard import Dialing
+from .node.status import DEADLINE
+from .tls import TlsFiles, contexts
+from .transport import Connection
+
+__all__ = ["Row", "StatusClient", "missing", "rows"]
+
+
+class _Answers:
+    """The status connection's handler: STATUS_REPLYs into a queue."""
+
+    def __init__(self) -> None:
+        self.replies: asyncio.Queue[StatusReply | Exception] = asyncio.Queue()
+
+    def payload_dest(self, conn, msg, nbytes):
+        raise ProtocolError(f"unexpected {msg.TYPE.name} with a payload")
+
+    def received(self, conn, msg, payload):
+        if isinstance(msg, StatusReply):
+            self.replies.put_nowait(msg)
+        elif isinstance(msg, Refuse):
+            self.replies.put_nowait(JoinRefused(msg.reason))
+        else:
+            self.reject(conn, f"unexpected {msg.TYPE.name}")
+
+    def reject(self, conn: Connection, reason: str) -> None:
+        self.replies.put_nowait(CrnetError(reason))
+        conn.close()
+
+    def lost(self, conn, exc):
+        self.replies.put_nowait(ConnectionError(f"{conn.label} closed the connection"))
+
+
+class StatusClient:
+    """One authenticated connection to a node's --listen, for its subtree's state."""
+
+    def __init__(self, conn: Connection, answers: _Answers, timeout: float):
+        self._conn, self._answers, self._timeout = conn, answers, timeout
+        self._ids = 0
+        self.first: dict | None = None
+
+    @classmethod
+    async def connect(cls, host: str, port: int, secret: bytes | None = None,
+                      tls: TlsFiles | None = None, timeout: float = DEADLINE + 5) -> StatusClient:
+        """Connect and take the node's first answer (``first``)."""
+        answers = _Answers()
+        guard = Dialing(answers, secret)
+        loop = asyncio.get_running_loop()
+        ssl = None if tls is None else contexts(tls)[1]
+        _, conn = await asyncio.wait_for(loop.create_connection(
+            lambda: Connection(guard, label=f"{host}:{port}"), host, port, ssl=ssl), timeout)
+        conn.send(guard.hello(StatusHello()))
+        client = cls(conn, answers, timeout)
+        client.first = await client._reply(0)
+        return client
+
+    async def refresh(self, deadline: float = DEADLINE) -> dict:
+        self._ids += 1
+        self._conn.send(StatusRequest(self._ids, deadline))
+        return await self._reply(self._ids)
+
+    async def _reply(self, wanted: int) -> dict:
+        while True:
+            got = await asyncio.wait_for(self._answers.replies.get(), self._timeout)
+            if isinstance(got, JoinRefused):
+                raise CrnetError(f"the node refused: {got.reason}")
+            if isinstance(got, Exception):
+                raise got
+            if got.id == wanted:
+                return got.node
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+@dataclass(frozen=True)
+class Row:
+    """One node of the tree, for a table."""
+
+    name: str            # "master" for the root
+    depth: int
+    host: str | None
+    address: str | None
+    state: str
+    tree_step: int
+    last_step_seconds: float | None
+    straggled: int | None      # of ``recent`` steps its parent decoded without it
+    recent: int | None
+
+
+def rows(entry: dict, depth: int = 0) -> list[Row]:
+    """The tree, depth first, parents before their children."""
+    out = [Row(entry["name"] or "master", depth, entry["host"], entry["address"], entry["state"],
+               entry["tree_step"], entry["last_step_seconds"], entry["straggled"],
+               entry["recent"])]
+    for child in entry["children"]:
+        out += rows(child, depth + 1)
+    return out
+
+
+def missing(entry: dict) -> list[Row]:
+    """The nodes missing now (an empty slot: the host is down, or cut off from its parent)."""
+    return [r for r in rows(entry) if r.state == "missing"]
