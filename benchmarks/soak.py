@@ -292,8 +292,8 @@ class Soak:
                 for f in self.active.values():
                     if f.kind == "partition":
                         self.cluster.set_link(self.host_of[f.victim], True)
-            for task in [*faults, sampler]:
-                task.cancel()
+            for other in [*faults, sampler]:
+                other.cancel()
             await asyncio.wait(tasks, timeout=30)
             for task in tasks:
                 task.cancel()
