@@ -37,9 +37,11 @@ the process is in the fault's subtree and the step is one the fault covers (a tr
 failure: any fault covering the step); anything else is reported as unexplained.
 
 Memory: every daemon's RSS and open descriptors are read from /proc once a second. "start"
-is the first reading, "warm" the first reading --warmup steps after the daemon (last) joined
-the tree, "end" the reading after the last step; growth is end against warm. A daemon restarted
-less than --warmup steps before the end has no warm reading and is not judged.
+is its first reading, "end" the reading after the last step. RSS growth is judged per run of a
+daemon (a restart begins a new one), not from the start: from the first reading --warmup steps
+after the run joined the tree (its caches and the kept results fill up first) to its last
+reading (at the end, or just before it was killed). The report shows each daemon's longest run
+and fails on any run that grew more than 10%; a run shorter than its warm-up is not judged.
 
 Exit status 1 when a result was wrong, a failure was unexplained, a fault's subtree did not
 rejoin within 10 s, a daemon's RSS grew more than 10%, a daemon died unasked or logged a
@@ -55,6 +57,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -404,21 +407,31 @@ def shape(reason: str) -> str:
     return re.sub(r"\d+(\.\d+)? s\b", "T s", reason)[:160]
 
 
+def warm_span(run: Incarnation, warmup: int) -> tuple[MemoryReading, MemoryReading] | None:
+    """(warm, last) readings of one run of a daemon; None if it did not live past its warm-up."""
+    warm = next((r for r in run.readings if r.step >= run.started_step + warmup), None)
+    if warm is None or warm is run.readings[-1]:
+        return None
+    return warm, run.readings[-1]
+
+
 def memory_rows(soak: Soak, warmup: int) -> list[dict]:
+    """Per daemon: its first and last readings, and RSS growth over each of its runs that
+    got warm (the longest such run is shown; the largest growth of any run is judged)."""
     rows = []
     for name, runs in soak.memory.items():
-        run = runs[-1]
-        if not run.readings:
+        if not runs[0].readings or not runs[-1].readings:
             continue
-        start, end = run.readings[0], run.readings[-1]
-        warm = next((r for r in run.readings if r.step >= run.started_step + warmup), None)
-        growth = None
-        if warm is not None and warm is not end:
-            growth = 100.0 * (end.rss_kib - warm.rss_kib) / warm.rss_kib
-        rows.append({"daemon": label(name), "pid": run.pid, "restarts": len(runs) - 1,
-                     "since_step": run.started_step, "start": asdict(start),
-                     "warm": asdict(warm) if warm else None, "end": asdict(end),
-                     "rss_growth_pct": growth})
+        spans = [span for run in runs if (span := warm_span(run, warmup)) is not None]
+        growths = [100.0 * (last.rss_kib - warm.rss_kib) / warm.rss_kib for warm, last in spans]
+        longest = max(range(len(spans)), key=lambda i: spans[i][1].step - spans[i][0].step,
+                      default=None)
+        rows.append({"daemon": label(name), "restarts": len(runs) - 1,
+                     "start": asdict(runs[0].readings[0]), "end": asdict(runs[-1].readings[-1]),
+                     "warm": asdict(spans[longest][0]) if longest is not None else None,
+                     "warm_end": asdict(spans[longest][1]) if longest is not None else None,
+                     "rss_growth_pct": growths[longest] if longest is not None else None,
+                     "max_rss_growth_pct": max(growths, default=None)})
     return rows
 
 
@@ -432,7 +445,7 @@ def report(soak: Soak, problems: list[str], elapsed: float) -> tuple[dict, list[
     never = [f for f in soak.faults if f.rejoin is None]
     slow = [f for f in soak.faults if f.rejoin is not None and f.rejoin > REJOIN_LIMIT]
     rows = memory_rows(soak, a.warmup)
-    grown = [r for r in rows if r["rss_growth_pct"] is not None and r["rss_growth_pct"] > RSS_LIMIT]
+    grown = [r for r in rows if (r["max_rss_growth_pct"] or 0.0) > RSS_LIMIT]
     master = soak.trainers[MASTER]
     behind = [t.name for t in trainers if t.newest < soak.last_step]
     tree_wide = sorted({f.step for f in soak.failures if f.tree_wide})
@@ -507,15 +520,17 @@ def print_report(doc: dict, soak: Soak) -> None:
     for f in doc["unexplained"]:
         p(f"  UNEXPLAINED {label(f['host'])} step {f['step']} at {f['at']:.1f} s {f['kind']}: "
           f"{f['reason']}")
-    p("daemon   restarts  RSS MiB start -> warm -> end (growth)     fds start -> warm -> end   "
-      "warm..end steps")
+    p("daemon   restarts  RSS MiB start -> end    fds start -> end    RSS growth over its longest "
+      "run (warm -> end, steps)")
     for r in doc["memory"]:
-        warm = r["warm"] or {"rss_kib": 0, "fds": 0, "step": None}
-        growth = f"{r['rss_growth_pct']:+.1f}%" if r["rss_growth_pct"] is not None else "n/a"
-        p(f"{r['daemon']:<8} {r['restarts']:>8}  {r['start']['rss_kib'] / 1024:6.1f} -> "
-          f"{warm['rss_kib'] / 1024:6.1f} -> {r['end']['rss_kib'] / 1024:6.1f} ({growth:>6})"
-          f"     {r['start']['fds']:5d} -> {warm['fds']:5d} -> {r['end']['fds']:5d}"
-          f"       {warm['step']}..{r['end']['step']}")
+        start, end, warm, last = r["start"], r["end"], r["warm"], r["warm_end"]
+        growth = (f"{r['rss_growth_pct']:+.1f}% ({warm['rss_kib'] / 1024:.1f} -> "
+                  f"{last['rss_kib'] / 1024:.1f} MiB, steps {warm['step']}..{last['step']})"
+                  if warm else "n/a (no run lived past its warm-up)")
+        if (r["max_rss_growth_pct"] or 0.0) > (r["rss_growth_pct"] or 0.0):
+            growth += f"; largest of any run {r['max_rss_growth_pct']:+.1f}%"
+        p(f"{r['daemon']:<8} {r['restarts']:>8}  {start['rss_kib'] / 1024:9.1f} -> "
+          f"{end['rss_kib'] / 1024:5.1f}  {start['fds']:9d} -> {end['fds']:3d}    {growth}")
     p("verdict              " + ("OK" if not doc["verdict"] else "FAIL: " + "; ".join(doc["verdict"])))
 
 
@@ -558,7 +573,10 @@ async def soak_main(args) -> int:
     print_report(doc, soak)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1))
-    print(f"daemon logs: {workdir / 'logs'}")
+    if verdict or args.workdir:
+        print(f"daemon logs: {workdir / 'logs'}")
+    else:   # a temporary directory of a run that passed: nothing in it to look at
+        shutil.rmtree(workdir, ignore_errors=True)
     return 1 if verdict else 0
 
 
@@ -584,13 +602,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--straggle-prob", type=float, default=0.1)
     ap.add_argument("--straggle-factor", type=float, default=10.0)
     ap.add_argument("--warmup", type=int, default=None,
-                    help="steps after a daemon's start before its RSS baseline (default 10%% of "
-                         "--steps, at least 50)")
+                    help="steps after a daemon joined before its RSS baseline (default 5%% of "
+                         "--steps, between 50 and 500)")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto",
                     help="a network namespace per daemon (root): auto = when possible")
     ap.add_argument("--netns-prefix", default="crs")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--workdir", default=None, help="daemon logs and sockets (default a new temp dir)")
+    ap.add_argument("--workdir", default=None,
+                    help="daemon logs and sockets, kept (default: a new temporary directory, "
+                         "removed after a run that passed)")
     ap.add_argument("--json", default=None, help="write every fault, failure and reading here")
     args = ap.parse_args(argv)
     args.faults = [k.strip() for k in args.faults.split(",") if k.strip()]
@@ -598,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not args.faults:
         ap.error(f"--faults: unknown kinds {sorted(unknown)}" if unknown else "--faults: none given")
     if args.warmup is None:
-        args.warmup = max(50, args.steps // 10)
+        args.warmup = max(50, min(500, args.steps // 20))
     return asyncio.run(_until_signalled(soak_main(args)))
 
 

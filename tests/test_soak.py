@@ -57,7 +57,7 @@ def check_sound(doc: dict, text: str, steps: int) -> None:
     assert len(doc["memory"]) == 13
     for row in doc["memory"]:
         assert row["end"]["step"] >= steps - 1 and row["end"]["fds"] > 3, row
-        assert row["rss_growth_pct"] is None or row["rss_growth_pct"] <= 10.0, row
+        assert (row["max_rss_growth_pct"] or 0.0) <= 10.0, row
 
 
 def test_a_short_soak_on_loopback_is_exact_and_every_failure_explained(tmp_path):
