@@ -34,7 +34,8 @@ ends) with its times and the steps it covers: from the oldest step a process of 
 was on at injection to the newest step any process was on when it rejoined. A failure a
 process sees (StepFailed, StepLost, a timeout, its daemon gone) is explained by a fault when
 the process is in the fault's subtree and the step is one the fault covers (a tree-wide
-failure: any fault covering the step); anything else is reported as unexplained.
+failure: any fault covering the step); its daemon gone needs a kill, and no answer from its
+daemon a freeze, of that very daemon. Anything else is reported as unexplained.
 
 Memory: every daemon's RSS and open descriptors are read from /proc once a second. "start"
 is its first reading, "end" the reading after the last step. RSS growth is judged per run of a
@@ -123,6 +124,7 @@ class Fault:
     end: float | None = None
     end_step: int | None = None
     rejoin: float | None = None   # seconds from the end until the subtree was back
+    back: float | None = None     # when it was (seconds since the run began)
     last_step: int | None = None
     failures: int = 0
 
@@ -361,7 +363,8 @@ class Soak:
                 await self.until(lambda: all(self.trainers[n].newest > (fault.end_step or 0)
                                              for n in affected),
                                  f"{label(victim)} back", timeout=REJOIN_WAIT)
-                fault.rejoin = self.now() - fault.end
+                fault.back = self.now()
+                fault.rejoin = fault.back - fault.end
                 if kind == "kill":   # its warm-up counts from when it is back in the tree
                     restarted.started_step = self.tree_step()
         finally:
@@ -389,16 +392,26 @@ class Soak:
 
 # ---------------------------------------------------------------------- the verdict
 
+# What only a fault of the process's own daemon causes: its daemon gone, or not answering.
+OWN_DAEMON = {"DaemonNotRunning": ("kill",), "CrnetTimeout": ("freeze-short", "freeze-long")}
+
+
 def explain(failures: list[Failure], faults: list[Fault]) -> None:
-    """Point each failure at the fault that explains it (see the module docstring)."""
+    """Point each failure at the fault that explains it (see the module docstring): of the
+    faults that could cause it and cover its step, the one under way when it happened."""
     for f in failures:
-        for fault in faults:
-            covers = fault.first_step <= f.step <= (fault.last_step if fault.last_step is not None
-                                                     else 1 << 62)
-            if covers and (f.tree_wide or f.host in fault.affected):
-                f.fault = fault.id
-                fault.failures += 1
-                break
+        could = [fault for fault in faults
+                 if fault.first_step <= f.step <= (fault.last_step if fault.last_step is not None
+                                                   else 1 << 62)
+                 and (f.tree_wide or f.host in fault.affected)
+                 and (f.kind not in OWN_DAEMON
+                      or (fault.victim == f.host and fault.kind in OWN_DAEMON[f.kind]))]
+        during = [fault for fault in could
+                  if fault.start <= f.at <= (fault.back if fault.back is not None else f.at)]
+        if could:
+            fault = (during or could)[0]
+            f.fault = fault.id
+            fault.failures += 1
 
 
 def shape(reason: str) -> str:
