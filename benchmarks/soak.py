@@ -277,7 +277,9 @@ class Soak:
                 picked = self.pick()
                 if picked is not None:
                     faults.add(asyncio.ensure_future(self.inject(*picked)))
-                    faults = {f for f in faults if not f.done()}
+                for done in [f for f in faults if f.done()]:
+                    done.result()    # a fault that could not be injected or undone ends the run
+                    faults.discard(done)
             if faults:
                 await asyncio.gather(*faults)
             # The end: every process goes on to the same last step, which nobody began yet
@@ -554,6 +556,9 @@ async def soak_main(args) -> int:
     use_netns = args.netns == "on" or (args.netns == "auto" and netns.requirements() is None)
     if args.netns == "on" and (why := netns.requirements()) is not None:
         print(f"soak: --netns on: {why}", file=sys.stderr)
+        return 2
+    if not use_netns and set(args.faults) == {"partition"}:
+        print("soak: --faults partition alone needs network namespaces", file=sys.stderr)
         return 2
     if "partition" in args.faults and not use_netns:
         print("soak: no partitions: they need network namespaces "
