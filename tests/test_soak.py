@@ -96,7 +96,7 @@ def _daemons_of(workdir: Path) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue
-            if b"crnet daemon" in cmdline and str(workdir).encode() in cmdline:
+            if b" daemon --client-socket " + str(workdir).encode() in cmdline:
                 pids.append(int(entry.name))
     return pids
 
