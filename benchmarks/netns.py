@@ -377,6 +377,14 @@ class EmulatedCluster:
                 _cmd(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root",
                       *tbf_args(rate, self.burst, self.mtu)])
 
+    def set_link(self, host: int, up: bool) -> None:
+        """Take host ``host``'s link down (``up=False``) or bring it back: its bridge port, as
+        if its cable were pulled at the switch. The host keeps its address, routes and
+        sockets; what it sends meanwhile is lost, and TCP retransmits it once the link is up."""
+        if not self._created:
+            raise NetnsError(f"{self!r} is not up")
+        _cmd(["ip", "-n", self.bridge_ns, "link", "set", self._port(host), "up" if up else "down"])
+
     # -------------------------------------------------- running things inside
 
     def exec_argv(self, host: int, argv: Sequence[str]) -> list[str]:
