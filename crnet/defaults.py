@@ -22,6 +22,13 @@ CLIENT_SOCKET = "/run/crnet/client.sock"
 CLIENT_CONNECT_TIMEOUT = 120.0     # a training process waits this long for the tree's assignment
 RESOLVE_TIMEOUT = 300.0            # a node whose parent's host name stays unknown this long exits
 RECONNECT_BACKOFF = (0.1, 2.0)     # first and longest pause between attempts to reach a peer
+# A tree link that goes silent (a cable pulled, a switch port down) is dropped once data
+# sent on it is unacknowledged this long (TCP_USER_TIMEOUT), or once an idle link's
+# keepalive probes go unanswered about as long; and a dial that gets no answer in
+# CONNECT_TIMEOUT is tried again. Without them TCP retransmits with doubling pauses (up
+# to 2 minutes) and a link that came back stays silent for as long.
+LINK_TIMEOUT = 8.0
+CONNECT_TIMEOUT = 4.0
 SHUTDOWN_GRACE = 5.0               # seconds an orderly shutdown may take before it is cut short
 # Control payloads (ASSIGN) are small next to gradients; cap what a peer can make us hold.
 MAX_CONTROL_PAYLOAD = 64 << 20

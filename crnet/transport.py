@@ -21,6 +21,7 @@ import logging
 import socket
 from typing import Protocol
 
+from . import defaults
 from .errors import ProtocolError
 from .messages import Message, parse
 from .wire import FrameReader, Limits, MsgType
@@ -76,6 +77,7 @@ class Connection(asyncio.BufferedProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Chunks are whole messages: don't let Nagle hold the last segment back.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            silence_limits(sock, defaults.LINK_TIMEOUT)
         peer = transport.get_extra_info("peername")
         if peer and self.label == "peer":
             self.label = _format_peer(peer)
@@ -166,6 +168,22 @@ class Connection(asyncio.BufferedProtocol):
             msg = parse(msg_type, header, 0)
         assert msg is not None
         self.handler.received(self, msg, payload)
+
+
+def silence_limits(sock: socket.socket, seconds: float) -> None:
+    """Drop a TCP connection whose sent data stays unacknowledged for ``seconds``
+    (TCP_USER_TIMEOUT), and probe an idle one so that a dead peer is noticed about as
+    soon (keepalive). Where an option does not exist (not Linux), TCP's own, far longer
+    limits stay."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = max(1, int(seconds / 2))
+    count = 4
+    interval = max(1, int((seconds - idle) / count))
+    for name, value in (("TCP_USER_TIMEOUT", int(seconds * 1000)), ("TCP_KEEPIDLE", idle),
+                        ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 def _format_peer(peer) -> str:

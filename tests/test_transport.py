@@ -9,6 +9,7 @@ import socket
 import numpy as np
 import pytest
 
+from crnet import defaults
 from crnet.messages import Chunk, Fail, Hello, Joined, Phase, Result, Segment
 from crnet.transport import Connection
 from crnet.wire import PREFIX, VERSION, MsgType, encode
@@ -291,8 +292,19 @@ async def test_a_tcp_connection_is_labelled_by_its_peer_and_sends_at_once():
         conn = await asyncio.wait_for(accepted, 10)
         assert client.label == f"127.0.0.1:{port}"
         assert conn.label.startswith("127.0.0.1:")
-        sock = client.transport.get_extra_info("socket")
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        for c in (client, conn):
+            sock = c.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            # A silent link is dropped within LINK_TIMEOUT, sending or idle (not after
+            # TCP's own retries of up to minutes): a healed partition is used again soon.
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+            if hasattr(socket, "TCP_USER_TIMEOUT"):
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == \
+                    int(defaults.LINK_TIMEOUT * 1000)
+                idle = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+                probes = (sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+                          * sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT))
+                assert idle + probes <= defaults.LINK_TIMEOUT
         await close(client, conn)
     finally:
         server.close()

@@ -223,9 +223,11 @@ class Node:
         link = ParentLink(self.membership, self.engine)
         guard = Dialing(link, self.settings.secret)
         try:
-            _, conn = await asyncio.get_running_loop().create_connection(
+            # A partition swallows the SYN: try again soon rather than after TCP's
+            # doubling retries (a minute or two), so a healed link is used at once.
+            _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self._connection(guard, label=f"parent {host}:{port}"), host, port,
-                ssl=self._tls_dial)
+                ssl=self._tls_dial), defaults.CONNECT_TIMEOUT)
         except socket.gaierror as e:   # say which name (dial.py gives up on it in time)
             raise socket.gaierror(e.errno, f"the host name {host!r} does not resolve "
                                            f"({e.strerror})") from None
@@ -238,9 +240,9 @@ class Node:
         async def dial(hello):
             link = SuccessorLink()
             guard = Dialing(link, self.settings.secret)
-            _, conn = await asyncio.get_running_loop().create_connection(
+            _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self._connection(guard, Limits(max_payload=0), f"ring {address}"),
-                host.strip("[]"), int(port), ssl=self._tls_dial)
+                host.strip("[]"), int(port), ssl=self._tls_dial), defaults.CONNECT_TIMEOUT)
             conn.send(guard.hello(hello))
             return conn, link.welcome
         return dial
