@@ -177,7 +177,7 @@ def test_crnetd_refuses_metrics_beyond_loopback_without_a_token():
     assert "refusing to serve metrics on 0.0.0.0 without --metrics-token-file" in result.output
 
 
-def test_urlopen_sees_401_without_the_token_on_a_real_daemon(local_tree, tmp_path):
+async def test_urlopen_sees_401_without_the_token_on_a_real_daemon(local_tree, tmp_path):
     token = tmp_path / "token"
     token.write_text("t" * 32 + "\n")
     token.chmod(0o600)
@@ -192,4 +192,6 @@ def test_urlopen_sees_401_without_the_token_on_a_real_daemon(local_tree, tmp_pat
     with pytest.raises(urllib.error.HTTPError) as e:
         scrape(ports[MASTER])
     assert e.value.code == 401
-    assert value(scrape(ports[MASTER], "t" * 32), "crnet_join_state", state="assigned") == 1
+    # (The daemons are up; the tree is assigned once the worker has joined.)
+    await wait_until(lambda: value(scrape(ports[MASTER], "t" * 32), "crnet_join_state",
+                                   state="assigned") == 1, "the master assigned, seen in its metrics")
