@@ -125,7 +125,6 @@ class Config:
 def effective_config(ctx: click.Context) -> Config:
     """The daemon's ``Settings`` from the parsed options, or a usage error (exit 2)
     naming what is wrong."""
-    from .auth import is_loopback, load_secret
     from .cli import tree_for_scheme
     from .tls import TlsFiles, contexts
 
@@ -165,16 +164,11 @@ def effective_config(ctx: click.Context) -> Config:
         except KeyError:
             raise click.BadParameter(f"no group {p['client_group']!r}",
                                      param_hint="--client-group") from None
-    secret = None
-    if p["secret_file"] is not None:
-        try:
-            secret = load_secret(p["secret_file"])
-        except (OSError, ValueError) as e:
-            raise click.BadParameter(str(e), param_hint="--secret-file") from None
-    elif listen is not None and not is_loopback(listen[0]) and not p["insecure"]:
-        raise click.UsageError(f"refusing to listen on {listen[0]} without --secret-file: any "
-                               "host that reaches the port could join the tree and read or "
-                               "corrupt every gradient (--insecure to do it anyway)")
+    secret = _credential(
+        p["secret_file"], "--secret-file", listen, p["insecure"],
+        f"refusing to listen on {listen and listen[0]} without --secret-file: any host that "
+        "reaches the port could join the tree and read or corrupt every gradient "
+        "(--insecure to do it anyway)")
     tls = None
     named = [o for o in ("tls_cert", "tls_key", "tls_ca") if p[o] is not None]
     if named and len(named) < 3:
@@ -187,17 +181,12 @@ def effective_config(ctx: click.Context) -> Config:
         except (OSError, ValueError) as e:     # ssl.SSLError is an OSError
             raise click.BadParameter(f"cannot load the TLS files: {e}",
                                      param_hint="--tls-cert/--tls-key/--tls-ca") from None
-    metrics_token = None
     metrics = p["metrics"]
-    if p["metrics_token_file"] is not None:
-        try:
-            metrics_token = load_secret(p["metrics_token_file"])
-        except (OSError, ValueError) as e:
-            raise click.BadParameter(str(e), param_hint="--metrics-token-file") from None
-    elif metrics is not None and not is_loopback(metrics[0]) and not p["insecure"]:
-        raise click.UsageError(f"refusing to serve metrics on {metrics[0]} without "
-                               "--metrics-token-file: they show the tree's hosts and state to "
-                               "anyone who reaches the port (--insecure to do it anyway)")
+    metrics_token = _credential(
+        p["metrics_token_file"], "--metrics-token-file", metrics, p["insecure"],
+        f"refusing to serve metrics on {metrics and metrics[0]} without --metrics-token-file: "
+        "they show the tree's hosts and state to anyone who reaches the port (--insecure to "
+        "do it anyway)")
     host_id = p["host_id"]
     if host_id is None:   # the master's too: crnet status shows it
         import socket
@@ -227,6 +216,22 @@ def effective_config(ctx: click.Context) -> Config:
     lines = [(key, *shown.get(param.name, (p[param.name], given[param.name] or "default")))
              for key, param in file_options(ctx.command).items() if param.name in p]
     return Config(settings, lines)
+
+
+def _credential(path: str | None, option: str, address: tuple[str, int] | None,
+                insecure: bool, refusal: str) -> bytes | None:
+    """The secret in ``path`` (``option``'s file), or None where none is needed: a usage
+    error when ``address`` reaches beyond loopback without one (unless ``insecure``)."""
+    from .auth import is_loopback, load_secret
+
+    if path is not None:
+        try:
+            return load_secret(path)
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint=option) from None
+    if address is not None and not is_loopback(address[0]) and not insecure:
+        raise click.UsageError(refusal)
+    return None
 
 
 def _given(ctx: click.Context, name: str) -> str | None:
