@@ -536,7 +536,8 @@ class PeerWelcome(Message):
 
 @dataclass(frozen=True, slots=True)
 class Segment(Message):
-    """ring predecessor -> successor: segment ``segment`` of ``phase``, round ``round``."""
+    """ring predecessor -> successor: part ``part`` of segment ``segment`` of ``phase``,
+    round ``round``."""
 
     TYPE = MsgType.SEGMENT
     PAYLOAD = True
@@ -547,12 +548,18 @@ class Segment(Message):
     segment: int
     total: int
     dtype: str
+    part: int = 0            # which of the segment's pipelined parts (ring_parts)
+
+    def header(self) -> dict[str, Any]:   # written out: the ring's hot path
+        return {"step": self.step, "phase": self.phase.value, "round": self.round,
+                "segment": self.segment, "total": self.total, "dtype": self.dtype, "part": self.part}
 
     @classmethod
     def from_header(cls, h: _Fields) -> Segment:
         return cls(h.integer("step"), Phase(h.text("phase", choices=("rs", "ag"))),
                    h.integer("round", 0, 1 << 16), h.integer("segment", 0, 1 << 16),
-                   h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES))
+                   h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES),
+                   h.integer("part", 0, 1 << 16) if "part" in h.h else 0)
 
 
 # ---------------------------------------------------------------- the local client (Unix socket)

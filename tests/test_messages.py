@@ -84,6 +84,7 @@ EVERY_MESSAGE = [
     PeerHello(2),
     PeerWelcome(),
     Segment(4, Phase.GATHER, 1, 2, 100, "float64"),
+    Segment(4, Phase.REDUCE, 0, 1, 100, "float64", 3),
     ClientHello(4321),
     ClientWelcome({"name": "0", "layer": 1, "samples": 60, "workers": 3,
                    "ranges": ((0, 20, 1.0), (40, 45, -0.5))}, -1, 37.5),

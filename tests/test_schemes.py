@@ -60,13 +60,16 @@ def test_layout_check_explains_mismatches():
     assert "has 4 bytes, expected 8" in layout.check(10, "float32", 2, 4)
 
 
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 16])    # one part per segment; many
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 6])
 @pytest.mark.parametrize("total", [1, 7, 100])
-def test_ring_allreduce_sums_exactly(size, total):
+def test_ring_allreduce_sums_exactly(size, total, chunk_bytes):
     rng = np.random.default_rng(size * 1000 + total)
     vectors = [rng.standard_normal(total) for _ in range(size)]
-    layout = ChunkLayout.of(total, np.float64, 1 << 20)
+    layout = ChunkLayout.of(total, np.float64, chunk_bytes)
     ranks = [RingStep(0, layout, k, size) for k in range(size)]
+    if chunk_bytes == 16 and total // size >= 4:
+        assert ranks[0].parts > 1     # the tree's chunk size caps a part
     # Deliver every send to the successor, in order, like one TCP link per rank.
     queues = [[] for _ in range(size)]
     order = rng.permutation(size)  # local vectors arrive in any order
@@ -78,10 +81,12 @@ def test_ring_allreduce_sums_exactly(size, total):
             for j in range(size):
                 while queues[j]:
                     send = queues[j].pop(0)
-                    np.frombuffer(ranks[j].dest(send.phase, send.segment), np.float64)[:] = send.payload
+                    dest = ranks[j].dest(send.phase, send.segment, send.part)
+                    np.frombuffer(dest, np.float64)[:] = send.payload
                     assert ranks[j].check(send.phase, send.round, send.segment,
-                                          send.payload.nbytes) is None
-                    queues[(j + 1) % size] += ranks[j].received(send.phase, send.round, send.segment)
+                                          send.payload.nbytes, send.part) is None
+                    queues[(j + 1) % size] += ranks[j].received(send.phase, send.round,
+                                                                send.segment, send.part)
                     progress = True
     want = np.sum(vectors, axis=0)
     for r in ranks:
@@ -93,6 +98,34 @@ def test_ring_rejects_a_wrong_segment():
     ring = RingStep(0, ChunkLayout.of(9, np.float64, 1 << 20), rank=1, size=3)
     assert "expected 0" in ring.check("rs", 0, 2, 24)
     assert "bad ring round" in ring.check("rs", 5, 0, 24)
+    assert "part 1 out of range 0..0" in ring.check("rs", 0, 0, 24, 1)
+
+
+def test_ring_forwards_each_part_as_soon_as_it_is_reduced():
+    """Pipelined: part j of round r goes on while the round's later parts still arrive."""
+    layout = ChunkLayout.of(3 * 4, np.float64, chunk_bytes=8)   # 4 one-element parts per segment
+    ring = RingStep(0, layout, rank=1, size=3)
+    assert ring.parts == 4
+    first = ring.local_arrived(np.ones(12))
+    assert [(s.phase, s.round, s.segment, s.part) for s in first] == [("rs", 0, 1, p) for p in range(4)]
+    np.frombuffer(ring.dest("rs", 0, 2), np.float64)[:] = 5.0
+    (send,) = ring.received("rs", 0, 0, 2)
+    assert (send.round, send.segment, send.part) == (1, 0, 2)
+    assert send.payload.tolist() == [6.0]
+
+
+@pytest.mark.parametrize("total, size, parts", [
+    (1_000_000, 20, 4),       # 4 MB in 200 kB segments: 4 parts of 50 kB
+    (1_000, 20, 1),           # small vectors: latency-bound, one frame per segment
+    (200_000, 2, 4),          # 400 kB segments: 100 kB parts
+    (40_000, 2, 2),           # 80 kB segments: parts no smaller than 64 KiB
+    (16 << 20, 20, 4),        # 64 MiB: 3.4 MB segments in 4 parts (under the 1 MiB chunk)
+    (3, 20, 1),               # more ranks than elements: empty segments
+])
+def test_ring_parts_rule(total, size, parts):
+    from crnet.schemes.ring_allreduce import ring_parts
+
+    assert ring_parts(ChunkLayout.of(total, np.float32, 1 << 20), size) == parts
 
 
 def test_buffer_pool_reuses_only_unreferenced_arrays():
