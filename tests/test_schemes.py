@@ -6,7 +6,7 @@ import pytest
 from crnet.codes import code_for
 from crnet.schemes.chunks import ChunkLayout
 from crnet.schemes.coded_reduce import ResultStep, UpStep
-from crnet.schemes.ring_allreduce import RingStep
+from crnet.schemes.ring_allreduce import RingCopy, RingStep
 
 
 def test_each_chunk_decodes_from_its_own_fastest_children():
@@ -70,11 +70,25 @@ def test_ring_allreduce_sums_exactly(size, total, chunk_bytes):
     ranks = [RingStep(0, layout, k, size) for k in range(size)]
     if chunk_bytes == 16 and total // size >= 4:
         assert ranks[0].parts > 1     # the tree's chunk size caps a part
+    # The master's copy: each rank's fully reduced parts, as they come.
+    copy = RingCopy(0, layout, size)
+
+    def route(k, sends):
+        for send in sends:
+            if not send.master:
+                queues[(k + 1) % size].append(send)
+            elif send.payload.size:
+                index = send.segment * ranks[k].parts + send.part
+                assert copy.check(k, total, "float64", index, send.payload.nbytes) is None
+                np.frombuffer(copy.dest(index), np.float64)[:] = send.payload
+                copy.arrived(index)
+                assert copy.dest(index) is None
+
     # Deliver every send to the successor, in order, like one TCP link per rank.
     queues = [[] for _ in range(size)]
     order = rng.permutation(size)  # local vectors arrive in any order
     for k in order:
-        queues[(k + 1) % size] += ranks[k].local_arrived(vectors[k])
+        route(k, ranks[k].local_arrived(vectors[k]))
         progress = True
         while progress:
             progress = False
@@ -85,13 +99,14 @@ def test_ring_allreduce_sums_exactly(size, total, chunk_bytes):
                     np.frombuffer(dest, np.float64)[:] = send.payload
                     assert ranks[j].check(send.phase, send.round, send.segment,
                                           send.payload.nbytes, send.part) is None
-                    queues[(j + 1) % size] += ranks[j].received(send.phase, send.round,
-                                                                send.segment, send.part)
+                    route(j, ranks[j].received(send.phase, send.round, send.segment, send.part))
                     progress = True
     want = np.sum(vectors, axis=0)
     for r in ranks:
         assert r.complete
         np.testing.assert_allclose(r.result, want, rtol=1e-12, atol=1e-12)
+    assert copy.complete
+    np.testing.assert_array_equal(copy.vector, ranks[0].result)   # bit for bit the ring's
 
 
 def test_ring_rejects_a_wrong_segment():
@@ -106,12 +121,21 @@ def test_ring_forwards_each_part_as_soon_as_it_is_reduced():
     layout = ChunkLayout.of(3 * 4, np.float64, chunk_bytes=8)   # 4 one-element parts per segment
     ring = RingStep(0, layout, rank=1, size=3)
     assert ring.parts == 4
-    first = ring.local_arrived(np.ones(12))
+    first = [s for s in ring.local_arrived(np.ones(12)) if not s.master]
     assert [(s.phase, s.round, s.segment, s.part) for s in first] == [("rs", 0, 1, p) for p in range(4)]
     np.frombuffer(ring.dest("rs", 0, 2), np.float64)[:] = 5.0
     (send,) = ring.received("rs", 0, 0, 2)
     assert (send.round, send.segment, send.part) == (1, 0, 2)
     assert send.payload.tolist() == [6.0]
+
+
+def test_the_master_takes_from_each_rank_only_the_segment_it_reduced():
+    layout = ChunkLayout.of(12, np.float64, chunk_bytes=16)   # 2 parts per 4-element segment
+    copy = RingCopy(0, layout, size=3)
+    assert copy.check(0, 12, "float64", 2, 16) is None        # rank 0 reduces segment 1
+    assert "rank 0 reduces 1" in copy.check(0, 12, "float64", 0, 16)
+    assert "expected 16" in copy.check(2, 12, "float64", 1, 8)
+    assert "12 x float64" in copy.check(1, 10, "float64", 4, 16)
 
 
 @pytest.mark.parametrize("total, size, parts", [

@@ -18,8 +18,11 @@ Every rank must take part in every round: one straggler stalls the whole ring,
 which is the point of the comparison with CodedReduce.
 
 ``RingAllreduce`` drives a worker's ``RingStep`` over the engine's ``Ports``: segments
-go to the ring successor; rank 0 also reports each step's result to the master,
-which only coordinates (it joins the workers as a star and relays failures).
+go to the ring successor. The master joins the workers as a star, relays failures and
+keeps a copy of each step's result (for its own training process): each rank sends it
+the segment it fully reduced, part by part, as soon as each part is (``RingCopy``), so
+every uplink carries 1/N of the vector more instead of rank 0's carrying all of it
+next to its ring traffic (which made rank 0's link the ring's bottleneck).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from ..messages import Phase, Result, Segment
 from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
 from .chunks import ChunkLayout, byte_view
-from .coded_reduce import ResultStep
 
 log = logging.getLogger("crnet.schemes")
 
@@ -65,15 +67,32 @@ def ring_parts(layout: ChunkLayout, size: int) -> int:
     return max(1, min(parts, seg_elems, 1 << 16))
 
 
+class RingPieces:
+    """Where a ring of ``size`` cuts a step's vector: ``size`` segments, ``parts`` parts each."""
+
+    def __init__(self, layout: ChunkLayout, size: int):
+        edges = np.linspace(0, layout.total, size + 1).round().astype(np.int64)
+        self.segments = list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+        self.parts = ring_parts(layout, size)
+
+    def bounds(self, segment: int, part: int) -> tuple[int, int]:
+        """Part ``part`` of segment ``segment``: element bounds, as even as they come."""
+        a, b = self.segments[segment]
+        n, parts = b - a, self.parts
+        return a + n * part // parts, a + n * (part + 1) // parts
+
+
 @dataclass(frozen=True)
 class Send:
-    """Pass ``payload`` (part ``part`` of segment ``segment`` of phase/round) to the successor."""
+    """Pass ``payload`` (part ``part`` of segment ``segment`` of phase/round) to the successor,
+    or (``master``) the fully reduced part to the master as its copy."""
 
     phase: Phase
     round: int
     segment: int
     payload: np.ndarray
     part: int = 0
+    master: bool = False
 
 
 class RingStep:
@@ -81,9 +100,8 @@ class RingStep:
 
     def __init__(self, step: int, layout: ChunkLayout, rank: int, size: int, alloc=fresh):
         self.step, self.layout, self.rank, self.size = step, layout, rank, size
-        edges = np.linspace(0, layout.total, size + 1).round().astype(np.int64)
-        self._bounds = list(zip(edges[:-1].tolist(), edges[1:].tolist()))
-        self.parts = ring_parts(layout, size)
+        self.pieces = RingPieces(layout, size)
+        self.parts = self.pieces.parts
         # acc is sent part by part and each part is final once sent; all-gather lands
         # in ``result`` so nothing queued for sending is ever overwritten. Neither is
         # last step's, for the same reason (see buffers.py).
@@ -125,7 +143,8 @@ class RingStep:
         np.copyto(self._acc, vector)
         if self.size == 1:
             self.result = self._acc
-            return []
+            return [self._send(GATHER, 0, 0, part, self.result, master=True)
+                    for part in range(self.parts)]
         sends = [self._send(REDUCE, 0, self.rank, part, self._acc) for part in range(self.parts)]
         for rnd, segment, part in self._early:
             sends += self._reduce(rnd, segment, part)
@@ -152,17 +171,15 @@ class RingStep:
         # Fully reduced: this rank owns segment (rank + 1) mod N; its all-gather starts.
         self.result[a:b] = self._acc[a:b]
         self._owned += 1
-        return [self._send(GATHER, 0, segment, part, self.result)]
+        return [self._send(GATHER, 0, segment, part, self.result),
+                self._send(GATHER, 0, segment, part, self.result, master=True)]
 
     def _part(self, segment: int, part: int) -> tuple[int, int]:
-        """Part ``part`` of segment ``segment``: element bounds, as even as they come."""
-        a, b = self._bounds[segment]
-        n, parts = b - a, self.parts
-        return a + n * part // parts, a + n * (part + 1) // parts
+        return self.pieces.bounds(segment, part)
 
-    def _send(self, phase, rnd, segment, part, source) -> Send:
+    def _send(self, phase, rnd, segment, part, source, master=False) -> Send:
         a, b = self._part(segment, part)
-        return Send(phase, rnd, segment, source[a:b], part)
+        return Send(phase, rnd, segment, source[a:b], part, master)
 
     def _expected(self, phase: str, rnd: int) -> int:
         """The segment the predecessor (rank - 1) sends in this phase and round."""
@@ -172,15 +189,55 @@ class RingStep:
         return (pred + 1 - rnd) % self.size
 
 
+class RingCopy:
+    """The master's copy of a ring step's result: rank k sends the segment it reduced,
+    (k + 1) mod N, one RESULT per part, numbered ``segment * parts + part``."""
+
+    def __init__(self, step: int, layout: ChunkLayout, size: int, alloc=fresh):
+        self.step, self.layout, self.size = step, layout, size
+        self.pieces = RingPieces(layout, size)
+        self.vector = alloc(layout.total, layout.dtype)
+        self._have: set[int] = set()
+        # Empty parts (a ring of more ranks than the vector has elements) are never sent.
+        self._need = sum(1 for seg in range(size) for part in range(self.pieces.parts)
+                         if self.pieces.bounds(seg, part)[1] > self.pieces.bounds(seg, part)[0])
+
+    @property
+    def complete(self) -> bool:
+        return len(self._have) == self._need
+
+    def check(self, rank: int, total, dtype_name, index, nbytes) -> str | None:
+        """Why rank ``rank``'s RESULT header does not fit, or None."""
+        if dtype_name != self.layout.dtype_name or total != self.layout.total:
+            return f"vector is {total} x {dtype_name} but the step's is {self.layout.describe()}"
+        segment, part = divmod(index, self.pieces.parts)
+        if segment != (rank + 1) % self.size:
+            return f"part {index} is of segment {segment}, but rank {rank} reduces {(rank + 1) % self.size}"
+        a, b = self.pieces.bounds(segment, part)
+        if nbytes != (b - a) * self.layout.dtype.itemsize:
+            return f"part {index} has {nbytes} bytes, expected {(b - a) * self.layout.dtype.itemsize}"
+        return None
+
+    def dest(self, index: int) -> memoryview | None:
+        """Where part ``index`` is received, or None if it already was."""
+        if index in self._have:
+            return None
+        a, b = self.pieces.bounds(*divmod(index, self.pieces.parts))
+        return byte_view(self.vector[a:b])
+
+    def arrived(self, index: int) -> None:
+        self._have.add(index)
+
+
 class RingAllreduce(Scheme):
-    """rar: a worker runs one RingStep per step; the master collects rank 0's result."""
+    """rar: a worker runs one RingStep per step; the master collects every rank's part."""
 
     def __init__(self, place: Place, ports: Ports):
         super().__init__(place, ports)
         if not place.is_master and place.ring is None:
             raise ValueError(f"{place.label}: a ring worker needs its ring place (rank, successor)")
         self.steps: dict[int, RingStep] = {}
-        self.results: dict[int, ResultStep] = {}     # the master: rank 0's copies
+        self.results: dict[int, RingCopy] = {}       # the master: its copies, from every rank
 
     # -- a worker -----------------------------------------------------------------------
     def local(self, step: int, vector: np.ndarray) -> str | None:
@@ -226,39 +283,40 @@ class RingAllreduce(Scheme):
     def _send(self, ring: RingStep, sends: list[Send]) -> None:
         layout = ring.layout
         for send in sends:
-            self.ports.to_successor(ring.step, Segment(ring.step, send.phase, send.round, send.segment,
-                                                       layout.total, layout.dtype_name, send.part),
-                                    send.payload)
+            if send.master:
+                if send.payload.size:      # an empty part is not sent (RingCopy expects none)
+                    self.ports.to_parent(Result(ring.step, send.segment * ring.parts + send.part,
+                                                layout.total, layout.dtype_name), send.payload)
+            else:
+                self.ports.to_successor(ring.step, Segment(ring.step, send.phase, send.round,
+                                                           send.segment, layout.total,
+                                                           layout.dtype_name, send.part),
+                                        send.payload)
         if not ring.complete:
             return
         del self.steps[ring.step]
-        assert self.place.ring is not None
-        if self.place.ring.rank == 0:  # the master's copy
-            for c in range(layout.chunks):
-                start, stop = layout.bounds(c)
-                self.ports.to_parent(Result(ring.step, c, layout.total, layout.dtype_name),
-                                     ring.result[start:stop])
         self.ports.resolved(ring.step, layout, ring.result)
 
     # -- the master -----------------------------------------------------------------------
     def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
-        if not self.place.is_master or k != 0:
+        if not self.place.is_master:
             return super().child_result_dest(k, msg, nbytes)
         result = self.results.get(msg.step)
         if result is None:
             self.ports.open(msg.step)
-            result = self.results[msg.step] = ResultStep(
-                msg.step, self.place.layout(msg.total, msg.dtype), alloc=self.ports.alloc)
-        problem = result.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
+            result = self.results[msg.step] = RingCopy(
+                msg.step, self.place.layout(msg.total, msg.dtype), self.place.fanout,
+                alloc=self.ports.alloc)
+        problem = result.check(k, msg.total, msg.dtype, msg.chunk, nbytes)
         if problem:
-            raise ProtocolError(f"RESULT for step {msg.step} from rank 0: {problem}")
+            raise ProtocolError(f"RESULT for step {msg.step} from rank {k}: {problem}")
+        self.ports.stats.bytes_up += nbytes
         return result.dest(msg.chunk)
 
     def child_result(self, k: int, msg: Result) -> None:
         result = self.results.get(msg.step)
         if result is None:
             return
-        self.ports.stats.bytes_up += result.layout.nbytes(msg.chunk)
         result.arrived(msg.chunk)
         if result.complete:
             del self.results[msg.step]
