@@ -64,12 +64,24 @@ def test_layout_check_explains_mismatches():
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 6])
 @pytest.mark.parametrize("total", [1, 7, 100])
 def test_ring_allreduce_sums_exactly(size, total, chunk_bytes):
+    _ring_allreduce_sums_exactly(size, total, chunk_bytes)
+
+
+@pytest.mark.parametrize("size", [1, 3, 5])
+def test_a_large_ring_step_sums_exactly_and_every_rank_sends_the_master_its_segment(size):
+    # 64 kB segments and more: each rank's reduced segment goes to the master, in parts.
+    _ring_allreduce_sums_exactly(size, 50_000, 16 << 10, spread=True)
+
+
+def _ring_allreduce_sums_exactly(size, total, chunk_bytes, spread=False):
     rng = np.random.default_rng(size * 1000 + total)
     vectors = [rng.standard_normal(total) for _ in range(size)]
     layout = ChunkLayout.of(total, np.float64, chunk_bytes)
     ranks = [RingStep(0, layout, k, size) for k in range(size)]
-    if chunk_bytes == 16 and total // size >= 4:
+    if chunk_bytes < 1 << 20 and total // size >= 4:
         assert ranks[0].parts > 1     # the tree's chunk size caps a part
+    assert ranks[0].pieces.spread == spread
+    senders = set()
     # The master's copy: each rank's fully reduced parts, as they come.
     copy = RingCopy(0, layout, size)
 
@@ -78,6 +90,7 @@ def test_ring_allreduce_sums_exactly(size, total, chunk_bytes):
             if not send.master:
                 queues[(k + 1) % size].append(send)
             elif send.payload.size:
+                senders.add(k)
                 index = send.segment * ranks[k].parts + send.part
                 assert copy.check(k, total, "float64", index, send.payload.nbytes) is None
                 np.frombuffer(copy.dest(index), np.float64)[:] = send.payload
@@ -106,6 +119,7 @@ def test_ring_allreduce_sums_exactly(size, total, chunk_bytes):
         assert r.complete
         np.testing.assert_allclose(r.result, want, rtol=1e-12, atol=1e-12)
     assert copy.complete
+    assert senders == (set(range(size)) if spread else {0})
     np.testing.assert_array_equal(copy.vector, ranks[0].result)   # bit for bit the ring's
 
 
@@ -130,12 +144,20 @@ def test_ring_forwards_each_part_as_soon_as_it_is_reduced():
 
 
 def test_the_master_takes_from_each_rank_only_the_segment_it_reduced():
+    total = 3 * 8192                                            # 64 KiB float64 segments
+    layout = ChunkLayout.of(total, np.float64, chunk_bytes=32 << 10)   # 2 parts each
+    copy = RingCopy(0, layout, size=3)
+    assert copy.check(0, total, "float64", 2, 32 << 10) is None    # rank 0 reduces segment 1
+    assert "rank 0 reduces 1" in copy.check(0, total, "float64", 0, 32 << 10)
+    assert "expected 32768" in copy.check(2, total, "float64", 1, 8)
+    assert f"{total} x float64" in copy.check(1, 10, "float64", 4, 16)
+
+
+def test_a_small_step_s_copy_comes_from_rank_0_alone():
     layout = ChunkLayout.of(12, np.float64, chunk_bytes=16)   # 2 parts per 4-element segment
     copy = RingCopy(0, layout, size=3)
-    assert copy.check(0, 12, "float64", 2, 16) is None        # rank 0 reduces segment 1
-    assert "rank 0 reduces 1" in copy.check(0, 12, "float64", 0, 16)
-    assert "expected 16" in copy.check(2, 12, "float64", 1, 8)
-    assert "12 x float64" in copy.check(1, 10, "float64", 4, 16)
+    assert copy.check(0, 12, "float64", 0, 16) is None
+    assert "only rank 0" in copy.check(1, 12, "float64", 4, 16)
 
 
 @pytest.mark.parametrize("total, size, parts", [

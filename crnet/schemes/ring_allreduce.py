@@ -22,7 +22,9 @@ go to the ring successor. The master joins the workers as a star, relays failure
 keeps a copy of each step's result (for its own training process): each rank sends it
 the segment it fully reduced, part by part, as soon as each part is (``RingCopy``), so
 every uplink carries 1/N of the vector more instead of rank 0's carrying all of it
-next to its ring traffic (which made rank 0's link the ring's bottleneck).
+next to its ring traffic (which made rank 0's link the ring's bottleneck). Segments
+under ``MIN_PART_BYTES`` are latency-bound and cheaper in one piece: there rank 0 sends
+the whole result once it has it, as N small frames would cost the master more.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class RingPieces:
         edges = np.linspace(0, layout.total, size + 1).round().astype(np.int64)
         self.segments = list(zip(edges[:-1].tolist(), edges[1:].tolist()))
         self.parts = ring_parts(layout, size)
+        # The master's copy: from every rank (its reduced segment), or all of it from rank 0.
+        self.spread = (layout.total // size) * layout.dtype.itemsize >= MIN_PART_BYTES
 
     def bounds(self, segment: int, part: int) -> tuple[int, int]:
         """Part ``part`` of segment ``segment``: element bounds, as even as they come."""
@@ -154,9 +158,13 @@ class RingStep:
     def received(self, phase: str, rnd: int, segment: int, part: int = 0) -> list[Send]:
         if phase == GATHER:
             self._gathered += 1
+            sends = []
             if rnd + 1 < self.size - 1:
-                return [self._send(GATHER, rnd + 1, segment, part, self.result)]
-            return []
+                sends.append(self._send(GATHER, rnd + 1, segment, part, self.result))
+            if self.complete and self.rank == 0 and not self.pieces.spread:
+                sends += [self._send(GATHER, 0, seg, p, self.result, master=True)
+                          for seg in range(self.size) for p in range(self.parts)]
+            return sends
         if self._acc is None:
             self._early.append((rnd, segment, part))
             return []
@@ -171,8 +179,13 @@ class RingStep:
         # Fully reduced: this rank owns segment (rank + 1) mod N; its all-gather starts.
         self.result[a:b] = self._acc[a:b]
         self._owned += 1
-        return [self._send(GATHER, 0, segment, part, self.result),
-                self._send(GATHER, 0, segment, part, self.result, master=True)]
+        sends = [self._send(GATHER, 0, segment, part, self.result)]
+        if self.pieces.spread:
+            sends.append(self._send(GATHER, 0, segment, part, self.result, master=True))
+        elif self.complete and self.rank == 0:    # the all-gather came in first
+            sends += [self._send(GATHER, 0, seg, p, self.result, master=True)
+                      for seg in range(self.size) for p in range(self.parts)]
+        return sends
 
     def _part(self, segment: int, part: int) -> tuple[int, int]:
         return self.pieces.bounds(segment, part)
@@ -190,8 +203,9 @@ class RingStep:
 
 
 class RingCopy:
-    """The master's copy of a ring step's result: rank k sends the segment it reduced,
-    (k + 1) mod N, one RESULT per part, numbered ``segment * parts + part``."""
+    """The master's copy of a ring step's result, one RESULT per part, numbered
+    ``segment * parts + part``: rank k sends the segment it reduced, (k + 1) mod N,
+    or (small segments: not ``spread``) rank 0 sends them all."""
 
     def __init__(self, step: int, layout: ChunkLayout, size: int, alloc=fresh):
         self.step, self.layout, self.size = step, layout, size
@@ -211,7 +225,10 @@ class RingCopy:
         if dtype_name != self.layout.dtype_name or total != self.layout.total:
             return f"vector is {total} x {dtype_name} but the step's is {self.layout.describe()}"
         segment, part = divmod(index, self.pieces.parts)
-        if segment != (rank + 1) % self.size:
+        if not self.pieces.spread:
+            if rank != 0 or not 0 <= segment < self.size:
+                return f"part {index} from rank {rank}: only rank 0 sends the result, 0..{self._need - 1}"
+        elif segment != (rank + 1) % self.size:
             return f"part {index} is of segment {segment}, but rank {rank} reduces {(rank + 1) % self.size}"
         a, b = self.pieces.bounds(segment, part)
         if nbytes != (b - a) * self.layout.dtype.itemsize:
