@@ -3,7 +3,6 @@ a certificate from the cluster's CA, and a byte changed on the path never reache
 
 import asyncio
 import ssl
-import subprocess
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from crnet import AsyncClient, CrnetError
 from crnet.plan import Tree
 
 from .conftest import local_gradient, rel_error
+from .path_proxy import PathProxy
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not have_openssl(), reason="needs the openssl command")]
@@ -68,59 +68,25 @@ async def test_a_peer_without_a_certificate_gets_no_further_than_tls(local_tree,
             raise ConnectionError("closed")
 
 
-class BitFlipper:
+class BitFlipper(PathProxy):
     """Between node ``victim`` and its parent: passes everything, but changes one byte of
     each child -> parent write after the first ``after`` bytes."""
 
     def __init__(self, victim: str, after: int = 4000):
-        self.victim, self.after = victim, after
+        super().__init__(victim)
+        self.after = after
         self.flipped = 0
-        self.upstream: int | None = None
-        self._tasks: set[asyncio.Task] = set()
 
-    async def start(self):
-        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    def spawn(self, name, argv, kwargs):
-        if name == self.victim:
-            i = argv.index("--parent") + 1
-            self.upstream = int(argv[i].rpartition(":")[2])
-            argv = [*argv[:i], f"127.0.0.1:{self.port}", *argv[i + 1:]]
-        return subprocess.Popen(argv, **kwargs)
-
-    async def _pipe(self, reader, writer):
-        self._tasks.add(asyncio.current_task())
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+    async def _up(self, reader, writer):
         seen = 0
-
-        async def up():
-            nonlocal seen
-            while data := await reader.read(65536):
-                if seen + len(data) > self.after:
-                    data = bytearray(data)
-                    data[-1] ^= 0x01
-                    self.flipped += 1
-                seen += len(data)
-                up_writer.write(bytes(data))
-
-        async def down():
-            while data := await up_reader.read(65536):
-                writer.write(data)
-
-        try:
-            await asyncio.gather(up(), down())
-        except (OSError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-            up_writer.close()
-
-    async def close(self):
-        self.server.close()
-        for t in self._tasks:
-            t.cancel()
+        while data := await reader.read(65536):
+            if seen + len(data) > self.after:
+                data = bytearray(data)
+                data[-1] ^= 0x01
+                self.flipped += 1
+            seen += len(data)
+            writer.write(bytes(data))
+            await writer.drain()
 
 
 async def test_a_byte_changed_on_the_path_never_reaches_a_sum(local_tree, certs):

@@ -74,6 +74,7 @@ from crnet.transport import Connection
 from crnet.wire import MAGIC, PREFIX, VERSION, MsgType
 
 from .conftest import KILL, local_gradient, rel_error, wait_until
+from .path_proxy import PathProxy
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_factories=["asyncio"])]
 
@@ -372,44 +373,13 @@ async def test_high_no_authentication_a_stranger_takes_a_slot(tmp_path, with_sec
             master.close()
 
 
-class TamperingProxy:
+class TamperingProxy(PathProxy):
     """An on-path attacker between node ``victim`` and its parent, on 127.0.0.1: it passes
-    the handshake through untouched, then rewrites the payload of every CHUNK going up.
-    ``spawn`` (a LocalTree spawn function) points the victim's --parent at it."""
+    the handshake through untouched, then rewrites the payload of every CHUNK going up."""
 
     def __init__(self, victim: str):
-        self.victim = victim
-        self.upstream: int | None = None
+        super().__init__(victim)
         self.tampered = 0
-        self._tasks: set[asyncio.Task] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-
-    async def start(self) -> TamperingProxy:
-        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    def spawn(self, name, argv, kwargs):
-        if name == self.victim:
-            i = argv.index("--parent") + 1
-            self.upstream = int(argv[i].rpartition(":")[2])
-            argv = [*argv[:i], f"127.0.0.1:{self.port}", *argv[i + 1:]]
-        return subprocess.Popen(argv, **kwargs)
-
-    async def _pipe(self, reader, writer):
-        task = asyncio.current_task()
-        assert task is not None and self.upstream is not None
-        self._tasks.add(task)
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-        self._writers += [writer, up_writer]
-        try:
-            await asyncio.gather(self._up(reader, up_writer), self._down(up_reader, writer))
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            for w in (writer, up_writer):
-                w.close()
-            self._tasks.discard(task)
 
     async def _up(self, reader, writer):
         while True:
@@ -422,18 +392,6 @@ class TamperingProxy:
                 self.tampered += 1
             writer.write(prefix + head + payload)
             await writer.drain()
-
-    async def _down(self, reader, writer):
-        while data := await reader.read(1 << 16):
-            writer.write(data)
-            await writer.drain()
-
-    async def close(self) -> None:
-        """Stop: its connections are closed, so each pipe ends at EOF (not cancelled)."""
-        self.server.close()
-        for w in self._writers:
-            w.close()
-        await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 10)
 
 
 @pytest.mark.parametrize("attacker", [
