@@ -55,7 +55,7 @@ from ..errors import ProtocolError
 from ..messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
 from ..schemes import Place, Scheme, driver
 from ..schemes.buffers import BufferPool
-from ..schemes.chunks import ChunkLayout
+from ..schemes.chunks import DTYPES, ChunkLayout
 from ..stats import Stats
 from .neighbours import Neighbours
 from .peer_text import Throttle, shown
@@ -359,7 +359,7 @@ class StepEngine:
     def _check_size(self, msg: Chunk | Result | Segment) -> None:
         """A piece claiming a vector no host could hold closes its connection (ProtocolError)
         before anything is allocated for it."""
-        nbytes = msg.total * np.dtype(msg.dtype).itemsize
+        nbytes = msg.total * DTYPES[msg.dtype].itemsize   # (a dtype the message checked)
         if nbytes > self.settings.max_vector_bytes:
             raise ProtocolError(
                 f"{msg.TYPE.name} for step {msg.step} claims a vector of {msg.total} x "

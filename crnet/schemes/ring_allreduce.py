@@ -261,7 +261,7 @@ class RingAllreduce(Scheme):
         if self.place.is_master:
             self.ports.open(step)
             return None
-        ring = self._step(step, self.place.layout(vector.size, vector.dtype))
+        ring = self._step(step, vector.size, vector.dtype)
         if ring is None:
             return None
         problem = ring.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
@@ -272,7 +272,7 @@ class RingAllreduce(Scheme):
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
         if self.place.is_master:
             return super().segment_dest(msg, nbytes)
-        ring = self._step(msg.step, self.place.layout(msg.total, msg.dtype))
+        ring = self._step(msg.step, msg.total, msg.dtype)
         if ring is None:
             return None
         problem = ring.check(msg.phase, msg.round, msg.segment, nbytes, msg.part)
@@ -286,12 +286,15 @@ class RingAllreduce(Scheme):
         if ring is not None:
             self._send(ring, ring.received(msg.phase, msg.round, msg.segment, msg.part))
 
-    def _step(self, step: int, layout: ChunkLayout) -> RingStep | None:
+    def _step(self, step: int, total: int, dtype) -> RingStep | None:
+        """The step's RingStep, begun with a ``total`` x ``dtype`` layout if new (its layout
+        is built only then: this runs for every part that arrives)."""
         if self.ports.is_decided(step):
             return None
         ring = self.steps.get(step)
         if ring is None:
             assert self.place.ring is not None
+            layout = self.place.layout(total, dtype)
             ring = self.steps[step] = RingStep(step, layout, self.place.ring.rank,
                                                self.place.ring.size, alloc=self.ports.alloc)
             self.ports.open(step)
