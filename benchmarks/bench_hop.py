@@ -49,7 +49,7 @@ crnet row on a machine where the copies of both directions share the cores.
 The per-round counter table shows how much of the receive window was decode.
 
 Usage: python -m benchmarks.bench_hop [--children 3] [--mib 64] [--steps 5]
-                                   [--chunk-mib 4] [--repeat 3] [--quick]
+                                   [--chunk-mib auto|MiB ...] [--repeat 3] [--quick]
 """
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ import numpy as np
 from crnet import Client, defaults
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree
+from crnet.schemes.chunks import AUTO, chunk_bytes_for
 
 from ._machine import ForeignCpu, cpu_busy
 
@@ -367,6 +368,10 @@ class Baseline:
                 p.join()
 
 
+def chunk_label(chunk: int) -> str:
+    return "auto" if chunk == AUTO else f"{chunk / MiB:g}MiB"
+
+
 # --------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_hop",
@@ -376,7 +381,9 @@ def main() -> None:
     ap.add_argument("--children", type=int, default=3, help="children of the parent (n)")
     ap.add_argument("--mib", type=float, default=64, help="vector size in MiB (float32)")
     ap.add_argument("--steps", type=int, default=5, help="allreduce steps per round")
-    ap.add_argument("--chunk-mib", type=float, default=4, help="the tree's chunk size in MiB")
+    ap.add_argument("--chunk-mib", nargs="+", default=["auto"],
+                    help="the tree's chunk size in MiB, or auto (crnetd's default, 4 MiB for "
+                         "64 MiB vectors); several: one crnet tree each, same rounds (the curve)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; rows are the best round")
     ap.add_argument("--samples", type=int, default=None, help="batch size (default: children)")
     ap.add_argument("--secret", action="store_true",
@@ -387,13 +394,14 @@ def main() -> None:
                     help="tiny smoke run: 2 children, 4 MiB, 2 steps, 1 round")
     args = ap.parse_args()
     if args.quick:
-        args.children, args.mib, args.steps, args.repeat, args.chunk_mib = 2, 4, 2, 1, 1
+        args.children, args.mib, args.steps, args.repeat, args.chunk_mib = 2, 4, 2, 1, ["1"]
     n = args.children
     nbytes = int(args.mib * MiB) // 4 * 4
-    chunk = max(1024, int(args.chunk_mib * MiB))
+    chunks = [AUTO if c == "auto" else max(1024, int(float(c) * MiB)) for c in args.chunk_mib]
     samples = args.samples or n
     print(f"bench_hop: {n} children -> 1 parent on 127.0.0.1, {nbytes / MiB:g} MiB float32 "
-          f"per child per step, chunk {chunk / MiB:g} MiB, {args.steps} steps per round, "
+          f"per child per step, chunk {', '.join(map(chunk_label, chunks))} (auto here: "
+          f"{chunk_bytes_for(nbytes) / MiB:g} MiB), {args.steps} steps per round, "
           f"best of {args.repeat} rounds"
           + ("; links authenticated (--secret-file)" if args.secret else "")
           + ("; mutual TLS" if args.tls else ""))
@@ -402,42 +410,52 @@ def main() -> None:
           f"{'?' if busy is None else f'{100 * busy:.0f}%'} of them busy"
           + (" -- numbers will be noisy" if busy is not None and busy > 0.1 else ""))
 
-    CRNET = "crnet: master bytes_up / receive_seconds"
+    CRNETS = {c: "crnet" + (f" (chunk {chunk_label(c)})" if len(chunks) > 1 else "")
+              + ": master bytes_up / receive_seconds" for c in chunks}
+    CLIENTS = {c: "crnet" + (f" (chunk {chunk_label(c)})" if len(chunks) > 1 else "")
+               + ", client view: n*bytes / step wall" for c in chunks}
     SEL = "baseline: selectors receiver"
     THR = "baseline: thread-per-connection receiver"
     ECHO = "baseline + echo: receiver sends it all back"
-    CLIENT = "crnet, client view: n*bytes / step wall"
     tls = None
     if args.tls:
         import tempfile
 
         from .certs import make_cluster_certs
         tls = make_cluster_certs(tempfile.mkdtemp(prefix="crnet-certs-"))
-    hop = CrnetHop(n, nbytes, chunk, samples, secret=args.secret, tls=tls)
+    hops = {c: CrnetHop(n, nbytes, c, samples, secret=args.secret, tls=tls) for c in chunks}
     base = Baseline(n, nbytes)
-    rows: dict[str, list[float]] = {CRNET: [], SEL: [], THR: [], ECHO: [], CLIENT: []}
+    rows: dict[str, list[float]] = {name: [] for name in
+                                    [*CRNETS.values(), SEL, THR, ECHO, *CLIENTS.values()]}
     deltas = []
     try:
-        hop.start()
+        for hop in hops.values():
+            hop.start()
         base.start()
-        hop.warm_up()
+        for hop in hops.values():
+            hop.warm_up()
         for mode in ("selectors", "threads", "echo"):
             base.transfer(mode)  # warm-up
         for _ in range(args.repeat):
             foreign = ForeignCpu()
-            ours = [p.pid for p in hop.lt.procs.values()] + [p.pid for p in base.procs]
-            foreign.start(ours)
-            recv, client, delta = hop.round(args.steps)
-            deltas.append(delta)
-            rows[CRNET].append(recv)
-            rows[CLIENT].append(client)
+            ours = [p.pid for hop in hops.values() for p in hop.lt.procs.values()]
+            foreign.start(ours + [p.pid for p in base.procs])
+            for c, hop in hops.items():
+                recv, client, delta = hop.round(args.steps)
+                delta["chunk"] = c
+                deltas.append(delta)
+                rows[CRNETS[c]].append(recv)
+                rows[CLIENTS[c]].append(client)
             rows[SEL].append(base.round("selectors", args.steps))
             rows[THR].append(base.round("threads", args.steps))
             rows[ECHO].append(base.round("echo", args.steps))
-            delta["foreign"] = foreign.stop()
+            foreign_share = foreign.stop()
+            for d in deltas[-len(hops):]:
+                d["foreign"] = foreign_share
     finally:
         base.stop()
-        hop.stop()
+        for hop in hops.values():
+            hop.stop()
 
     best = {k: max(v) for k, v in rows.items()}
     ref_name = max((SEL, THR), key=best.__getitem__)
@@ -453,20 +471,26 @@ def main() -> None:
                   f"{100 * best[k] / ref:>12.0f}%{mark}")
 
     print()
-    table([CRNET, SEL, THR])
+    table([*CRNETS.values(), SEL, THR])
     print()
     print("context (not the target):")
     print("  echo = the receiver also sends every byte straight back to its sender, which reads it")
     print("  concurrently: the byte count an s=0 master moves (it streams the result to every")
     print("  child while still receiving). client view = barrier -> last client holds its result.")
-    table([ECHO, CLIENT])
+    table([ECHO, *CLIENTS.values()])
+    print()
+    print(f"{'method':<{w}}  % of echo (best; median)")
+    for name in CRNETS.values():
+        print(f"{name:<{w}}  {100 * best[name] / best[ECHO]:>5.0f}%; "
+              f"{100 * statistics.median(rows[name]) / statistics.median(rows[ECHO]):.0f}%")
     print()
     print("master counters per round (deltas over the round's steps):")
-    print(f"{'round':>5}  {'bytes_up MiB':>12}  {'receive s':>9}  {'decode s':>8}  "
+    print(f"{'round':>5}  {'chunk':>6}  {'bytes_up MiB':>12}  {'receive s':>9}  {'decode s':>8}  "
           f"{'decode/receive':>14}  {'client wall s':>13}  {'others':>6}")
     for i, d in enumerate(deltas):
         others = "?" if d["foreign"] is None else f"{100 * d['foreign']:.0f}%"
-        print(f"{i:>5}  {d['bytes_up'] / MiB:>12.0f}  {d['receive_seconds']:>9.3f}  "
+        print(f"{i // len(hops):>5}  {chunk_label(d['chunk']):>6}  {d['bytes_up'] / MiB:>12.0f}  "
+              f"{d['receive_seconds']:>9.3f}  "
               f"{d['decode_seconds']:>8.3f}  {100 * d['decode_seconds'] / d['receive_seconds']:>13.0f}%  "
               f"{d['wall_seconds']:>13.3f}  {others:>6}")
     print("others: share of all CPUs used by processes outside this benchmark during the round")

@@ -50,7 +50,7 @@ kept results, receive buffers and shared memory, 13 clients' output arrays), so
 skipped with a message. Daemons keep ``--keep-results`` (default 2) results.
 
 Usage: python -m benchmarks.bench_step [--sizes 1K 16K 256K 1M 4M 16M] [--fanout 3]
-          [--layers 2] [--stragglers 1] [--chunk-mib 1] [--steps N] [--quick]
+          [--layers 2] [--stragglers 1] [--chunk-mib auto|MiB] [--steps N] [--quick]
 """
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ import numpy as np
 from crnet import Client
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree
+from crnet.schemes.chunks import AUTO, chunk_bytes_for
 
 from ._machine import ForeignCpu, cpu_busy
 
@@ -298,7 +299,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--stragglers", type=int, default=1)
     ap.add_argument("--samples", type=int, default=60, help="global batch size")
-    ap.add_argument("--chunk-mib", type=float, default=1.0, help="the tree's chunk size, MiB")
+    ap.add_argument("--chunk-mib", default="auto",
+                    help="the tree's chunk size in MiB, or auto (crnetd's default: 1 MiB up to "
+                         "16 MiB vectors, then 1/16 of the vector up to 4 MiB)")
     ap.add_argument("--steps", type=int, default=None,
                     help="measured steps per size (default: 30 for small .. 4 for 16M)")
     ap.add_argument("--keep-results", type=int, default=2, help="results each daemon keeps")
@@ -315,7 +318,7 @@ def main() -> None:
         args.sizes, args.steps = ["1K", "64K"], 3
     sizes = [parse_size(s) for s in args.sizes]
     tree = Tree.regular(args.fanout, args.layers, args.stragglers)
-    chunk = max(1024, int(args.chunk_mib * MiB))
+    chunk = AUTO if args.chunk_mib == "auto" else max(1024, int(float(args.chunk_mib) * MiB))
 
     avail = mem_available()
     runnable = []
@@ -329,7 +332,8 @@ def main() -> None:
     busy = cpu_busy()
     print(f"bench_step: tree fanout {list(tree.fanout)}, stragglers {list(tree.stragglers)} "
           f"({tree.workers} workers + master), {args.samples} samples, chunk "
-          f"{chunk / MiB:g} MiB, MemAvailable {avail / 2**30:.1f} GiB")
+          f"{'auto' if chunk == AUTO else f'{chunk / MiB:g} MiB'}, "
+          f"MemAvailable {avail / 2**30:.1f} GiB")
     print(f"{os.cpu_count()} CPUs; before starting, other processes kept "
           f"{'?' if busy is None else f'{100 * busy:.0f}%'} of them busy"
           + (" -- numbers will be noisy" if busy is not None and busy > 0.1 else ""))
@@ -359,7 +363,9 @@ def main() -> None:
             r = bench.run_size(elems, steps, warmup)
             r["foreign"] = foreign.stop()
             results.append((elems, steps, r))
-            print(f"  {fmt_size(elems):>5}: {warmup} warm-up + {steps} steps, median "
+            used = chunk_bytes_for(4 * elems, chunk) / MiB
+            print(f"  {fmt_size(elems):>5}: {warmup} warm-up + {steps} steps, chunks of "
+                  f"{used:g} MiB, median "
                   f"{1e3 * statistics.median(r['times']):.2f} ms", flush=True)
     finally:
         bench.stop()

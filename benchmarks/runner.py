@@ -25,6 +25,7 @@ from crnet import model
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree, plan, scheme_tree
 from crnet.procs import stop_processes
+from crnet.schemes.chunks import chunk_bytes_for
 from crnet.units import parse_bandwidth
 from crnet.workload import ComputeModel
 
@@ -135,7 +136,8 @@ def resolve(preset: Preset, seed: int = 0) -> tuple[Preset, dict]:
     ranking = model.rank(preset.workers, samples=preset.samples,
                          vector_bytes=preset.vector_bytes, bandwidth=_bandwidth(preset),
                          latency=preset.latency, compute=ComputeModel.parse(preset.compute),
-                         seed=seed, chunk_bytes=preset.chunk_bytes, top=10**6)
+                         seed=seed, chunk_bytes=chunk_bytes_for(preset.vector_bytes,
+                                                                preset.chunk_bytes), top=10**6)
     best: dict[str, Tree] = {}  # each scheme's best shape (rar has none)
     for p in ranking:
         if p.tree is not None:
@@ -192,7 +194,7 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
     assert stragglers is not None, "resolve() the preset first"
     # The shape and the network: the same for the expectation and for this run's draws.
     tree = preset_tree(preset, kind) if kind in ("cr", "tree") else None
-    chunk_bytes = None if kind == "rar" else preset.chunk_bytes
+    chunk_bytes = None if kind == "rar" else chunk_bytes_for(preset.vector_bytes, preset.chunk_bytes)
     bandwidth = _bandwidth(preset)
     p = model.predict(kind, tree=tree, workers=preset.workers, stragglers=stragglers,
                       vector_bytes=preset.vector_bytes, bandwidth=bandwidth, latency=preset.latency,

@@ -104,6 +104,23 @@ class UnitValue(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class ChunkSize(click.ParamType):
+    """``auto`` (a chunk size that grows with the vector) or a size in bytes (4MiB, 1048576)."""
+
+    name = "auto|SIZE"
+
+    def convert(self, value, param, ctx):
+        if value == defaults.CHUNK_AUTO or (isinstance(value, str) and value.strip().lower() == "auto"):
+            return defaults.CHUNK_AUTO
+        try:
+            size = int(value) if isinstance(value, int) else int(parse_bytes(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        if size < 1024:
+            self.fail(f"{value!r} is below 1 KiB (or say auto)", param, ctx)
+        return size
+
+
 class ComputeSpec(click.ParamType):
     """A ``crnet.workload.ComputeModel`` spelling: straggle:1e-4,0.1,10 and the like."""
 
@@ -138,8 +155,8 @@ def model_options(f):
                           "empirical:A,FILE (FILE: multipliers or measured step times, one per "
                           "line, divided by their minimum)."),
         click.option("--chunk-bytes", type=size, default=None,
-                     help=f"Model pipelining in chunks of this size (crnetd uses {defaults.CHUNK_BYTES} "
-                          "bytes); default: whole vectors, store and forward."),
+                     help="Model pipelining in chunks of this size (crnetd's default grows with the "
+                          "vector, 1-4 MiB); default: whole vectors, store and forward."),
         click.option("--trials", type=click.IntRange(min=1), default=2000, show_default=True,
                      help="Simulated steps per scheme."),
         click.option("--seed", type=int, default=0, show_default=True,
@@ -496,8 +513,9 @@ class MetricsAddress(Address):
                    "its directory is created if missing).")
 @click.option("--client-group", default=None,
               help="Also let this group's members' training processes connect (mode 660).")
-@click.option("--chunk-bytes", type=click.IntRange(min=1024), default=defaults.CHUNK_BYTES,
-              show_default=True, help="Pipelining unit (master; the tree uses the master's).")
+@click.option("--chunk-bytes", type=ChunkSize(), default="auto", show_default=True,
+              help="Pipelining unit (master; the tree uses the master's): a size, or auto: "
+                   "1 MiB up to 16 MiB vectors, then 1/16 of the vector, at most 4 MiB.")
 @click.option("--timeout", type=click.FloatRange(min=0.01), default=defaults.TIMEOUT,
               show_default=True,
               help="Seconds a step may wait for its quorum at a node before it fails there.")

@@ -6,7 +6,8 @@ in ``--help``.
 
 from __future__ import annotations
 
-CHUNK_BYTES = 1 << 20              # the pipelining unit; the whole tree uses the master's
+CHUNK_AUTO = 0                     # --chunk-bytes auto: grows with the vector (schemes/chunks.py)
+CHUNK_BYTES = CHUNK_AUTO           # the pipelining unit; the whole tree uses the master's
 TIMEOUT = 30.0                     # seconds a step may wait for its quorum at one node
 KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for its children
 RESULT_MEMORY = 1 << 30            # bytes of results kept for training processes catching up

@@ -104,7 +104,8 @@ class LocalTree:
         if tls is not None:
             self.options.update({"--tls-cert": tls.cert, "--tls-key": tls.key, "--tls-ca": tls.ca})
         self.strict = strict
-        self.master_options = {"--chunk-bytes": chunk_bytes, "--code": code_kind, "--scheme": scheme}
+        self.master_options: dict[str, object] = {
+            "--chunk-bytes": chunk_bytes or "auto", "--code": code_kind, "--scheme": scheme}
         # Parents listen for children; in a ring every worker listens for its predecessor.
         self.ports = {name: port if addresses else free_port() for name in tree.names()
                       if tree.children(name) or scheme == "rar"}

@@ -259,7 +259,7 @@ class Welcome(Message):
             raise ProtocolError("WELCOME: fields 'total' and 'dtype' come together")
         msg = cls(h.text("name"), h.integer("layer", 1, 16), h.integers("fanout", 1, 1 << 16),
                   h.integers("stragglers", 0, 1 << 16), h.text("code", choices=CODE_KINDS),
-                  h.integer("chunk_bytes", 1, 1 << 31), h.text("scheme", choices=SCHEMES),
+                  h.integer("chunk_bytes", 0, 1 << 31), h.text("scheme", choices=SCHEMES),
                   h.integer("tree_step", -1), total, dtype,
                   h.text("job", 256) if "job" in h.h else "")
         try:

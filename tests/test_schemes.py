@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from crnet.codes import code_for
-from crnet.schemes.chunks import ChunkLayout
+from crnet.schemes.chunks import AUTO, ChunkLayout, chunk_bytes_for, largest_chunk
 from crnet.schemes.coded_reduce import ResultStep, UpStep
 from crnet.schemes.ring_allreduce import RingCopy, RingStep
 
@@ -58,6 +58,18 @@ def test_layout_check_explains_mismatches():
     assert "12 x float32" in layout.check(12, "float32", 0, 16)
     assert "out of range" in layout.check(10, "float32", 3, 8)
     assert "has 4 bytes, expected 8" in layout.check(10, "float32", 2, 4)
+
+
+@pytest.mark.parametrize("vector_bytes, chunk", [
+    (4 << 10, 1 << 20), (16 << 20, 1 << 20), ((16 << 20) + 64, 2 << 20), (32 << 20, 2 << 20),
+    (64 << 20, 4 << 20), (1 << 30, 4 << 20)])
+def test_auto_chunks_grow_with_the_vector_from_1_to_4_mib(vector_bytes, chunk):
+    assert chunk_bytes_for(vector_bytes) == chunk
+    assert chunk_bytes_for(vector_bytes, 4096) == 4096          # a set size is kept
+    layout = ChunkLayout.of(vector_bytes // 4, np.float32, AUTO)
+    assert layout.chunk_elems * 4 == chunk
+    assert layout.chunks == max(1, -(-vector_bytes // chunk))
+    assert largest_chunk(AUTO) >= chunk and largest_chunk(4096) == 4096
 
 
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, 16])    # one part per segment; many

@@ -31,7 +31,7 @@ from .. import defaults
 from ..errors import ProtocolError
 from ..messages import Bcast, WantState, state_key
 from ..schemes.base import Place
-from ..schemes.chunks import DTYPES
+from ..schemes.chunks import DTYPES, chunk_bytes_for
 from .neighbours import Neighbours
 
 log = logging.getLogger("crnet.node")
@@ -108,7 +108,7 @@ class Broadcasts:
             return "this node is cut off from its parent: the broadcast cannot reach the master"
         a = _Assembly("local", secrets.randbits(62), step, vector.size, vector.dtype, data)
         a.got = len(data)
-        self._relay_up(key, a, 0, len(data), chunk=place.chunk_bytes)
+        self._relay_up(key, a, 0, len(data), chunk=chunk_bytes_for(len(data), place.chunk_bytes))
         self._remember_relayed(key)
         return None
 
@@ -239,7 +239,8 @@ class Broadcasts:
     def _complete(self, key: str, step: int, vector: np.ndarray) -> None:
         """The master has the first complete copy of ``key``: it is the broadcast."""
         place = self._place()
-        chunk = place.chunk_bytes if place is not None else defaults.CHUNK_BYTES
+        chunk = chunk_bytes_for(vector.nbytes, defaults.CHUNK_BYTES if place is None
+                                else place.chunk_bytes)
         origin = secrets.randbits(62)
         view = vector.data.cast("B")
         for start in range(0, view.nbytes, chunk):

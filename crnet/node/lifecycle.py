@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from .. import __version__, defaults, kernels, logs
 from ..plan import Tree
 from ..schemes import Place
+from ..schemes.chunks import largest_chunk
 from ..stats import Stats
 from ..tls import TlsFiles, contexts
 from ..transport import Connection, Handler, loop_name, run
@@ -200,7 +201,7 @@ class Node:
     def _limits(self) -> Limits:
         place = self.membership.place
         chunk = self.settings.chunk_bytes if place is None else place.chunk_bytes
-        return Limits(max_payload=max(chunk, defaults.MAX_CONTROL_PAYLOAD))
+        return Limits(max_payload=max(largest_chunk(chunk), defaults.MAX_CONTROL_PAYLOAD))
 
     def _connection(self, handler: Handler, limits: Limits | None = None,
                     label: str = "peer") -> Connection:

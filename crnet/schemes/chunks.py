@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..defaults import CHUNK_AUTO
+
 DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 
 
@@ -17,6 +19,31 @@ def dtype_name(dtype: np.dtype) -> str:
     return _NAMES.get(dtype) or dtype.name
 
 
+# --chunk-bytes auto (0 on the wire): a chunk size that grows with the vector. Each chunk is a
+# frame at every hop (~0.1 ms of Python per end), so large vectors want large chunks: the
+# hop measured 1.31 GB/s with 1 MiB chunks of a 64 MiB vector and 1.84 GB/s with 4 MiB
+# (docs/benchmarks-daemon.md). Yet a vector must still cut into enough chunks for the
+# layers to work at once: AUTO_CHUNKS of them, so up to 16 MiB the chunk stays 1 MiB.
+AUTO = CHUNK_AUTO
+AUTO_CHUNKS = 16
+AUTO_MIN_BYTES = 1 << 20
+AUTO_MAX_BYTES = 4 << 20
+
+
+def chunk_bytes_for(vector_bytes: int, chunk_bytes: int = AUTO) -> int:
+    """The chunk size of a ``vector_bytes`` vector: ``chunk_bytes`` when set, else (AUTO) the
+    power of two nearest above 1/AUTO_CHUNKS of the vector, within 1..4 MiB."""
+    if chunk_bytes != AUTO:
+        return chunk_bytes
+    want = max(1, vector_bytes // AUTO_CHUNKS)
+    return min(AUTO_MAX_BYTES, max(AUTO_MIN_BYTES, 1 << (want - 1).bit_length()))
+
+
+def largest_chunk(chunk_bytes: int) -> int:
+    """The largest chunk a tree with this setting sends (the frame limit it needs)."""
+    return AUTO_MAX_BYTES if chunk_bytes == AUTO else chunk_bytes
+
+
 def byte_view(array: np.ndarray) -> memoryview:
     """The array's memory as bytes, where a payload is received (no copy)."""
     return memoryview(array).cast("B")  # type: ignore[arg-type]  # numpy declares __buffer__ for 3.12+
@@ -26,8 +53,9 @@ def byte_view(array: np.ndarray) -> memoryview:
 class ChunkLayout:
     """A vector of ``total`` elements of ``dtype`` in chunks of ``chunk_bytes``.
 
-    Every node of the tree uses the master's chunk size, so chunk c covers the
-    same coordinates everywhere and each chunk decodes on its own.
+    Every node of the tree uses the master's chunk size setting (a size, or AUTO: one
+    from the vector's size, ``chunk_bytes_for``), so chunk c covers the same coordinates
+    everywhere and each chunk decodes on its own.
     """
 
     total: int
@@ -38,7 +66,9 @@ class ChunkLayout:
     @classmethod
     def of(cls, total: int, dtype, chunk_bytes: int) -> ChunkLayout:
         dtype = np.dtype(dtype)
-        return cls(int(total), dtype, max(1, int(chunk_bytes) // dtype.itemsize), dtype_name(dtype))
+        total = int(total)
+        chunk = chunk_bytes_for(total * dtype.itemsize, int(chunk_bytes))
+        return cls(total, dtype, max(1, chunk // dtype.itemsize), dtype_name(dtype))
 
     @property
     def chunks(self) -> int:
