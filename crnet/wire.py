@@ -159,6 +159,13 @@ class FrameReader:
         self._parse()
 
     @property
+    def awaiting(self) -> int:
+        """Payload bytes of the current frame still to come (0 between payloads)."""
+        if self._dest is not None:
+            return len(self._dest) - self._dest_pos
+        return self._discard
+
+    @property
     def idle(self) -> bool:
         """True between frames: no partial frame is buffered."""
         return self._dest is None and not self._discard and self._start == self._end

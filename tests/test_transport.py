@@ -11,7 +11,7 @@ import pytest
 
 from crnet import defaults
 from crnet.messages import Chunk, Fail, Hello, Joined, Phase, Result, Segment
-from crnet.transport import Connection
+from crnet.transport import LOWAT_MAX, Connection
 from crnet.wire import PREFIX, VERSION, MsgType, encode
 
 pytestmark = pytest.mark.timeout(30)
@@ -314,3 +314,43 @@ async def test_a_tcp_connection_is_labelled_by_its_peer_and_sends_at_once():
 def _resolve(future, conn):
     future.set_result(conn)
     return conn
+
+
+@pytest.mark.parametrize("count", [1 << 14, 1 << 18], ids=["64-KiB", "1-MiB"])
+async def test_a_payload_trickling_in_wakes_the_reader_once_and_never_stalls_it(count):
+    """While a payload is under way the socket's receive low-water mark is the rest of it
+    (at most LOWAT_MAX): the bytes that trickle in do not wake the loop one by one, the
+    last ones still do, and the frame after it (a small one) is not held back."""
+    loop = asyncio.get_running_loop()
+    accepted = loop.create_future()
+    vector = np.zeros(count, np.float32)
+    peer = Peer(into(vector))
+    server = await loop.create_server(lambda: _resolve(accepted, Connection(peer)),
+                                      "127.0.0.1", 0)
+    sender = socket.create_connection(server.sockets[0].getsockname()[:2])
+    try:
+        conn = await asyncio.wait_for(accepted, 10)
+        sock = conn.transport.get_extra_info("socket")
+        sent = np.arange(count, dtype=np.float32)
+        head, payload = encode(MsgType.CHUNK, {"step": 0, "chunk": 0, "total": count,
+                                               "dtype": "float32"}, sent)
+        data = bytes(head) + bytes(payload)
+        marks = []
+        cut = len(head) + 20000
+        for piece in (data[:cut], data[cut:-1000], data[-1000:]):   # the payload in 3 parts
+            sender.sendall(piece)
+            await asyncio.sleep(0.05)
+            marks.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+        msg, _ = await peer.next()
+        assert isinstance(msg, Chunk) and np.array_equal(vector, sent)
+        expect_rest = len(payload) - 20000
+        assert marks[0] == min(expect_rest, LOWAT_MAX)     # waiting for the rest at once
+        assert marks[-1] == 1                               # between frames: any byte wakes it
+        sender.sendall(b"".join(bytes(p) for p in Fail(0, "x").frame()))
+        msg, _ = await peer.next()                          # a small frame is not held back
+        assert isinstance(msg, Fail)
+        conn.close()
+    finally:
+        sender.close()
+        server.close()
+        await server.wait_closed()
