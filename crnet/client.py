@@ -27,6 +27,7 @@ import numpy as np
 from . import defaults
 from .errors import (
     AssignmentChanged,
+    CrnetError,
     CrnetTimeout,
     DaemonNotRunning,
     ProtocolError,
@@ -181,6 +182,9 @@ class AsyncClient:
         self._replies = replies
         self._region: SharedRegion | None = None
         self._progress: Progress | None = None   # the daemon keeps it current
+        # (step, length, dtype) of the step request it gave up waiting on (CrnetTimeout):
+        # the daemon still answers it, and asking again would be answered twice.
+        self._owed: tuple[int, int, str] | None = None
 
     @classmethod
     async def connect(cls, socket_path=None,
@@ -265,7 +269,9 @@ class AsyncClient:
         Answered within the daemon's bound (``default_timeout``, the default): the sum,
         or StepFailed, StepLost, StepRefused or MismatchError, each with the reason and
         the tree's ``tree_step``. CrnetTimeout only if ``timeout`` is shorter than that,
-        or the daemon itself is stuck.
+        or the daemon itself is stuck; calling again for the same step then waits for
+        the answer the daemon still owes (it asks nothing twice: the daemon may have
+        delivered the result straight into the shared output, and keeps no copy of it).
         """
         vec = self._flat(vec, "allreduce")
         await self._stage(vec)
@@ -344,7 +350,7 @@ class AsyncClient:
 
     async def stats(self) -> dict:
         """The daemon's counters (``stats``: steps done and failed, children skipped, bytes,
-        times) and where it stands (``name``, join ``state``, ``tree_step``,
+        times, results delivered without a copy) and where it stands (``name``, join ``state``, ``tree_step``,
         ``open_steps``, and which ``links`` are up)."""
         self._conn.send(StatsRequest())
         reply = await self._reply(StatsReply, 10.0, "stats")
@@ -363,11 +369,20 @@ class AsyncClient:
 
     async def _request(self, kind: type[Submit], step: int, like: np.ndarray,
                        out: np.ndarray | None, timeout: float | None) -> np.ndarray:
-        self._conn.send(kind(step, like.size, like.dtype.name))
-        while True:
-            done = await self._reply(Done, timeout, f"step {step}")
-            if done.step == step:
-                break  # else: a late reply for a step we gave up waiting on
+        ask = (step, like.size, like.dtype.name)
+        if ask != self._owed:   # else its answer is still to come, or came late: it is that
+            self._conn.send(kind(*ask))
+        self._owed = ask
+        try:
+            while True:
+                done = await self._reply(Done, timeout, f"step {step}")
+                if done.step == step:
+                    break  # else: a late reply for a step we gave up waiting on
+        except CrnetError as e:   # answered (an error), unless this process gave up waiting
+            if not isinstance(e, CrnetTimeout):
+                self._owed = None
+            raise
+        self._owed = None
         return self._take(like, out)
 
     @staticmethod
@@ -405,6 +420,7 @@ class AsyncClient:
     async def _receive(self, key: str, like: np.ndarray, out: np.ndarray | None,
                        timeout: float | None) -> tuple[np.ndarray, int]:
         await self._ensure(like.nbytes)
+        self._owed = None   # the daemon writes the shared output for this instead
         self._conn.send(Receive(key, like.size, like.dtype.name))
         step = await self._delivered(key, timeout)
         return self._take(like, out), step

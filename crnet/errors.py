@@ -86,7 +86,9 @@ class StepFailed(CrnetError):
 
 class StepLost(CrnetError):
     """The outcome of a step this process fell behind on is no longer held by its daemon
-    (or never reached it). The tree is at ``tree_step``: go on at ``tree_step + 1``."""
+    (or never reached it; or the daemon delivered it straight into this process's shared
+    output already and kept no copy). The tree is at ``tree_step``: go on at
+    ``tree_step + 1``."""
 
     def __init__(self, reason: str, step: int | None = None, tree_step: int = -1):
         super().__init__(reason)

@@ -73,6 +73,8 @@ class Stats:
     steps_failed_here: int = 0         # of those, failed for this subtree only (cut off)
     children_skipped: int = 0          # children a step was decoded without
     times_skipped: int = 0             # steps this node's parent finished without it
+    results_direct: int = 0            # results received straight into a training process's
+    #                                    shared output, delivered without a copy
     decode_seconds: float = 0.0
     decode_cpu_seconds: float = 0.0    # the same decodes' CPU time (this thread's)
     receive_seconds: float = 0.0       # first child byte of a step -> its quorum decoded

@@ -111,6 +111,10 @@ async def test_metrics_match_a_run_with_stragglers_and_a_killed_child(local_tree
                    peer=f"127.0.0.1:{lt.ports[MASTER]}")
         assert value(master, "crnet_link_received_bytes_total", link="child", peer=child) >= up
         assert up >= total * 8 * 8
+    # The leaves' processes took results straight into their shared memory; the master,
+    # which sends each on to its children, copies.
+    assert value(master, "crnet_results_direct_total") == 0
+    assert all(value(w, "crnet_results_direct_total") > 0 for w in workers.values())
     # The results the master keeps for its (idle) training process, counted in bytes.
     assert value(master, "crnet_result_memory_bytes") >= 8 * 8
     assert value(master, "crnet_decode_cpu_seconds_total") > 0

@@ -34,6 +34,16 @@ through the engine's ``Ports``. The engine owns what every scheme shares:
   the step again); when every vector of a step has a new layout, it becomes the
   tree's (a new model). How the scheme settles a step's layout when the tree's is not
   known yet (the first step), or a new one comes: ``crnet.schemes.coded_reduce``.
+- **Results straight into a training process's memory** (``alloc_result``): where a
+  step's result is received into an array that nothing reads after the step but its
+  own sends (a leaf, a ring worker, the ring's master), it is the shared output of the
+  local training process waiting on the step (``links.LocalProcesses.lend``), so no
+  copy puts it there. That memory is the process's again once it is answered (it may
+  change it in place at once), so: the host's other processes waiting on the step copy
+  it first; its owner is answered last, once no link of this node holds a send that
+  reads it (``_give_back``: within the step's bound, after which a link still holding
+  one is cut off); until then its requests that would write there wait; and this
+  daemon keeps no result of that step (asked again, it says Lost).
 - **No vector larger than this host's memory** (``max_vector_bytes``): a peer whose
   CHUNK, RESULT or segment claims one has its connection closed before anything is
   allocated (no host could hold it: it is not a gradient, it is an attack or a bug).
@@ -43,10 +53,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -61,6 +73,8 @@ from .neighbours import Neighbours
 from .peer_text import Throttle, shown
 
 log = logging.getLogger("crnet.node")
+
+GIVE_BACK_POLL = 0.001   # seconds between looks at the links' send queues (_give_back)
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,22 @@ class Mismatched:
 
 
 Outcome = Resolved | Failed | Refused | Lost | Mismatched
+
+
+class Lender(Protocol):
+    """A local training process whose shared output a step's result is received into
+    (``links.ClientLink``)."""
+
+    def answer(self, outcome: Outcome) -> None:
+        """The outcome of the step it waits on (or of another, which it ignores)."""
+
+    def given_back(self) -> None:
+        """Its output receives that result no more: the requests it made meanwhile go on."""
+
+
+# Finds the shared output of a local training process waiting on (step, length, dtype)
+# for a step's result, or None (links.LocalProcesses.lend).
+Lend = Callable[[int, int, np.dtype], tuple[Lender, np.ndarray] | None]
 
 
 def physical_memory() -> int:
@@ -158,7 +188,7 @@ class StepEngine:
         # the training processes' shared progress (links.ClientLink).
         self.listeners: list[Callable[[int | None], None]] = []
         self.pool = BufferPool(keep=16)         # outputs, receive buffers, results
-        self._outcomes: collections.OrderedDict[int, Resolved | Failed | Refused] = \
+        self._outcomes: collections.OrderedDict[int, Resolved | Failed | Refused | Lost] = \
             collections.OrderedDict()           # decisions kept (see _trim), oldest first
         self._held = 0                          # bytes of the results kept
         # The oldest step each local training process may still ask for (links.ClientLink).
@@ -171,6 +201,9 @@ class StepEngine:
         self._last_stall = ""                   # why, as last logged
         self._peer_lines = Throttle(log)        # lines about what children sent
         self._waiters: dict[int, list[Callable[[Outcome], None]]] = {}
+        self.lend: Lend | None = None           # set by the local processes (links.py)
+        # step -> the process whose shared output its result goes into, until given back
+        self._lent: dict[int, Lender] = {}
 
     @property
     def label(self) -> str:
@@ -200,6 +233,14 @@ class StepEngine:
         """The tree starts training job ``name``: the previous job's steps, results and
         vector are dropped (its processes still waiting are told), and steps count from 0."""
         waiting = self._waiters
+        # Steps whose result was going into a process's memory, never decided now: its
+        # owner gets it back once the links sent what they queued from it.
+        undecided = [s for s in self._lent if not self.is_decided(s)]
+        if undecided:
+            loop = asyncio.get_running_loop()
+            for step in undecided:
+                loop.call_soon(self._give_back, step, [],
+                               loop.time() + self.settings.answer_within)
         self.close()
         self._waiters = {}
         self._outcomes.clear()
@@ -552,6 +593,20 @@ class StepEngine:
     def alloc(self, total: int, dtype) -> np.ndarray:
         return self.pool.get(total, dtype)
 
+    def alloc_result(self, step: int, total: int, dtype) -> np.ndarray:
+        # Only for an open step: its deadline runs, so it is decided, and the memory given back.
+        found = (None if self.lend is None or step in self._lent or step not in self._open
+                 else self.lend(step, total, np.dtype(dtype)))
+        if found is None:
+            return self.alloc(total, dtype)
+        owner, vector = found
+        self._lent[step] = owner
+        return vector
+
+    def lends(self, owner: Lender) -> bool:
+        """Does a step's result go into ``owner``'s shared output (until it is given back)?"""
+        return any(lender is owner for lender in self._lent.values())
+
     # ---------------------------------------------------------------- decisions
     def _decide(self, step: int, outcome: Resolved | Failed | Refused | Lost) -> bool:
         """``step`` is decided here: stop its clocks, tell the subtree, drop the scheme's
@@ -576,10 +631,17 @@ class StepEngine:
             for slot in self.neighbours.slots:
                 if slot.link is not None:
                     slot.link.send(_fail_of(outcome))
+        owner = self._lent.get(step)
         if not isinstance(outcome, Lost):
-            self._outcomes[step] = outcome
-            if isinstance(outcome, Resolved):
-                self._held += outcome.vector.nbytes
+            kept: Resolved | Failed | Refused | Lost = outcome
+            if owner is not None and isinstance(outcome, Resolved):
+                # Its vector is the owner's memory, which it changes once answered.
+                kept = Lost(step, f"the result of step {step} was received straight into a "
+                                  "training process's shared memory, where it was delivered; "
+                                  "this daemon does not keep it")
+            self._outcomes[step] = kept
+            if isinstance(kept, Resolved):
+                self._held += kept.vector.nbytes
             self._trim()
         if self.scheme is not None:
             self.scheme.forget(step, resolved=isinstance(outcome, Resolved))
@@ -591,9 +653,39 @@ class StepEngine:
             self._prune()
         for listener in self.listeners:
             listener(step)
-        for answer in self._waiters.pop(step, []):
-            answer(outcome)
+        answers = self._waiters.pop(step, [])
+        # The host's other processes copy a result from the owner's memory now, while the
+        # owner waits; the owner is answered last (_give_back).
+        owners = [] if owner is None else [a for a in answers if a == owner.answer]
+        for answer in answers:
+            if answer not in owners:
+                answer(outcome)
+        if owner is not None:
+            loop = asyncio.get_running_loop()
+            until = (loop.time() if began is None else began) + self.settings.answer_within
+            then: list[Callable[[], None]] = [functools.partial(a, outcome) for a in owners]
+            loop.call_soon(self._give_back, step, then, until)
         return True
+
+    def _give_back(self, step: int, answers: list[Callable[[], None]], until: float) -> None:
+        """``step``'s result went into a training process's shared output, which is its own
+        again once it is answered (``answers``): first every link of this node must have
+        sent what it queued, which may read that memory (a ring worker's parts). Checked
+        every ``GIVE_BACK_POLL`` s until the step's bound (``until``); a link that still
+        holds data then is cut off (its queue dropped) rather than read memory the
+        process may be changing."""
+        loop = asyncio.get_running_loop()
+        busy = [link for link in self.neighbours.sending() if link.write_buffer_size]
+        if busy and loop.time() < until:
+            loop.call_later(GIVE_BACK_POLL, self._give_back, step, answers, until)
+            return
+        for link in busy:
+            link.abort(f"it did not send step {step}'s result within the step's bound, and the "
+                       "training process whose memory holds it is due its answer")
+        owner = self._lent.pop(step)
+        for answer in answers:
+            answer()
+        owner.given_back()
 
     def _trim(self) -> None:
         """Keep the last ``keep_results`` outcomes, and every result a local training process

@@ -292,7 +292,8 @@ class LocalProcesses:
     Each process waits on the step itself (the tree may finish it before all K have
     computed); the sum goes to the step engine once all K have submitted, added in one
     ``coded_sum`` pass straight from their shared memory. A process that leaves fails,
-    for the others, the steps it had not submitted yet.
+    for the others, the steps it had not submitted yet. A step's result may be received
+    straight into one process's shared output (``lend``).
     """
 
     def __init__(self, k: int, engine: StepEngine):
@@ -300,8 +301,27 @@ class LocalProcesses:
         self.engine = engine
         self.seats: list[ClientLink | None] = [None] * k
         self._parts: dict[int, dict[int, tuple[ClientLink, np.ndarray]]] = {}  # step -> seat
+        engine.lend = self.lend
         if k > 1:
             engine.listeners.append(self._decided)
+
+    def lend(self, step: int, total: int, dtype: np.dtype) -> tuple[ClientLink, np.ndarray] | None:
+        """Where ``step``'s result may be received (``StepEngine.alloc_result``), and whose
+        memory that is: the shared output of a process waiting on it with a ``total`` x
+        ``dtype`` vector, if all K of this host's processes wait on it. They are all
+        answered when it is decided, so none asks for it later, when the daemon has no
+        copy of it. None otherwise, or if no output can take it."""
+        waiting = (step, total, dtype)
+        links = [link for link in self.seats if link is not None and link.waiting == waiting]
+        if len(links) < self.k:
+            return None
+        for link in links:
+            region = link.region
+            if (region is not None and total * dtype.itemsize <= region.capacity
+                    and link.conn is not None and not link.conn.is_closing
+                    and not self.engine.lends(link)):
+                return link, region.output(dtype, total)
+        return None
 
     def sit(self, link: ClientLink) -> int | None:
         """A free seat for ``link`` (its index), or None: all K are taken."""
@@ -384,6 +404,7 @@ class ClientLink:
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
         self.receiving: tuple[str, int, np.dtype] | None = None  # broadcast key, length, dtype
         self._barriers: list = []              # its releases, while it waits at barriers
+        self._held: list[Submit | Receive] = []   # its requests while its output is lent
 
     def payload_dest(self, conn, msg, nbytes):
         raise ProtocolError("the client link carries no payloads")
@@ -395,6 +416,10 @@ class ClientLink:
             self._hello(conn, msg)
         elif isinstance(msg, Watch):
             self.engine.request(msg.step, None, lambda outcome: self._decided(outcome.step))
+        elif isinstance(msg, (Submit, Receive)) and self.engine.lends(self):
+            # A step's result still goes into its shared output (it gave up waiting, or
+            # was told an error early): what would write there too waits (given_back).
+            self._held.append(msg)
         elif isinstance(msg, Submit):  # Fetch too: a Submit that contributes nothing
             self._request(msg, contribute=not isinstance(msg, Fetch))
         elif isinstance(msg, Publish):
@@ -472,7 +497,10 @@ class ClientLink:
         waits on keeps its vector where it was read: in the old region, still mapped
         until the step lets go of it. Its result goes to the region attached when it
         comes: if it does not fit there (the new region is smaller), the process gets an
-        ERROR for that step instead (``answer``); nothing else is affected."""
+        ERROR for that step instead (``answer``); nothing else is affected. A result being
+        received straight into the old region's output (``LocalProcesses.lend``) still
+        lands there (the daemon's mapping of it lives as long as that array) and is copied
+        into the new one when it is answered."""
         self.region = region
         self._progress_from_scratch()
         if self.conn is not None:
@@ -553,6 +581,14 @@ class ClientLink:
         """The oldest step this process may still ask for: results from it on are kept."""
         return self.taken + 1
 
+    def given_back(self) -> None:
+        """The engine no longer receives a step's result into its shared output: the
+        requests it held meanwhile go on, in order."""
+        held, self._held = self._held, []
+        for msg in held:
+            if self.conn is not None:
+                self.received(self.conn, msg, None)
+
     def answer(self, outcome: Outcome) -> None:
         """The outcome of the step this process waits on (anything else is ignored)."""
         if self.waiting is None or self.waiting[0] != outcome.step or self.conn is None:
@@ -568,7 +604,10 @@ class ClientLink:
             out = self._vector(length, dtype, "output", step)   # the region attached now
             if out is None:
                 return
-            np.copyto(out, outcome.vector)
+            if np.shares_memory(out, outcome.vector):   # received straight into it (lent)
+                self.stats.results_direct += 1
+            else:   # the pool's, another process's output, or a region it handed over since
+                np.copyto(out, outcome.vector)
             self.waiting = None
             self.conn.send(Done(step, self.engine.tree_step))
         elif isinstance(outcome, Failed):
@@ -612,6 +651,7 @@ class ClientLink:
             self.conn.send(Decided(step, self.engine.tree_step))
 
     def lost(self, conn, exc):
+        self._held.clear()
         if self.conn is not None:
             log.info("training process %s detached", self.pid)
             self.local.leave(self)

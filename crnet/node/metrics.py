@@ -88,6 +88,9 @@ class NodeCollector:
         yield failed
         yield CounterMetricFamily("crnet_times_skipped", "Steps the tree finished without this "
                                   "node's part", value=stats.times_skipped)
+        yield CounterMetricFamily("crnet_results_direct", "Results received straight into a "
+                                  "training process's shared output, delivered without a copy",
+                                  value=stats.results_direct)
         yield _histogram("crnet_step_seconds", "Seconds from a step's beginning here (its first "
                          "piece, or a process asking) to its decision, once per step",
                          [], [([], stats.times.step_seconds)])

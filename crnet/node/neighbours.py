@@ -45,6 +45,11 @@ class Neighbours:
     def absent_children(self) -> dict[int, str]:
         return {k: "disconnected" for k, slot in enumerate(self.slots) if slot.link is None}
 
+    def sending(self) -> list[Connection]:
+        """The links this node sends steps' pieces on: the parent, the children, the successor."""
+        links = [self.parent, self.successor, *(slot.link for slot in self.slots)]
+        return [link for link in links if link is not None]
+
     def summary(self) -> dict:
         """Which links are up (for ``Client.stats()`` and operators)."""
         return {"parent": self.parent is not None,

@@ -121,6 +121,14 @@ class Ports(Protocol):
     def alloc(self, total: int, dtype) -> np.ndarray:
         """A vector-sized array from the node's pool (see buffers.py)."""
 
+    def alloc_result(self, step: int, total: int, dtype) -> np.ndarray:
+        """The array ``step``'s result is received or assembled into: the shared output of
+        the local training process waiting on it when there is one (nothing copies the
+        result then), else one from the pool. That process is answered only once every
+        link of the node has sent all it queued, so it suits a result whose sends leave at
+        once (a leaf forwards none; a ring worker's go to its successor and the master),
+        not one forwarded to children that may straggle (their queues would hold it up)."""
+
 
 class Scheme:
     """One aggregation algorithm at one node, driven by the step engine."""

@@ -3,7 +3,8 @@
 Up: a node's message is its local weighted gradient plus the decode of any n-s of
 its children's coded messages, chunk by chunk (``UpStep``); it goes to the parent,
 or at the master it is the step's full gradient. Down: the full gradient flows to
-every child as RESULT chunks, each forwarded the moment it arrives (``ResultStep``).
+every child as RESULT chunks, each forwarded the moment it arrives (``ResultStep``); a
+leaf receives them straight into its training process's shared output (``Ports.alloc_result``).
 ``CodedReduce`` drives both over the engine's ``Ports``; gc is CodedReduce on a
 one-layer tree and tree is CodedReduce with s = 0 (``plan.scheme_tree``).
 (``../shared/codedreduce.md``, "One step, end to end".)
@@ -542,11 +543,21 @@ class CodedReduce(Scheme):
         result = self.down.get(msg.step)
         if result is None:
             result = self.down[msg.step] = ResultStep(
-                msg.step, self.place.layout(msg.total, msg.dtype), alloc=self.ports.alloc)
+                msg.step, self.place.layout(msg.total, msg.dtype), alloc=self._result_alloc(msg.step))
         problem = result.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
         if problem:
             raise ProtocolError(f"RESULT for step {msg.step}: {problem}")
         return result.dest(msg.chunk)
+
+    def _result_alloc(self, step: int):
+        """Where a step's result is received: at a leaf, which forwards none of it, straight
+        into the shared output of the training process waiting on it. A node with children
+        sends each chunk on to all of them, and a straggling child's queue may hold the
+        chunks long after the step: its training process would wait for that (or the child
+        be cut off; ``Ports.alloc_result``), so it receives into the pool and copies."""
+        if not self.place.is_leaf:
+            return self.ports.alloc
+        return lambda total, dtype: self.ports.alloc_result(step, total, dtype)
 
     def result(self, msg: Result) -> None:
         result = self.down.get(msg.step)

@@ -25,6 +25,8 @@ every uplink carries 1/N of the vector more instead of rank 0's carrying all of 
 next to its ring traffic (which made rank 0's link the ring's bottleneck). Segments
 under ``MIN_PART_BYTES`` are latency-bound and cheaper in one piece: there rank 0 sends
 the whole result once it has it, as N small frames would cost the master more.
+A worker's result and the master's copy are received straight into the shared output of
+the training process waiting on the step (``Ports.alloc_result``).
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class Send:
 class RingStep:
     """One step of ring allreduce at rank ``rank`` of ``size``."""
 
-    def __init__(self, step: int, layout: ChunkLayout, rank: int, size: int, alloc=fresh):
+    def __init__(self, step: int, layout: ChunkLayout, rank: int, size: int, alloc=fresh,
+                 result_alloc=fresh):
         self.step, self.layout, self.rank, self.size = step, layout, rank, size
         self.pieces = RingPieces(layout, size)
         self.parts = self.pieces.parts
@@ -112,7 +115,11 @@ class RingStep:
         self._alloc = alloc
         self._acc: np.ndarray | None = None
         self._incoming = alloc(layout.total, layout.dtype)   # reduce-scatter arrivals
-        self.result = alloc(layout.total, layout.dtype)
+        # Allocated when first written (the own segment's last reduce, or the first
+        # all-gather part): the local vector is in by then, so ``result_alloc`` may give
+        # the shared output of the training process waiting on the step (Ports.alloc_result).
+        self._result_alloc = result_alloc
+        self.result: np.ndarray | None = None
         self._early: list[tuple[int, int, int]] = []         # arrivals before the local vector
         self._gathered = 0                                    # all-gather parts received
         self._owned = self.parts if size == 1 else 0          # own segment's parts fully reduced
@@ -138,7 +145,7 @@ class RingStep:
 
     def dest(self, phase: str, segment: int, part: int = 0) -> memoryview:
         """Where the predecessor's part is received."""
-        buf = self._incoming if phase == REDUCE else self.result
+        buf = self._incoming if phase == REDUCE else self._result()
         a, b = self._part(segment, part)
         return byte_view(buf[a:b])
 
@@ -177,7 +184,7 @@ class RingStep:
         if rnd + 1 < self.size - 1:
             return [self._send(REDUCE, rnd + 1, segment, part, self._acc)]
         # Fully reduced: this rank owns segment (rank + 1) mod N; its all-gather starts.
-        self.result[a:b] = self._acc[a:b]
+        self._result()[a:b] = self._acc[a:b]
         self._owned += 1
         sends = [self._send(GATHER, 0, segment, part, self.result)]
         if self.pieces.spread:
@@ -186,6 +193,11 @@ class RingStep:
             sends += [self._send(GATHER, 0, seg, p, self.result, master=True)
                       for seg in range(self.size) for p in range(self.parts)]
         return sends
+
+    def _result(self) -> np.ndarray:
+        if self.result is None:
+            self.result = self._result_alloc(self.layout.total, self.layout.dtype)
+        return self.result
 
     def _part(self, segment: int, part: int) -> tuple[int, int]:
         return self.pieces.bounds(segment, part)
@@ -296,7 +308,8 @@ class RingAllreduce(Scheme):
             assert self.place.ring is not None
             layout = self.place.layout(total, dtype)
             ring = self.steps[step] = RingStep(step, layout, self.place.ring.rank,
-                                               self.place.ring.size, alloc=self.ports.alloc)
+                                               self.place.ring.size, alloc=self.ports.alloc,
+                                               result_alloc=self._result_alloc(step))
             self.ports.open(step)
         return ring
 
@@ -315,7 +328,14 @@ class RingAllreduce(Scheme):
         if not ring.complete:
             return
         del self.steps[ring.step]
+        assert ring.result is not None   # written by the last reduce, at the latest
         self.ports.resolved(ring.step, layout, ring.result)
+
+    def _result_alloc(self, step: int):
+        """A step's result, a worker's or the master's copy, goes straight into the shared
+        output of the training process waiting on it: what is sent from it (all-gather
+        parts to the successor, the master's copy) leaves at once (Ports.alloc_result)."""
+        return lambda total, dtype: self.ports.alloc_result(step, total, dtype)
 
     # -- the master -----------------------------------------------------------------------
     def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
@@ -326,7 +346,7 @@ class RingAllreduce(Scheme):
             self.ports.open(msg.step)
             result = self.results[msg.step] = RingCopy(
                 msg.step, self.place.layout(msg.total, msg.dtype), self.place.fanout,
-                alloc=self.ports.alloc)
+                alloc=self._result_alloc(msg.step))
         problem = result.check(k, msg.total, msg.dtype, msg.chunk, nbytes)
         if problem:
             raise ProtocolError(f"RESULT for step {msg.step} from rank {k}: {problem}")
