@@ -268,7 +268,9 @@ def ask(link: ClientLink, step: int) -> None:
     link.received(link.conn, Submit(step, N, "float64"), None)
 
 
-async def test_a_leaf_receives_into_the_output_and_answers_once_its_links_sent_all(leaf):
+async def test_a_leaf_receives_into_the_output_and_answers_at_once(leaf):
+    """A leaf sends nothing from its result: its process is answered the moment the last
+    chunk is in, even while its own (stale, straggling) upload still queues on the link."""
     engine, parent, link = leaf()
     result = np.arange(N, dtype=np.float64)
     ask(link, 0)
@@ -276,11 +278,8 @@ async def test_a_leaf_receives_into_the_output_and_answers_once_its_links_sent_a
     assert engine.lends(link)
     ask(link, 1)                     # it gave up waiting: held while its output takes step 0
     assert link.waiting is not None and link.waiting[0] == 0 and 1 not in engine.open_steps
-    parent.write_buffer_size = 1000  # something queued on a link may read the output
+    parent.write_buffer_size = 1000  # its own chunks of step 0, still going up
     result_chunks(engine, 0, result, [1, 2])
-    await asyncio.sleep(0.02)
-    assert link.conn.messages(Done) == [] and engine.lends(link)
-    parent.write_buffer_size = 0
     await wait_until(lambda: link.conn.messages(Done), "the DONE of step 0")
     assert link.conn.messages(Done)[0].step == 0
     np.testing.assert_array_equal(link.region.output(np.float64, N), result)
@@ -292,13 +291,34 @@ async def test_a_leaf_receives_into_the_output_and_answers_once_its_links_sent_a
     assert engine.bookkeeping()["kept_bytes"] == 0
 
 
+def sent_result(engine, step: int, vector: np.ndarray) -> None:
+    """A result that sends read (a ring worker's: ``alloc_result(sent=True)``), resolved."""
+    out = engine.alloc_result(step, vector.size, vector.dtype, sent=True)
+    out[:] = vector
+    engine.resolved(step, ChunkLayout.of(vector.size, vector.dtype, LEAF.chunk_bytes), out)
+
+
+async def test_a_result_that_sends_read_is_answered_once_the_links_sent_all(leaf):
+    engine, parent, link = leaf()
+    result = np.arange(N, dtype=np.float64)
+    ask(link, 0)
+    parent.write_buffer_size = 1000  # a part queued on a link may read the output
+    sent_result(engine, 0, result)
+    await asyncio.sleep(0.02)
+    assert link.conn.messages(Done) == [] and engine.lends(link)
+    parent.write_buffer_size = 0
+    await wait_until(lambda: link.conn.messages(Done), "the DONE of step 0")
+    np.testing.assert_array_equal(link.region.output(np.float64, N), result)
+    assert engine.stats.results_direct == 1 and not parent.aborted and not engine.lends(link)
+
+
 async def test_a_link_that_does_not_send_within_the_steps_bound_is_cut_off(leaf):
     engine, parent, link = leaf(timeout=0.1)   # answered within 0.6 s
     loop = asyncio.get_running_loop()
     began = loop.time()
     ask(link, 0)
     parent.write_buffer_size = 1000
-    result_chunks(engine, 0, np.ones(N), [0, 1, 2])
+    sent_result(engine, 0, np.ones(N))
     await wait_until(lambda: link.conn.messages(Done), "the DONE of step 0", timeout=5)
     assert loop.time() - began >= engine.settings.answer_within - 0.01
     assert parent.aborted and "step 0" in parent.aborted

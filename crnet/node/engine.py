@@ -204,6 +204,7 @@ class StepEngine:
         self.lend: Lend | None = None           # set by the local processes (links.py)
         # step -> the process whose shared output its result goes into, until given back
         self._lent: dict[int, Lender] = {}
+        self._sent_from: set[int] = set()       # lent steps whose result is also sent on
 
     @property
     def label(self) -> str:
@@ -593,7 +594,7 @@ class StepEngine:
     def alloc(self, total: int, dtype) -> np.ndarray:
         return self.pool.get(total, dtype)
 
-    def alloc_result(self, step: int, total: int, dtype) -> np.ndarray:
+    def alloc_result(self, step: int, total: int, dtype, sent: bool = False) -> np.ndarray:
         # Only for an open step: its deadline runs, so it is decided, and the memory given back.
         found = (None if self.lend is None or step in self._lent or step not in self._open
                  else self.lend(step, total, np.dtype(dtype)))
@@ -601,6 +602,8 @@ class StepEngine:
             return self.alloc(total, dtype)
         owner, vector = found
         self._lent[step] = owner
+        if sent:
+            self._sent_from.add(step)
         return vector
 
     def lends(self, owner: Lender) -> bool:
@@ -675,7 +678,8 @@ class StepEngine:
         holds data then is cut off (its queue dropped) rather than read memory the
         process may be changing."""
         loop = asyncio.get_running_loop()
-        busy = [link for link in self.neighbours.sending() if link.write_buffer_size]
+        busy = ([link for link in self.neighbours.sending() if link.write_buffer_size]
+                if step in self._sent_from else [])   # else no send reads it: a leaf's
         if busy and loop.time() < until:
             loop.call_later(GIVE_BACK_POLL, self._give_back, step, answers, until)
             return
@@ -683,6 +687,7 @@ class StepEngine:
             link.abort(f"it did not send step {step}'s result within the step's bound, and the "
                        "training process whose memory holds it is due its answer")
         owner = self._lent.pop(step)
+        self._sent_from.discard(step)
         for answer in answers:
             answer()
         owner.given_back()

@@ -121,13 +121,14 @@ class Ports(Protocol):
     def alloc(self, total: int, dtype) -> np.ndarray:
         """A vector-sized array from the node's pool (see buffers.py)."""
 
-    def alloc_result(self, step: int, total: int, dtype) -> np.ndarray:
+    def alloc_result(self, step: int, total: int, dtype, sent: bool = False) -> np.ndarray:
         """The array ``step``'s result is received or assembled into: the shared output of
         the local training process waiting on it when there is one (nothing copies the
-        result then), else one from the pool. That process is answered only once every
-        link of the node has sent all it queued, so it suits a result whose sends leave at
-        once (a leaf forwards none; a ring worker's go to its successor and the master),
-        not one forwarded to children that may straggle (their queues would hold it up)."""
+        result then), else one from the pool. ``sent``: parts of it are sent on from there
+        (a ring worker's all-gather and the master's copy); that process is then answered
+        only once the node's links have sent all they queued, so it suits sends that
+        leave at once, not a result forwarded to children that may straggle (their
+        queues would hold it up). A leaf and the ring's master send nothing from it."""
 
 
 class Scheme:

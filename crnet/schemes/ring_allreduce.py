@@ -333,9 +333,11 @@ class RingAllreduce(Scheme):
 
     def _result_alloc(self, step: int):
         """A step's result, a worker's or the master's copy, goes straight into the shared
-        output of the training process waiting on it: what is sent from it (all-gather
-        parts to the successor, the master's copy) leaves at once (Ports.alloc_result)."""
-        return lambda total, dtype: self.ports.alloc_result(step, total, dtype)
+        output of the training process waiting on it. A worker sends from it (all-gather
+        parts to the successor, its segment to the master), and those sends leave at once;
+        the master sends nothing from its copy (Ports.alloc_result)."""
+        sent = not self.place.is_master
+        return lambda total, dtype: self.ports.alloc_result(step, total, dtype, sent)
 
     # -- the master -----------------------------------------------------------------------
     def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
