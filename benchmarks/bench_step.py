@@ -21,11 +21,12 @@ against the exact sum after the step (outside the timing).
 * throughput: vector bytes / median step time.
 * decode: the critical path of decoding is roughly leaf -> its layer-1 parent's
   decode -> ... -> master's decode, so for every step we take, for every layer
-  that decodes (0..layers-1), the max over its nodes of their ``decode_seconds``
-  increment in that step, add them up (default: master + slowest layer-1 node),
-  and report the median over the steps. (Every client reads its daemon's counters
-  after every step, outside the timing.) With s > 0 the slowest layer-1 node may
-  be one the master did not wait for, so this leans high.
+  that decodes (0..layers-1), the max over its nodes of their ``decode_cpu_seconds``
+  increment in that step (CPU time: a daemon descheduled mid-decode does not
+  count), add them up (default: master + slowest layer-1 node), and report the
+  median over the steps. (Every client reads its daemon's counters after every
+  step, outside the timing.) With s > 0 the slowest layer-1 node may be one the
+  master did not wait for, so this leans high.
 * transfer (estimate): bytes that cross the busiest link per step divided by a
   single-stream loopback TCP bandwidth measured in the same run (one sender
   process, one receiver). See ``transfer_estimate`` for why this and not the
@@ -267,7 +268,7 @@ class StepBench:
         step_times = [end - start for start, end in windows]
         # per_step[n][i]: daemon n's counter increments during measured step i
         per_step = {n: [{key: counters[n][t][key] - counters[n][t - 1][key]
-                         for key in ("decode_seconds", "receive_seconds", "steps_done")}
+                         for key in ("decode_cpu_seconds", "receive_seconds", "steps_done")}
                         for t in range(warmup, total)]
                     for n in names}
         for n, rows in per_step.items():
@@ -279,7 +280,7 @@ class StepBench:
 
 def critical_decode(tree: Tree, row: dict) -> float:
     """One step's decode on the critical path: per decoding layer, the slowest node."""
-    return sum(max(row[n]["decode_seconds"] for n in tree.names() if tree.layer(n) == layer)
+    return sum(max(row[n]["decode_cpu_seconds"] for n in tree.names() if tree.layer(n) == layer)
                for layer in range(tree.layers))
 
 
@@ -393,15 +394,15 @@ def main() -> None:
               f"{1e3 * all_links:>12.2f} {1e3 * recv:>14.2f} {others:>6}")
     print()
     print("decode per step by layer, ms (median over steps of the layer's slowest node and of")
-    print("its mean; the daemons time decode with a wall clock, so a daemon descheduled")
-    print("mid-decode counts too), and the worst step's critical-path decode:")
+    print("its mean; CPU time of the decode kernels, so a daemon descheduled mid-decode does")
+    print("not count), and the worst step's critical-path decode:")
     cols = "".join(f" {f'L{l} max':>9} {f'L{l} mean':>9}" for l in range(tree.layers))
     print(f"{'size':>5}{cols} {'worst step':>10}")
     for elems, steps, r in results:
         line = f"{fmt_size(elems):>5}"
         for layer in range(tree.layers):
             nodes = [n for n in tree.names() if tree.layer(n) == layer]
-            per = [[r["per_step"][n][i]["decode_seconds"] * 1e3 for n in nodes]
+            per = [[r["per_step"][n][i]["decode_cpu_seconds"] * 1e3 for n in nodes]
                    for i in range(steps)]
             line += (f" {statistics.median(max(p) for p in per):>9.2f}"
                      f" {statistics.median(statistics.mean(p) for p in per):>9.2f}")
@@ -411,7 +412,7 @@ def main() -> None:
     print("step time: barrier -> last of all clients (master's included) holding its result;")
     print("           GB/s = vector bytes / median step time.")
     print("decode: median over steps of (sum over decoding layers of the slowest node's")
-    print("        decode_seconds increment in that step).")
+    print("        decode_cpu_seconds increment in that step: CPU time, not wall clock).")
     print("transfer: 2 x vector bytes (busiest link: one vector up, one down) / loopback GB/s.")
     print("other: the rest. all links: every link's 2 x vector bytes / loopback GB/s (context).")
     print("master recv: median of the master's receive_seconds per step (first child byte ->")
