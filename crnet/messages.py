@@ -78,6 +78,7 @@ MAX_STEP = (1 << 63) - 1        # steps are non-negative int64s
 DTYPE_NAMES = ("float32", "float64")
 CODE_KINDS = ("auto", "frc", "crc")
 MAX_REASON = 4096               # characters of a failure reason we keep
+_DTYPES = frozenset(DTYPE_NAMES)
 
 
 class Message:
@@ -121,8 +122,12 @@ def _plain(value):
 class _Fields:
     """A header map being validated: each accessor names the message and the field."""
 
-    def __init__(self, what: str, header: dict):
-        self.what, self.h = what, header
+    def __init__(self, what: str | MsgType, header: dict):
+        self._what, self.h = what, header   # a message type's name is looked up when needed
+
+    @property
+    def what(self) -> str:
+        return self._what.name if isinstance(self._what, MsgType) else self._what
 
     def _bad(self, name: str, want: str) -> ProtocolError:
         value = self.h.get(name, "<missing>")
@@ -420,6 +425,14 @@ class _Piece(Message):
 
     @classmethod
     def from_header(cls, h: _Fields):
+        # The hot path (every chunk of every step): the fields checked inline; anything
+        # off takes the field-by-field checks, which name what is wrong.
+        d = h.h
+        step, chunk, total, dtype = d.get("step"), d.get("chunk"), d.get("total"), d.get("dtype")
+        if (type(step) is int and type(chunk) is int and type(total) is int
+                and 0 <= step <= MAX_STEP and 0 <= chunk <= 1 << 40 and 1 <= total <= 1 << 40
+                and dtype in _DTYPES):
+            return cls(step, chunk, total, dtype)
         return cls(h.integer("step"), h.integer("chunk", 0, 1 << 40), h.integer("total", 1, 1 << 40),
                    h.text("dtype", choices=DTYPE_NAMES))
 
@@ -482,6 +495,9 @@ class Phase(str, enum.Enum):
 
     REDUCE = "rs"    # reduce-scatter
     GATHER = "ag"    # all-gather
+
+
+_PHASES = {p.value: p for p in Phase}   # Phase(x) costs two Python calls per frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -556,6 +572,15 @@ class Segment(Message):
 
     @classmethod
     def from_header(cls, h: _Fields) -> Segment:
+        # The ring's hot path: checked inline, or field by field when anything is off.
+        d = h.h
+        step, phase, rnd, segment = d.get("step"), d.get("phase"), d.get("round"), d.get("segment")
+        total, dtype, part = d.get("total"), d.get("dtype"), d.get("part", 0)
+        if (type(step) is int and type(rnd) is int and type(segment) is int
+                and type(total) is int and type(part) is int and 0 <= step <= MAX_STEP
+                and 0 <= rnd <= 1 << 16 and 0 <= segment <= 1 << 16 and 1 <= total <= 1 << 40
+                and 0 <= part <= 1 << 16 and dtype in _DTYPES and phase in _PHASES):
+            return cls(step, _PHASES[phase], rnd, segment, total, dtype, part)
         return cls(h.integer("step"), Phase(h.text("phase", choices=("rs", "ag"))),
                    h.integer("round", 0, 1 << 16), h.integer("segment", 0, 1 << 16),
                    h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES),
@@ -949,7 +974,7 @@ def parse(msg_type: MsgType, header: dict, nbytes: int) -> Message:
         raise ProtocolError(f"{msg_type.name} without a payload")
     if not cls.PAYLOAD and nbytes:
         raise ProtocolError(f"{msg_type.name} with a payload of {nbytes} bytes")
-    return cls.from_header(_Fields(msg_type.name, header))
+    return cls.from_header(_Fields(msg_type, header))
 
 
 Parser = Callable[[MsgType, dict, int], Message]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from typing import Protocol
 
@@ -93,8 +94,11 @@ class Connection(asyncio.BufferedProtocol):
             # Under TLS the socket's bytes are records, some already read and buffered in
             # the TLS layer: a mark counted in payload bytes could wait for bytes that
             # never come. Only plain TCP gets one.
+            # A socket object of our own on a duplicate descriptor: uvloop's stand-in
+            # for the transport's socket builds a socket object for every setsockopt.
             if transport.get_extra_info("sslcontext") is None and hasattr(socket, "SO_RCVLOWAT"):
-                self._sock = sock
+                self._sock = socket.socket(sock.family, sock.type, sock.proto,
+                                           fileno=os.dup(sock.fileno()))
         peer = transport.get_extra_info("peername")
         if peer and self.label == "peer":
             self.label = _format_peer(peer)
@@ -127,8 +131,9 @@ class Connection(asyncio.BufferedProtocol):
         assert self._sock is not None
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
-        except OSError:
-            self._sock = None    # the socket is gone (closing): nothing to tune
+        except OSError:          # the socket is gone (closing): nothing to tune
+            self._sock.close()
+            self._sock = None
             return
         self._lowat = lowat
 
@@ -136,6 +141,9 @@ class Connection(asyncio.BufferedProtocol):
         return False  # close our side too
 
     def connection_lost(self, exc):
+        if self._sock is not None:
+            self._sock.close()     # the duplicate descriptor only
+            self._sock = None
         if not self._reader.idle:
             log.warning("%s: connection closed mid-frame", self.label)
         self._reader.release()
@@ -173,7 +181,8 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is None or self.transport.is_closing():
             return False
         self.transport.writelines(frame)
-        self.bytes_out += sum(len(part) for part in frame)   # bytes, or a memoryview cast to "B"
+        # Parts are bytes, or memoryviews cast to "B": len is their size.
+        self.bytes_out += len(frame[0]) if len(frame) == 1 else len(frame[0]) + len(frame[1])
         return True
 
     @property

@@ -77,6 +77,9 @@ class MsgType(enum.IntEnum):
     DELIVERED = 34      # daemon -> client: published (taken), or received (in shared memory)
 
 
+_TYPES = {t.value: t for t in MsgType}
+
+
 @dataclass(frozen=True)
 class Limits:
     """Upper bounds a reader enforces before it allocates or parses anything."""
@@ -189,10 +192,10 @@ class FrameReader:
             raise ProtocolError(f"bad magic {bytes(magic)!r}: not a crnet peer")
         if version != VERSION:
             raise ProtocolError(f"protocol version {version}, this side speaks {VERSION}")
-        try:
-            msg_type = MsgType(msg_type)
-        except ValueError:
-            raise ProtocolError(f"unknown message type {msg_type}") from None
+        known = _TYPES.get(msg_type)   # MsgType(x) costs two Python calls per frame
+        if known is None:
+            raise ProtocolError(f"unknown message type {msg_type}")
+        msg_type = known
         if self.limits.types is not None and msg_type not in self.limits.types:
             raise ProtocolError(f"unexpected {msg_type.name} from a peer before HELLO")
         if hlen > self.limits.max_header:

@@ -78,14 +78,20 @@ class RingPieces:
         edges = np.linspace(0, layout.total, size + 1).round().astype(np.int64)
         self.segments = list(zip(edges[:-1].tolist(), edges[1:].tolist()))
         self.parts = ring_parts(layout, size)
+        self._bounds: dict[int, tuple[int, int]] = {}
         # The master's copy: from every rank (its reduced segment), or all of it from rank 0.
         self.spread = (layout.total // size) * layout.dtype.itemsize >= MIN_PART_BYTES
 
     def bounds(self, segment: int, part: int) -> tuple[int, int]:
-        """Part ``part`` of segment ``segment``: element bounds, as even as they come."""
-        a, b = self.segments[segment]
-        n, parts = b - a, self.parts
-        return a + n * part // parts, a + n * (part + 1) // parts
+        """Part ``part`` of segment ``segment``: element bounds, as even as they come
+        (asked several times for every part that arrives: computed once)."""
+        key = segment * self.parts + part
+        found = self._bounds.get(key)
+        if found is None:
+            a, b = self.segments[segment]
+            n, parts = b - a, self.parts
+            found = self._bounds[key] = (a + n * part // parts, a + n * (part + 1) // parts)
+        return found
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,7 @@ class RingStep:
             return f"{phase} round {rnd}: segment {segment!r}, expected {expect}"
         if not isinstance(part, int) or not 0 <= part < self.parts:
             return f"segment {segment}: part {part!r} out of range 0..{self.parts - 1}"
-        a, b = self._part(segment, part)
+        a, b = self.pieces.bounds(segment, part)
         if nbytes != (b - a) * self.layout.dtype.itemsize:
             return (f"segment {segment} part {part} has {nbytes} bytes, "
                     f"expected {(b - a) * self.layout.dtype.itemsize}")
@@ -146,7 +152,7 @@ class RingStep:
     def dest(self, phase: str, segment: int, part: int = 0) -> memoryview:
         """Where the predecessor's part is received."""
         buf = self._incoming if phase == REDUCE else self._result()
-        a, b = self._part(segment, part)
+        a, b = self.pieces.bounds(segment, part)
         return byte_view(buf[a:b])
 
     def local_arrived(self, vector: np.ndarray) -> list[Send]:
@@ -179,7 +185,7 @@ class RingStep:
 
     def _reduce(self, rnd: int, segment: int, part: int) -> list[Send]:
         assert self._acc is not None  # arrivals before the local vector wait in _early
-        a, b = self._part(segment, part)
+        a, b = self.pieces.bounds(segment, part)
         add_into(self._acc[a:b], self._incoming[a:b])
         if rnd + 1 < self.size - 1:
             return [self._send(REDUCE, rnd + 1, segment, part, self._acc)]
@@ -199,11 +205,8 @@ class RingStep:
             self.result = self._result_alloc(self.layout.total, self.layout.dtype)
         return self.result
 
-    def _part(self, segment: int, part: int) -> tuple[int, int]:
-        return self.pieces.bounds(segment, part)
-
     def _send(self, phase, rnd, segment, part, source, master=False) -> Send:
-        a, b = self._part(segment, part)
+        a, b = self.pieces.bounds(segment, part)
         return Send(phase, rnd, segment, source[a:b], part, master)
 
     def _expected(self, phase: str, rnd: int) -> int:
