@@ -184,6 +184,12 @@ def _compiled_axpy(out: Any, coeff: float, x: Any, *, dtype: Any = None) -> None
 
 def _compiled_add_into(out: Any, x: Any, *, dtype: Any = None) -> None:
     """out += x, in place."""
+    if (dtype is None and type(out) is np.ndarray and type(x) is np.ndarray
+            and out.dtype is x.dtype and out.dtype in _FLOAT_TYPES and out.size == x.size
+            and out.ndim == x.ndim == 1 and out.flags.c_contiguous and x.flags.c_contiguous
+            and out.flags.writeable):
+        _core.add_into(out, x)   # the daemons' own vectors (a ring part per call): no more to check
+        return
     o, (v,) = _as_vectors(out, (x,), dtype, ("x",))
     _core.add_into(o, v)
 
