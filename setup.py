@@ -1,4 +1,5 @@
-"""Build the Cython core (crnet/_core.pyx) against numpy's headers.
+"""Build the Cython core: the kernels (crnet/_core.pyx, against numpy's headers) and the
+frame reader (crnet/_frames.pyx).
 
 Everything else about the package lives in pyproject.toml; setuptools still needs
 this file to declare a compiled extension.
@@ -14,7 +15,8 @@ extensions = [
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],
-    )
+    ),
+    Extension("crnet._frames", ["crnet/_frames.pyx"], extra_compile_args=["-O3"]),
 ]
 
 setup(

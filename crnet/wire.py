@@ -29,7 +29,7 @@ MAGIC = b"CRNT"
 VERSION = 2
 PREFIX = struct.Struct("!4sBBIQ")
 
-__all__ = ["PREFIX", "VERSION", "FrameReader", "Limits", "MsgType", "encode"]
+__all__ = ["PREFIX", "VERSION", "FrameReader", "Limits", "MsgType", "PyFrameReader", "encode"]
 
 
 class MsgType(enum.IntEnum):
@@ -113,8 +113,11 @@ def _closed(*args):
     raise ProtocolError("the connection is closed")
 
 
-class FrameReader:
+class PyFrameReader:
     """Turns the bytes of one connection into frames; the state of a BufferedProtocol.
+
+    The reference implementation: ``FrameReader`` is its compiled twin
+    (``crnet/_frames.pyx``) when that is built, which behaves the same to the byte.
 
     Prefixes and headers (and the first bytes of a payload that arrive with them)
     land in a small scratch buffer; once a header says where the payload goes,
@@ -278,3 +281,21 @@ class FrameReader:
             self._view = memoryview(self._scratch)
         self._view[: len(pending)] = pending
         self._start, self._end = 0, len(pending)
+
+
+try:
+    from . import _frames
+except ImportError:   # not built (a source checkout without build_ext): the reference
+    _frames = None    # type: ignore[assignment]
+
+if _frames is not None:
+    class FrameReader(_frames.FrameReader):
+        """``PyFrameReader``, compiled (the prefix parsed and the limits checked in C)."""
+
+        SCRATCH = PyFrameReader.SCRATCH   # _frames.pyx's too
+
+        def __init__(self, on_header: HeaderCallback, on_frame: FrameCallback,
+                     limits: Limits = Limits()):
+            super().__init__(on_header, on_frame, limits, _TYPES, MAGIC, VERSION)
+else:
+    FrameReader = PyFrameReader   # type: ignore[misc]

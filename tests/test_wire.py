@@ -7,7 +7,19 @@ import numpy as np
 import pytest
 
 from crnet.errors import ProtocolError
-from crnet.wire import PREFIX, VERSION, FrameReader, Limits, MsgType, encode
+from crnet import wire
+from crnet.wire import PREFIX, VERSION, FrameReader, Limits, MsgType, PyFrameReader, encode
+
+
+@pytest.fixture(params=["compiled", "reference"], autouse=True)
+def reader_kind(request, monkeypatch):
+    """Every test runs against the compiled reader (crnet/_frames.pyx) and the Python one."""
+    if request.param == "reference":
+        monkeypatch.setattr(wire, "FrameReader", PyFrameReader)
+        monkeypatch.setitem(globals(), "FrameReader", PyFrameReader)
+    else:
+        assert wire._frames is not None, "the compiled frame reader is not built"
+    return request.param
 
 
 class Sink:
