@@ -6,8 +6,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from crnet.errors import ProtocolError
 from crnet import wire
+from crnet.errors import ProtocolError
 from crnet.wire import PREFIX, VERSION, FrameReader, Limits, MsgType, PyFrameReader, encode
 
 
