@@ -27,6 +27,7 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
+from . import defaults
 from .node import Settings
 
 log = logging.getLogger("crnet.config")
@@ -193,6 +194,8 @@ def effective_config(ctx: click.Context) -> Config:
 
         host_id = socket.gethostname()
         shown["host_id"] = (host_id, "default, this host's name")
+    if p["chunk_bytes"] == defaults.CHUNK_AUTO:   # 0 inside; what a file says is "auto"
+        shown["chunk_bytes"] = ("auto", given["chunk_bytes"] or "default")
     from .messages import check_host_id
 
     problem = check_host_id(host_id)
