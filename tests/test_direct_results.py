@@ -121,6 +121,30 @@ async def test_results_are_exact_and_leaves_and_ring_members_take_them_without_a
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("scheme, tree", [("cr", CR_ALL), ("rar", RING)], ids=["cr", "rar"])
+async def test_a_second_submit_of_a_step_adds_nothing(local_tree, scheme, tree):
+    """A host adds one vector to a step: a process that submits the same step again (a
+    restarted process, a client retrying) gets the step's result, and the sum is not
+    changed by it (a ring worker used to send its parts twice: its vector counted twice)."""
+    lt = local_tree(tree, M, scheme=scheme, chunk_bytes=CHUNK)
+    clients = await connect(lt, tree.names())
+    again = clients[(next(n for n in tree.names() if not tree.children(n)), 0)]
+    try:
+        for t in range(3):
+            vec = await again.buffer(DIM)
+            np.multiply(base(DIM), np.float32(weight(again) * (t + 1)), out=vec)
+            first = asyncio.ensure_future(again.allreduce(vec, t, timeout=60))
+            await asyncio.sleep(0)           # its SUBMIT is out, the vector staged: again
+            again._conn.send(Submit(t, DIM, "float32"))
+            others = [submit(c, t, timeout=60) for c in clients.values() if c is not again]
+            got = await gather_or_cancel(first, *others)
+            exact(dict(zip([k for k, c in clients.items() if c is again]
+                           + [k for k, c in clients.items() if c is not again], got)), t)
+    finally:
+        close(clients)
+
+
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("scheme, tree, dim", [("cr", CR, DIM), ("rar", RING, BIG)],
                          ids=["cr", "rar"])
 async def test_a_process_that_divides_its_result_in_place_corrupts_no_later_step(

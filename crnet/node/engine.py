@@ -67,7 +67,7 @@ from ..errors import ProtocolError
 from ..messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
 from ..schemes import Place, Scheme, driver
 from ..schemes.buffers import BufferPool
-from ..schemes.chunks import DTYPES, ChunkLayout
+from ..schemes.chunks import DTYPES, ChunkLayout, dtype_name
 from ..stats import Stats
 from .neighbours import Neighbours
 from .peer_text import Throttle, shown
@@ -198,6 +198,8 @@ class StepEngine:
         self._began: dict[int, float] = {}      # step -> when it began here (loop time)
         self._reported: set[int] = set()        # steps this node told its parent it stalled
         self._sent_up: set[int] = set()         # steps this node sent a chunk of up
+        # Undecided steps this host's vector went into: its length and dtype.
+        self._contributed: dict[int, tuple[int, np.dtype]] = {}
         self._last_stall = ""                   # why, as last logged
         self._peer_lines = Throttle(log)        # lines about what children sent
         self._waiters: dict[int, list[Callable[[Outcome], None]]] = {}
@@ -249,6 +251,7 @@ class StepEngine:
         self._decided.clear()
         self._reported.clear()
         self._sent_up.clear()
+        self._contributed.clear()
         for slot in self.neighbours.slots:
             slot.told.clear()
             slot.missed_through = -1
@@ -293,12 +296,27 @@ class StepEngine:
         if refusal is not None:
             answer(Refused(step, refusal))
             return
+        given = None if vector is None else self._contributed.get(step)
+        if given is not None:
+            # A host adds one vector to a step: a second (a process re-submitting after
+            # a restart, or a client retrying) waits for the result and adds nothing,
+            # where a scheme would add it again (a ring sends its parts twice).
+            assert vector is not None
+            if (vector.size, vector.dtype) != given:
+                answer(Mismatched(step, f"this process's vector is {vector.size} x "
+                                        f"{dtype_name(vector.dtype)} but the tree's for step "
+                                        f"{step} is {given[0]} x {dtype_name(given[1])}"))
+                return
+            log.info("step %d: this host's vector is in already; a second one is not added",
+                     step, extra={"step": step})
+            vector = None
         if vector is not None:
             problem = (f"{self.label} has no share of the data yet" if self.scheme is None
                        else self.scheme.local(step, vector))
             if problem is not None:
                 answer(Mismatched(step, problem))
                 return
+            self._contributed[step] = (vector.size, vector.dtype)
             if self.is_decided(step):   # decided at once (too many children gone at the master)
                 answer(self.outcome(step))
                 return
@@ -627,6 +645,7 @@ class StepEngine:
             self.stats.times.step_seconds.observe(asyncio.get_running_loop().time() - began)
         self._reported.discard(step)
         self._sent_up.discard(step)
+        self._contributed.pop(step, None)
         if isinstance(outcome, Resolved):
             if step >= self.tree_step:   # the newest result's layout is the tree's
                 self.tree_vector = (outcome.layout.total, outcome.layout.dtype_name)
@@ -712,6 +731,7 @@ class StepEngine:
             self._decide(step, Lost(step, f"step {step} was passed over: the tree went on to "
                                           f"step {self.tree_step} before it was decided here"))
         self._decided = {s for s in self._decided if s > low}
+        self._contributed = {s: v for s, v in self._contributed.items() if s > low}
         for slot in self.neighbours.slots:
             slot.told = {s for s in slot.told if s > low}
 
