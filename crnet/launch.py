@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 import signal
 import socket
@@ -33,9 +34,30 @@ MASTER = ""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, for a daemon about to start. Taken below the kernel's
+    ephemeral range where there is room: a port from that range (what bind to port 0
+    gives) can become another socket's source port before the daemon binds it, and the
+    daemon then fails with "address already in use"."""
+    low = _ephemeral_low()
+    for port in random.sample(range(max(1024, low - 16384), low), min(64, max(0, low - 1024))):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out as a source port (Linux; else a common value)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 SpawnFn = Callable[[str, list, dict], subprocess.Popen]

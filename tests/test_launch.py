@@ -2,6 +2,7 @@
 
 import json
 import signal
+import socket
 import subprocess
 import time
 
@@ -67,3 +68,15 @@ def test_a_stopping_tree_logs_no_join_progress(tmp_path):
     after = master_log.read_text().split("all workers joined")[1]
     assert "master stopped" in after
     assert "workers joined" not in after and "disconnected" not in after, after
+
+
+def test_free_ports_come_from_below_the_ephemeral_range():
+    """A daemon's port is not one the kernel may give a connection as its source port
+    in the meantime (that made a daemon fail with "address already in use")."""
+    from crnet.launch import _ephemeral_low, free_port
+    low = _ephemeral_low()
+    for _ in range(20):
+        port = free_port()
+        assert 1024 <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))   # it is free
