@@ -431,7 +431,7 @@ class _Piece(Message):
         step, chunk, total, dtype = d.get("step"), d.get("chunk"), d.get("total"), d.get("dtype")
         if (type(step) is int and type(chunk) is int and type(total) is int
                 and 0 <= step <= MAX_STEP and 0 <= chunk <= 1 << 40 and 1 <= total <= 1 << 40
-                and dtype in _DTYPES):
+                and type(dtype) is str and dtype in _DTYPES):   # (a list would not hash)
             return cls(step, chunk, total, dtype)
         return cls(h.integer("step"), h.integer("chunk", 0, 1 << 40), h.integer("total", 1, 1 << 40),
                    h.text("dtype", choices=DTYPE_NAMES))
@@ -579,7 +579,8 @@ class Segment(Message):
         if (type(step) is int and type(rnd) is int and type(segment) is int
                 and type(total) is int and type(part) is int and 0 <= step <= MAX_STEP
                 and 0 <= rnd <= 1 << 16 and 0 <= segment <= 1 << 16 and 1 <= total <= 1 << 40
-                and 0 <= part <= 1 << 16 and dtype in _DTYPES and phase in _PHASES):
+                and 0 <= part <= 1 << 16 and type(dtype) is str and dtype in _DTYPES
+                and type(phase) is str and phase in _PHASES):
             return cls(step, _PHASES[phase], rnd, segment, total, dtype, part)
         return cls(h.integer("step"), Phase(h.text("phase", choices=("rs", "ag"))),
                    h.integer("round", 0, 1 << 16), h.integer("segment", 0, 1 << 16),

@@ -273,6 +273,13 @@ BAD_FIELDS = [
     (MsgType.STATS_REPLY, stats_reply(links=None), 0, "STATS_REPLY: field 'links' must be a map"),
     (MsgType.WELCOME, welcome(fanout=[]), 0,
      "WELCOME: field 'fanout' must be a list of 1..16 integers in 1..65536, got []"),
+    # unhashable values where the hot path looks a name up (a TypeError would have been
+    # taken for a bug in crnet, and in strict mode stopped the daemon)
+    (MsgType.CHUNK, piece(dtype=["float32"]), 8,
+     "CHUNK: field 'dtype' must be a string of at most 256 characters, got ['float32']"),
+    (MsgType.RESULT, piece(dtype={"a": 1}), 8, "RESULT: field 'dtype' must be a string"),
+    (MsgType.SEGMENT, segment(dtype=["float32"]), 8, "SEGMENT: field 'dtype' must be a string"),
+    (MsgType.SEGMENT, segment(phase=["rs"]), 8, "SEGMENT: field 'phase' must be a string"),
 ]
 
 
