@@ -204,9 +204,9 @@ class StepEngine:
         self._peer_lines = Throttle(log)        # lines about what children sent
         self._waiters: dict[int, list[Callable[[Outcome], None]]] = {}
         self.lend: Lend | None = None           # set by the local processes (links.py)
-        # step -> the process whose shared output its result goes into, until given back
-        self._lent: dict[int, Lender] = {}
-        self._sent_from: set[int] = set()       # lent steps whose result is also sent on
+        # step -> the process whose shared output its result goes into, until given back, and
+        # whether sends read that memory too (alloc_result's ``sent``)
+        self._lent: dict[int, tuple[Lender, bool]] = {}
 
     @property
     def label(self) -> str:
@@ -619,14 +619,12 @@ class StepEngine:
         if found is None:
             return self.alloc(total, dtype)
         owner, vector = found
-        self._lent[step] = owner
-        if sent:
-            self._sent_from.add(step)
+        self._lent[step] = (owner, sent)
         return vector
 
     def lends(self, owner: Lender) -> bool:
         """Does a step's result go into ``owner``'s shared output (until it is given back)?"""
-        return any(lender is owner for lender in self._lent.values())
+        return any(lender is owner for lender, _ in self._lent.values())
 
     # ---------------------------------------------------------------- decisions
     def _decide(self, step: int, outcome: Resolved | Failed | Refused | Lost) -> bool:
@@ -653,7 +651,7 @@ class StepEngine:
             for slot in self.neighbours.slots:
                 if slot.link is not None:
                     slot.link.send(_fail_of(outcome))
-        owner = self._lent.get(step)
+        owner = self._lent[step][0] if step in self._lent else None
         if not isinstance(outcome, Lost):
             kept: Resolved | Failed | Refused | Lost = outcome
             if owner is not None and isinstance(outcome, Resolved):
@@ -697,16 +695,16 @@ class StepEngine:
         holds data then is cut off (its queue dropped) rather than read memory the
         process may be changing."""
         loop = asyncio.get_running_loop()
+        owner, sent = self._lent[step]
         busy = ([link for link in self.neighbours.sending() if link.write_buffer_size]
-                if step in self._sent_from else [])   # else no send reads it: a leaf's
+                if sent else [])   # else no send reads it: a leaf's
         if busy and loop.time() < until:
             loop.call_later(GIVE_BACK_POLL, self._give_back, step, answers, until)
             return
         for link in busy:
             link.abort(f"it did not send step {step}'s result within the step's bound, and the "
                        "training process whose memory holds it is due its answer")
-        owner = self._lent.pop(step)
-        self._sent_from.discard(step)
+        del self._lent[step]
         for answer in answers:
             answer()
         owner.given_back()

@@ -174,10 +174,7 @@ class RingStep:
             sends = []
             if rnd + 1 < self.size - 1:
                 sends.append(self._send(GATHER, rnd + 1, segment, part, self.result))
-            if self.complete and self.rank == 0 and not self.pieces.spread:
-                sends += [self._send(GATHER, 0, seg, p, self.result, master=True)
-                          for seg in range(self.size) for p in range(self.parts)]
-            return sends
+            return sends + self._whole_copy()
         if self._acc is None:
             self._early.append((rnd, segment, part))
             return []
@@ -195,10 +192,14 @@ class RingStep:
         sends = [self._send(GATHER, 0, segment, part, self.result)]
         if self.pieces.spread:
             sends.append(self._send(GATHER, 0, segment, part, self.result, master=True))
-        elif self.complete and self.rank == 0:    # the all-gather came in first
-            sends += [self._send(GATHER, 0, seg, p, self.result, master=True)
-                      for seg in range(self.size) for p in range(self.parts)]
-        return sends
+        return sends + self._whole_copy()   # (if the all-gather came in first)
+
+    def _whole_copy(self) -> list[Send]:
+        """Small segments: rank 0 sends the master the whole result, once it has it."""
+        if self.pieces.spread or self.rank != 0 or not self.complete:
+            return []
+        return [self._send(GATHER, 0, seg, p, self.result, master=True)
+                for seg in range(self.size) for p in range(self.parts)]
 
     def _result(self) -> np.ndarray:
         if self.result is None:
