@@ -257,3 +257,16 @@ def test_example_config_names_every_key_and_checks(tmp_path):
     assert code == 0, out
     assert entry(out, "parent") == ('"master.example:7070"', f"file {example}")
     assert entry(out, "secret_file") == (f'"{secret}"', "flag")
+
+
+def test_chunk_bytes_auto_is_shown_as_auto_and_read_back(tmp_path):
+    """The default chunk size is auto (0 inside): --check-config prints "auto", which a
+    file can say; a size stays a size."""
+    code, out = check(MASTER_ARGS)
+    assert code == 0 and entry(out, "chunk_bytes") == ('"auto"', "default"), out
+    config = tmp_path / "crnetd.toml"
+    config.write_text('chunk_bytes = "auto"\n')
+    code, out = check(["--config", str(config), *MASTER_ARGS])
+    assert code == 0 and entry(out, "chunk_bytes") == ('"auto"', f"file {config}"), out
+    code, out = check([*MASTER_ARGS, "--chunk-bytes", "4MiB"])
+    assert code == 0 and entry(out, "chunk_bytes") == ("4194304", "flag"), out
