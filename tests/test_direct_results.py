@@ -216,6 +216,29 @@ async def test_a_retry_after_the_clients_own_timeout_gets_the_result_delivered_l
     assert counts["0"] > 0, counts
 
 
+@pytest.mark.timeout(120)
+async def test_a_second_request_while_one_waits_is_refused_and_the_first_gets_its_answer(
+        local_tree):
+    """Answers come in order on a process's connection: a second coroutine asking while
+    the first waits would take the first one's answer. It is refused with a clear error;
+    the waiting step is answered as usual."""
+    lt = local_tree(RING, M, scheme="rar", chunk_bytes=CHUNK)
+    clients = await connect(lt, RING.names())
+    first = clients[("0", 0)]
+    others = [c for c in clients.values() if c is not first]
+    try:
+        waiting = asyncio.ensure_future(submit(first, 0, timeout=60))
+        await asyncio.sleep(0.2)          # the step waits for the other processes
+        assert not waiting.done()
+        with pytest.raises(RuntimeError, match="one request at a time"):
+            await first.stats()
+        got = await gather_or_cancel(waiting, *(submit(c, 0, timeout=60) for c in others))
+        exact(dict(enumerate(got)), 0)
+        assert (await first.stats())["stats"]["steps_done"] == 1   # the connection still works
+    finally:
+        close(clients)
+
+
 @pytest.mark.timeout(180)
 async def test_two_processes_on_one_daemon_both_get_the_result(local_tree):
     """--local-processes 2: one process's output takes the result; the other copies it
