@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,10 +66,9 @@ class ChunkLayout:
 
     @classmethod
     def of(cls, total: int, dtype, chunk_bytes: int) -> ChunkLayout:
-        dtype = np.dtype(dtype)
-        total = int(total)
-        chunk = chunk_bytes_for(total * dtype.itemsize, int(chunk_bytes))
-        return cls(total, dtype, max(1, chunk // dtype.itemsize), dtype_name(dtype))
+        # Asked for several times per message, nearly always of the same few vectors:
+        # a layout is immutable, so one per (total, dtype, chunk) is shared.
+        return _layout(cls, total, dtype, chunk_bytes)
 
     @property
     def chunks(self) -> int:
@@ -102,3 +102,11 @@ class ChunkLayout:
         if nbytes != self.nbytes(chunk):
             return f"chunk {chunk} has {nbytes} bytes, expected {self.nbytes(chunk)}"
         return None
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(cls: type[ChunkLayout], total: int, dtype, chunk_bytes: int) -> ChunkLayout:
+    dtype = np.dtype(dtype)
+    total = int(total)
+    chunk = chunk_bytes_for(total * dtype.itemsize, int(chunk_bytes))
+    return cls(total, dtype, max(1, chunk // dtype.itemsize), dtype_name(dtype))
