@@ -561,6 +561,9 @@ class MetricsAddress(Address):
 @click.option("--strict", is_flag=True,
               help="Exit with code 70 on any internal error instead of dropping the "
                    "connection it happened on (the tests run this way).")
+@click.option("--exit-with-stdin", is_flag=True,
+              help="Stop, as on SIGTERM, when standard input (a pipe) closes: a launcher "
+                   "holding the pipe's other end takes its daemons with it when it dies.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True, help="Re-read from the config file on SIGHUP.")
 @click.option("--log-format", type=click.Choice(["kv", "json"]), default="kv", show_default=True,

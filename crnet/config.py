@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 import sys
 from dataclasses import dataclass
 
@@ -196,6 +198,9 @@ def effective_config(ctx: click.Context) -> Config:
         shown["host_id"] = (host_id, "default, this host's name")
     if p["chunk_bytes"] == defaults.CHUNK_AUTO:   # 0 inside; what a file says is "auto"
         shown["chunk_bytes"] = ("auto", given["chunk_bytes"] or "default")
+    if p["exit_with_stdin"] and not _is_pipe(0):
+        raise click.BadParameter("standard input is not a pipe or socket, so it cannot tell "
+                                 "this daemon its launcher is gone", param_hint="--exit-with-stdin")
     from .messages import check_host_id
 
     problem = check_host_id(host_id)
@@ -213,12 +218,21 @@ def effective_config(ctx: click.Context) -> Config:
         keep_results=p["keep_results"], window=p["step_window"],
         result_memory=int(p["result_memory"]), local_processes=p["local_processes"],
         send_queue_bytes=None if p["max_send_queue"] is None else int(p["max_send_queue"]),
-        secret=secret, tls=tls, strict=p["strict"], resolve_timeout=p["resolve_timeout"],
+        secret=secret, tls=tls, strict=p["strict"],
+        exit_with_stdin=p["exit_with_stdin"], resolve_timeout=p["resolve_timeout"],
         metrics=metrics, metrics_token=metrics_token, host_id=host_id,
         reread_log_level=lambda: reread_log_level(path, fixed_by, choices))
     lines = [(key, *shown.get(param.name, (p[param.name], given[param.name] or "default")))
              for key, param in file_options(ctx.command).items() if param.name in p]
     return Config(settings, lines)
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _credential(path: str | None, option: str, address: tuple[str, int] | None,

@@ -133,6 +133,10 @@ class LocalTree:
                       if tree.children(name) or scheme == "rar"}
         self.procs: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()   # daemons stopped on purpose (signal()): any exit code
+        # Every daemon's standard input is the read end of this pipe, and only this process
+        # holds the write end: if it dies, even by SIGKILL, the daemons see end of file and
+        # stop (--exit-with-stdin) rather than run on as orphans holding their ports.
+        self._lifeline: tuple[int, int] | None = None
 
     def _write_secret(self) -> Path:
         path = self.workdir / "secret"
@@ -171,15 +175,18 @@ class LocalTree:
             cmd += [k, str(v)]
         if self.strict:
             cmd.append("--strict")
+        cmd.append("--exit-with-stdin")
         return cmd
 
     def start_node(self, name: str) -> subprocess.Popen:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path(name))  # left behind by a killed daemon
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self._lifeline is None:
+            self._lifeline = os.pipe()   # neither end inherited by anything else it starts
         with open(self.log_path(name), "ab") as log:  # the child keeps its own descriptor
             proc = self.spawn(name, self.command(name), dict(
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                stdout=log, stderr=subprocess.STDOUT, stdin=self._lifeline[0], env=env,
                 start_new_session=True))
         self.procs[name] = proc
         self.killed.discard(name)
@@ -225,6 +232,10 @@ class LocalTree:
         own bounded shutdown, so that bound is what a slow shutdown hits); returns exit
         codes."""
         codes = dict(zip(self.procs, stop_processes(self.procs.values(), grace)))
+        if self._lifeline is not None:
+            for fd in self._lifeline:
+                os.close(fd)
+            self._lifeline = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -1,13 +1,19 @@
-"""crnet/launch.py: daemons start the same crnet as their launcher, wherever it runs."""
+"""crnet/launch.py: daemons start the same crnet as their launcher, wherever it runs, and
+stop with it."""
 
+import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+import crnet
 from crnet.launch import MASTER, LocalTree, crnet_argv
 from crnet.plan import Tree
 
@@ -80,3 +86,61 @@ def test_free_ports_come_from_below_the_ephemeral_range():
         assert 1024 <= port < low
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))   # it is free
+
+
+LAUNCHER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[2])
+from crnet.launch import LocalTree
+from crnet.plan import Tree
+lt = LocalTree(Tree((2,), (1,)), 60, workdir=sys.argv[1], strict=True).start(wait=30)
+print(json.dumps([p.pid for p in lt.procs.values()]), flush=True)
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_daemons_stop_when_their_launcher_is_killed(tmp_path):
+    """A launcher killed outright (SIGKILL: no cleanup runs) takes its daemons with it:
+    they see their standard input close (--exit-with-stdin) and stop in order, instead of
+    running on as orphans that hold their ports and sockets."""
+    root = str(Path(crnet.__file__).resolve().parent.parent)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path), root],
+                                stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = json.loads(launcher.stdout.readline())
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in pids):
+            assert time.monotonic() < deadline, "daemons outlived their launcher"
+            time.sleep(0.1)
+        for log in (tmp_path / "logs").glob("*.log"):
+            assert "standard input closed" in log.read_text(), log.read_text()[-2000:]
+    finally:
+        launcher.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+MASTER_ARGS = ["--role", "master", "--listen", "127.0.0.1:0", "--samples", "4", "--fanout", "2",
+               "--layers", "1", "--stragglers", "0"]
+
+
+def test_exit_with_stdin_needs_a_pipe(tmp_path):
+    argv = crnet_argv("daemon", *MASTER_ARGS, "--client-socket", str(tmp_path / "s.sock"),
+                      "--exit-with-stdin", "--check-config")
+    refused = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert refused.returncode == 2 and "not a pipe" in refused.stderr, refused.stderr
+    taken = subprocess.run(argv, input="", capture_output=True, text=True)
+    assert taken.returncode == 0, taken.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -68,6 +69,7 @@ class Settings:
     secret: bytes | None = None                # the cluster secret: every tree link authenticated
     tls: TlsFiles | None = None                # mutual TLS on every tree link (crnet/tls.py)
     strict: bool = False                       # an internal error stops the daemon (tests)
+    exit_with_stdin: bool = False              # stop when standard input closes (launchers)
     resolve_timeout: float = defaults.RESOLVE_TIMEOUT  # node: the parent's name must resolve
     reread_log_level: Callable[[], None] | None = None  # SIGHUP (crnet/config.py)
     metrics: tuple[str, int] | None = None     # serve Prometheus metrics here (node/metrics.py)
@@ -249,6 +251,28 @@ class Node:
         return dial
 
 
+def _stop_when_stdin_closes(loop: asyncio.AbstractEventLoop, node: Node) -> None:
+    """--exit-with-stdin: stop, as on SIGTERM, once standard input reaches end of file.
+    A launcher (``crnet demo``, ``LocalTree``) gives its daemons the read end of a pipe
+    whose write end only it holds: when it dies, even by SIGKILL, the kernel closes that
+    end and its daemons go with it instead of running on, holding their ports."""
+    def readable() -> None:
+        try:
+            data = os.read(0, 4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            return   # a launcher writes nothing; whatever comes means nothing
+        loop.remove_reader(0)
+        log.warning("standard input closed (--exit-with-stdin): whoever started this daemon "
+                    "is gone; stopping")
+        node.stop()
+
+    loop.add_reader(0, readable)
+
+
 def run_node(settings: Settings) -> int:
     """Run a daemon until SIGINT/SIGTERM; returns the process exit code."""
     async def main() -> int:
@@ -259,6 +283,8 @@ def run_node(settings: Settings) -> int:
             loop.add_signal_handler(sig, node.stop)
         if settings.reread_log_level is not None:   # SIGHUP: the log level, nothing else
             loop.add_signal_handler(signal.SIGHUP, settings.reread_log_level)
+        if settings.exit_with_stdin:
+            _stop_when_stdin_closes(loop, node)
         joined = node.membership   # log lines carry node=<slot> once it has one
         logs.name_node(lambda: None if joined.place is None else joined.place.name or "master")
         return await node.serve()

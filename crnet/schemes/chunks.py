@@ -68,7 +68,7 @@ class ChunkLayout:
     def of(cls, total: int, dtype, chunk_bytes: int) -> ChunkLayout:
         # Asked for several times per message, nearly always of the same few vectors:
         # a layout is immutable, so one per (total, dtype, chunk) is shared.
-        return _layout(cls, total, dtype, chunk_bytes)
+        return _layout(total, dtype, chunk_bytes)
 
     @property
     def chunks(self) -> int:
@@ -105,8 +105,8 @@ class ChunkLayout:
 
 
 @functools.lru_cache(maxsize=256)
-def _layout(cls: type[ChunkLayout], total: int, dtype, chunk_bytes: int) -> ChunkLayout:
+def _layout(total: int, dtype, chunk_bytes: int) -> ChunkLayout:
     dtype = np.dtype(dtype)
     total = int(total)
     chunk = chunk_bytes_for(total * dtype.itemsize, int(chunk_bytes))
-    return cls(total, dtype, max(1, chunk // dtype.itemsize), dtype_name(dtype))
+    return ChunkLayout(total, dtype, max(1, chunk // dtype.itemsize), dtype_name(dtype))
