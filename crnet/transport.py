@@ -252,9 +252,9 @@ def run(main):
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
-    """A private event loop (the blocking client's): uvloop's when it is installed. Its
-    callbacks and socket reads cost less Python than asyncio's; in a 13-process loopback
-    tree a small allreduce took ~20% less client CPU (docs/benchmarks-daemon.md)."""
+    """A private event loop (the blocking client's): uvloop's when it is installed. With
+    bench_step's 13 client threads a small allreduce took ~20% less CPU on it than on
+    asyncio's; in a process's main thread about the same (docs/benchmarks-daemon.md)."""
     try:
         import uvloop
     except ImportError:
