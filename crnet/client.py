@@ -20,6 +20,7 @@ import collections
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -131,11 +132,19 @@ class _Replies:
         fut = self._watches[step] = asyncio.get_running_loop().create_future()
         return fut, True
 
-    async def next(self, kind: type[M], timeout: float | None, what: str) -> M:
-        """The daemon's next message, which must be a ``kind``; an ERROR raises its exception."""
-        if not self._answers:
-            await self._arrival(timeout, what)
-        msg = self._answers.popleft()
+    async def next(self, kind: type[M], timeout: float | None, what: str,
+                   late: Callable[[Message], bool] | None = None) -> M:
+        """The daemon's next message, which must be a ``kind``; an ERROR raises its exception.
+        Messages ``late`` takes (answers to requests given up on) are passed over."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            if not self._answers:
+                await self._arrival(None if deadline is None else max(0.0, deadline - loop.time()),
+                                    what, timeout)
+            msg = self._answers.popleft()
+            if msg is None or late is None or not late(msg):
+                break
         if msg is None:
             self._answers.appendleft(None)  # every later call fails the same way
             raise DaemonNotRunning(f"crnetd at {self.path} closed the connection")
@@ -148,15 +157,16 @@ class _Replies:
             raise ProtocolError(f"crnetd answered {msg.TYPE.name} to a request for {what}")
         return msg
 
-    async def _arrival(self, timeout: float | None, what: str) -> None:
-        """Wait until an answer is in ``_answers``, at most ``timeout`` seconds."""
+    async def _arrival(self, timeout: float | None, what: str, bound: float | None) -> None:
+        """Wait until an answer is in ``_answers``, at most ``timeout`` seconds (of the
+        request's ``bound``, which the error names)."""
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
         timer = None if timeout is None else loop.call_later(timeout, _time_out, waiter)
         try:
             await waiter
         except asyncio.TimeoutError:
-            raise CrnetTimeout(f"no answer from crnetd for {what} within {timeout} s") from None
+            raise CrnetTimeout(f"no answer from crnetd for {what} within {bound} s") from None
         finally:
             self._waiter = None
             if timer is not None:
@@ -219,6 +229,10 @@ class AsyncClient:
         # (step, length, dtype) of the step request it gave up waiting on (CrnetTimeout):
         # the daemon still answers it, and asking again would be answered twice.
         self._owed: tuple[int, int, str] | None = None
+        # Steps whose requests it gave up waiting on, answers still to come. One that comes
+        # while it waits for another answer is dropped (_late): it is not that answer,
+        # nor that request's error.
+        self._abandoned: set[int] = set()
 
     @classmethod
     async def connect(cls, socket_path=None,
@@ -409,15 +423,34 @@ class AsyncClient:
         self._owed = ask
         try:
             while True:
-                done = await self._reply(Done, timeout, f"step {step}")
+                done = await self._reply(Done, timeout, f"step {step}", step)
                 if done.step == step:
                     break  # else: a late reply for a step we gave up waiting on
-        except CrnetError as e:   # answered (an error), unless this process gave up waiting
-            if not isinstance(e, CrnetTimeout):
-                self._owed = None
+        except CrnetTimeout:   # the daemon still answers it
+            self._abandoned.add(step)
+            raise
+        except CrnetError:     # answered (an error)
+            self._owed = None
+            self._abandoned.discard(step)
             raise
         self._owed = None
+        self._abandoned.discard(step)
         return self._take(like, out)
+
+    def _late(self, msg: Message, step: int | None) -> bool:
+        """Whether ``msg`` answers a step this process gave up waiting on, coming while it
+        waits for the answer to another request (about ``step``, or none): then it is
+        dropped, and that step asked again is a new request (the daemon answers it from
+        what it kept)."""
+        if not isinstance(msg, (Done, ClientError)):
+            return False
+        late = msg.step
+        if late is None or late == step or late not in self._abandoned:
+            return False
+        self._abandoned.discard(late)
+        if self._owed is not None and self._owed[0] == late:
+            self._owed = None
+        return True
 
     @staticmethod
     def _flat(vec, what: str) -> np.ndarray:
@@ -465,12 +498,15 @@ class AsyncClient:
             if msg.key == key:
                 return msg.step   # else: a late reply to a broadcast we gave up waiting on
 
-    async def _reply(self, kind: type[M], timeout: float | None, what: str) -> M:
-        """The daemon's answer; what it says of the tree (``tree_step``, a new assignment)
-        is kept even when the answer is an error."""
+    async def _reply(self, kind: type[M], timeout: float | None, what: str,
+                     step: int | None = None) -> M:
+        """The daemon's answer to a request (about ``step``, if it is a step's); what it
+        says of the tree (``tree_step``, a new assignment) is kept even when the answer is
+        an error."""
         try:
             msg = await self._replies.next(kind, self.default_timeout if timeout is None
-                                           else timeout, what)
+                                           else timeout, what,
+                                           lambda m: self._late(m, step))
         except (StepFailed, StepLost, StepRefused) as e:
             self._tree_step = max(self._tree_step, e.tree_step)
             raise

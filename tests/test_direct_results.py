@@ -17,7 +17,7 @@ import functools
 import numpy as np
 import pytest
 
-from crnet import AsyncClient, CrnetTimeout
+from crnet import AsyncClient, CrnetTimeout, StepFailed, StepLost
 from crnet.launch import MASTER
 from crnet.messages import Attached, Done, Result, Submit
 from crnet.node.engine import EngineSettings, Lost, StepEngine
@@ -214,6 +214,48 @@ async def test_a_retry_after_the_clients_own_timeout_gets_the_result_delivered_l
     finally:
         close(clients)
     assert counts["0"] > 0, counts
+
+
+@pytest.mark.timeout(180)
+async def test_an_answer_that_comes_after_the_process_gave_up_is_not_taken_for_another(
+        local_tree):
+    """Worker 0 gives up on step 1 (worker 3 never joins it, so the tree fails it ~3 s
+    later) and asks for step 2 once step 1's ERROR is in: that ERROR is not step 2's
+    error, and step 2's sum comes. It gives up on step 3 (worker 3 is late) and asks for its stats once step
+    3's DONE is in: that DONE is not the stats' answer. Step 3 asked again is a new
+    request, answered from what the daemon kept (nothing: it delivered the result
+    straight into the shared output), and later steps go on."""
+    lt = local_tree(RING, M, scheme="rar", chunk_bytes=CHUNK, timeout=3.0)
+    clients = await connect(lt, RING.names())
+    first, late = clients[("0", 0)], clients[("3", 0)]
+    middle = [c for c in clients.values() if c is not first and c is not late]
+    try:
+        exact(await everyone(clients, 0), 0)
+        failing = [asyncio.ensure_future(submit(c, 1, timeout=60)) for c in middle]
+        with pytest.raises(CrnetTimeout):
+            await submit(first, 1, timeout=0.3)
+        for task in failing:
+            with pytest.raises(StepFailed):
+                await task
+        await asyncio.sleep(0.3)              # step 1's ERROR for worker 0 is in by now
+        exact(await everyone(clients, 2), 2)
+
+        async def slow() -> np.ndarray:
+            await asyncio.sleep(1.0)
+            return await submit(late, 3, timeout=60)
+
+        tasks = [asyncio.ensure_future(slow()), *(asyncio.ensure_future(submit(c, 3, timeout=60))
+                                                   for c in middle)]
+        with pytest.raises(CrnetTimeout):
+            await submit(first, 3, timeout=0.3)
+        exact(dict(enumerate(await gather_or_cancel(*tasks))), 3)
+        await asyncio.sleep(0.3)              # step 3's DONE for worker 0 is in by now
+        assert (await first.stats())["stats"]["steps_done"] >= 3
+        with pytest.raises(StepLost):
+            await submit(first, 3, timeout=60)
+        exact(await everyone(clients, 4), 4)
+    finally:
+        close(clients)
 
 
 @pytest.mark.timeout(120)
