@@ -320,6 +320,9 @@ class AsyncClient:
         or the daemon itself is stuck; calling again for the same step then waits for
         the answer the daemon still owes (it asks nothing twice: the daemon may have
         delivered the result straight into the shared output, and keeps no copy of it).
+        If the process asks for anything else first, that late answer is dropped when
+        it comes (it is not the other request's answer or error), and the step asked
+        again later is a new request (StepLost if the daemon kept no copy).
         """
         vec = self._flat(vec, "allreduce")
         await self._stage(vec)
