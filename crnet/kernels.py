@@ -96,6 +96,17 @@ def _as_vectors(
     have it.  Error messages call the inputs ``input_names`` (default
     ``inputs[i]``).
     """
+    if (dtype is None and type(out) is np.ndarray and type(inputs) is tuple
+            and out.ndim == 1 and out.dtype in _FLOAT_TYPES and out.flags.c_contiguous
+            and out.flags.writeable):
+        # The daemons' own arrays (a ring part per call, every decode): already flat,
+        # contiguous and of one float type, so there is nothing to convert or check.
+        for x in inputs:
+            if not (type(x) is np.ndarray and x.dtype is out.dtype and x.shape == out.shape
+                    and x.flags.c_contiguous):
+                break
+        else:
+            return out, inputs
     if isinstance(inputs, (bytes, bytearray, memoryview, np.ndarray)):
         # A lone vector would be taken as a sequence of scalars.
         raise TypeError("inputs must be a sequence of vectors, not a single vector")
@@ -184,12 +195,6 @@ def _compiled_axpy(out: Any, coeff: float, x: Any, *, dtype: Any = None) -> None
 
 def _compiled_add_into(out: Any, x: Any, *, dtype: Any = None) -> None:
     """out += x, in place."""
-    if (dtype is None and type(out) is np.ndarray and type(x) is np.ndarray
-            and out.dtype is x.dtype and out.dtype in _FLOAT_TYPES and out.size == x.size
-            and out.ndim == x.ndim == 1 and out.flags.c_contiguous and x.flags.c_contiguous
-            and out.flags.writeable):
-        _core.add_into(out, x)   # the daemons' own vectors (a ring part per call): no more to check
-        return
     o, (v,) = _as_vectors(out, (x,), dtype, ("x",))
     _core.add_into(o, v)
 

@@ -22,6 +22,11 @@ import os
 import socket
 from typing import Protocol
 
+try:
+    import uvloop
+except ImportError:   # a core dependency, but crnet still runs on asyncio's own loop
+    uvloop = None     # type: ignore[assignment]
+
 from . import defaults
 from .errors import ProtocolError
 from .messages import Message, parse
@@ -181,8 +186,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is None or self.transport.is_closing():
             return False
         self.transport.writelines(frame)
-        # Parts are bytes, or memoryviews cast to "B": len is their size.
-        self.bytes_out += len(frame[0]) if len(frame) == 1 else len(frame[0]) + len(frame[1])
+        self.bytes_out += sum(map(len, frame))   # bytes, or memoryviews cast to "B"
         return True
 
     @property
@@ -235,28 +239,18 @@ def _format_peer(peer) -> str:
 
 def loop_name() -> str:
     """Which event loop ``run`` uses, for the daemon's start-up log line."""
-    try:
-        import uvloop
-    except ImportError:
+    if uvloop is None:
         return "asyncio (uvloop is not installed)"
     return f"uvloop {uvloop.__version__}"
 
 
 def run(main):
     """Run a coroutine on uvloop when it is installed, else on asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
+    return asyncio.run(main) if uvloop is None else uvloop.run(main)
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
     """A private event loop (the blocking client's): uvloop's when it is installed. With
     bench_step's 13 client threads a small allreduce took ~20% less CPU on it than on
     asyncio's; in a process's main thread about the same (docs/benchmarks-daemon.md)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
+    return asyncio.new_event_loop() if uvloop is None else uvloop.new_event_loop()

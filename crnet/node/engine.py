@@ -489,8 +489,8 @@ class StepEngine:
     # ---------------------------------------------------------------- the ring predecessor
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
         self._check_size(msg)
-        if self.is_decided(msg.step) or msg.step > self._window_end or self.scheme is None:
-            return None   # (beyond the window: refused, as refusal() says)
+        if self.is_decided(msg.step) or self.refusal(msg.step) or self.scheme is None:
+            return None
         return self.scheme.segment_dest(msg, nbytes)
 
     def segment(self, msg: Segment) -> None:
