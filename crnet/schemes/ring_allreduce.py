@@ -156,6 +156,10 @@ class RingStep:
         return byte_view(buf[a:b])
 
     def local_arrived(self, vector: np.ndarray) -> list[Send]:
+        # A copy, though the ring could reduce into _incoming and read ``vector`` where it
+        # lies: that is the process's shared input, which it may write again while the
+        # step still runs (it gave up waiting: CrnetTimeout), and every rank's sum would
+        # take the new bytes.
         self._acc = self._alloc(self.layout.total, self.layout.dtype)
         np.copyto(self._acc, vector)
         if self.size == 1:
