@@ -229,9 +229,9 @@ class AsyncClient:
         # (step, length, dtype) of the step request it gave up waiting on (CrnetTimeout):
         # the daemon still answers it, and asking again would be answered twice.
         self._owed: tuple[int, int, str] | None = None
-        # Steps whose requests it gave up waiting on, answers still to come. One that comes
-        # while it waits for another answer is dropped (_late): it is not that answer,
-        # nor that request's error.
+        # Steps whose requests it gave up waiting on, answers maybe still to come. One that
+        # comes while it waits for another answer is dropped (_late): it is not that
+        # answer, nor that request's error.
         self._abandoned: set[int] = set()
 
     @classmethod
@@ -425,20 +425,23 @@ class AsyncClient:
         self._ask(kind(*ask) if ask != self._owed else None)
         self._owed = ask
         try:
-            while True:
-                done = await self._reply(Done, timeout, f"step {step}", step)
-                if done.step == step:
-                    break  # else: a late reply for a step we gave up waiting on
+            done = await self._reply(Done, timeout, f"step {step}", step)
         except CrnetTimeout:   # the daemon still answers it
             self._abandoned.add(step)
             raise
         except CrnetError:     # answered (an error)
-            self._owed = None
-            self._abandoned.discard(step)
+            self._answered()
             raise
-        self._owed = None
-        self._abandoned.discard(step)
+        self._answered()
+        if done.step != step:   # answers to steps given up on were dropped (_late)
+            raise ProtocolError(f"crnetd answered step {done.step} to a request for step {step}")
         return self._take(like, out)
+
+    def _answered(self) -> None:
+        """A step request was answered. The daemon answers a process's step requests in
+        order, and a new one replaces any it gave up on: none of those is answered now."""
+        self._owed = None
+        self._abandoned.clear()
 
     def _late(self, msg: Message, step: int | None) -> bool:
         """Whether ``msg`` answers a step this process gave up waiting on, coming while it
