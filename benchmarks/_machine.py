@@ -58,8 +58,11 @@ class ForeignCpu:
 
     def stop(self, pids=()) -> float | None:
         m1 = self._machine()
+        # CPU seconds each of our processes used in the window (``used``).
+        self.used = {p: (self._proc(p) - self.p0.get(p, 0)) / self.TICK
+                     for p in self.pids | set(pids)}
         if self.m0 is None or m1 is None:
             return None
-        ours = sum(self._proc(p) - self.p0.get(p, 0) for p in self.pids | set(pids))
+        ours = sum(self.used.values()) * self.TICK
         total = m1[0] - self.m0[0]
         return max(0.0, (m1[1] - self.m0[1] - ours) / max(1, total))

@@ -218,6 +218,7 @@ class StepBench:
         total = warmup + steps
         first = self.step
         t_done = {n: [0.0] * total for n in names}
+        client_cpu = {n: [0.0] * total for n in names}   # each allreduce's CPU in its thread
         counters: dict[str, list[dict]] = {n: [] for n in names}  # each daemon's, after each step
         errors: list[BaseException] = []
 
@@ -240,8 +241,10 @@ class StepBench:
                     scale = np.float32(1 + step % 7)   # a fresh vector every step
                     np.multiply(base, w * scale, out=buf)
                     go.wait()
+                    cpu0 = time.thread_time()
                     c.allreduce(buf, step=step, out=out, timeout=120)
                     t_done[name][t] = time.perf_counter()
+                    client_cpu[name][t] = time.thread_time() - cpu0
                     sync.wait()                        # nobody checks while a step runs
                     # Final for this step: a daemon answers DONE only once it resolved it.
                     counters[name].append(c.stats()["stats"])
@@ -275,7 +278,9 @@ class StepBench:
             done = sum(row["steps_done"] for row in rows)
             if done != steps:
                 raise AssertionError(f"{n or 'master'} finished {done} of {steps} steps")
-        return {"times": step_times, "windows": windows, "per_step": per_step}
+        calls = [client_cpu[n][t] for n in names for t in range(warmup, total)]
+        return {"times": step_times, "windows": windows, "per_step": per_step,
+                "client_cpu": statistics.median(calls)}
 
 
 def critical_decode(tree: Tree, row: dict) -> float:
@@ -363,6 +368,9 @@ def main() -> None:
             foreign.start(p.pid for p in bench.lt.procs.values())
             r = bench.run_size(elems, steps, warmup)
             r["foreign"] = foreign.stop()
+            r["cpu"] = {name: foreign.used.get(proc.pid, 0.0) / (steps + warmup)
+                        for name, proc in bench.lt.procs.items()}
+            r["cpu"]["bench"] = foreign.used.get(os.getpid(), 0.0) / (steps + warmup)
             results.append((elems, steps, r))
             used = chunk_bytes_for(4 * elems, chunk) / MiB
             print(f"  {fmt_size(elems):>5}: {warmup} warm-up + {steps} steps, chunks of "
@@ -408,6 +416,22 @@ def main() -> None:
                      f" {statistics.median(statistics.mean(p) for p in per):>9.2f}")
         worst = max(critical_decode(tree, step_rows(r["per_step"], i)) for i in range(steps))
         print(f"{line} {1e3 * worst:>10.2f}")
+    print()
+    print("CPU per step, ms (each process's user + system time over the size's steps, warm-up")
+    print("included, each client's stats request and check too), and one allreduce's CPU in")
+    print("its client thread (median):")
+    layers = [f"L{l} daemon" for l in range(tree.layers + 1)]
+    print(f"{'size':>5}" + "".join(f" {name:>10}" for name in layers)
+          + f" {'clients':>8} {'all':>7} {'allreduce us':>12}")
+    for elems, steps, r in results:
+        cpu = r["cpu"]
+        line = f"{fmt_size(elems):>5}"
+        for layer in range(tree.layers + 1):
+            line += f" {1e3 * statistics.mean(cpu[n] for n in tree.names() if tree.layer(n) == layer):>10.2f}"
+        print(f"{line} {1e3 * cpu['bench']:>8.2f} {1e3 * sum(cpu.values()):>7.2f} "
+              f"{1e6 * r['client_cpu']:>12.0f}")
+    print("(clients: this process, the 13 client threads; all: every process of the run;")
+    print(" per step, so a 2-core machine needs at least all / 2 of wall time for it)")
     print()
     print("step time: barrier -> last of all clients (master's included) holding its result;")
     print("           GB/s = vector bytes / median step time.")

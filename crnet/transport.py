@@ -250,7 +250,6 @@ def run(main):
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
-    """A private event loop (the blocking client's): uvloop's when it is installed. With
-    bench_step's 13 client threads a small allreduce took ~20% less CPU on it than on
-    asyncio's; in a process's main thread about the same (docs/benchmarks-daemon.md)."""
+    """A private event loop (the blocking client's): uvloop's when it is installed (its
+    callbacks cost less than asyncio's: bench_step's ``allreduce us`` column)."""
     return asyncio.new_event_loop() if uvloop is None else uvloop.new_event_loop()
