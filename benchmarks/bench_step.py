@@ -423,7 +423,7 @@ def main() -> None:
     layers = [f"L{l} daemon" for l in range(tree.layers + 1)]
     print(f"{'size':>5}" + "".join(f" {name:>10}" for name in layers)
           + f" {'clients':>8} {'all':>7} {'allreduce us':>12}")
-    for elems, steps, r in results:
+    for elems, _, r in results:
         cpu = r["cpu"]
         line = f"{fmt_size(elems):>5}"
         for layer in range(tree.layers + 1):
