@@ -322,7 +322,9 @@ class Job(Message):
 
 @dataclass(frozen=True, slots=True)
 class RingPlace:
-    """Part of ASSIGN (rar): a worker's rank, the ring's size, where its successor listens."""
+    """Part of ASSIGN (rar): a worker's rank, the ring's size, where its successor listens.
+    The ring is the N workers (ranks 0..N-1) and the master (rank N); the last worker's
+    successor is None: the master, at the address it dials as its parent."""
 
     rank: int
     size: int
@@ -333,8 +335,8 @@ class RingPlace:
 
     @classmethod
     def from_header(cls, h: _Fields) -> RingPlace:
-        size = h.integer("size", 1, 1 << 16)
-        return cls(h.integer("rank", 0, size - 1), size, h.opt_text("successor"))
+        size = h.integer("size", 2, 1 << 16)
+        return cls(h.integer("rank", 0, size - 2), size, h.opt_text("successor"))
 
 
 @dataclass(frozen=True, slots=True)

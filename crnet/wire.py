@@ -26,7 +26,7 @@ import msgpack
 from .errors import ProtocolError
 
 MAGIC = b"CRNT"
-VERSION = 2
+VERSION = 3   # 3: the ring (rar) includes the master (messages.RingPlace)
 PREFIX = struct.Struct("!4sBBIQ")
 
 __all__ = ["PREFIX", "VERSION", "FrameReader", "Limits", "MsgType", "PyFrameReader", "encode"]

@@ -116,7 +116,7 @@ async def test_results_are_exact_and_leaves_and_ring_members_take_them_without_a
     assert all(counts[n] > 0 for n in takers), counts
     if scheme == "cr":   # they forward every chunk to children: they copy
         assert all(counts[n] == 0 for n in tree.names() if tree.children(n)), counts
-    else:                # the master's copy of the ring's result comes straight in too
+    else:                # the master, a ring member too, takes it straight in as well
         assert counts[MASTER] > 0, counts
 
 

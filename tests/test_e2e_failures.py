@@ -132,10 +132,10 @@ async def test_a_process_that_fell_behind_its_daemons_memory_gets_step_lost(loca
 
 
 async def test_ring_member_loss_fails_the_step_and_the_ring_recovers(local_tree):
-    tree = Tree((4,), (0,))              # rar: a ring of 4 workers under the master
+    tree = Tree((4,), (0,))              # rar: a ring of 4 workers and the master
     timeout = 2.0
-    m, dim = 20, 70_000                  # 140 kB segments in 5 parts of 28 kB (32 KiB chunks),
-    lt = local_tree(tree, m, scheme="rar", timeout=timeout, chunk_bytes=32 << 10)  # each rank's to the master
+    m, dim = 20, 70_000                  # 112 kB segments in 4 parts of 28 kB (32 KiB chunks)
+    lt = local_tree(tree, m, scheme="rar", timeout=timeout, chunk_bytes=32 << 10)
     grads = np.random.default_rng(9).standard_normal((m, dim))
     want = grads.sum(axis=0)
     clients = await connect_all(lt, workers(tree))

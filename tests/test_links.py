@@ -204,7 +204,7 @@ def test_a_child_counting_more_workers_than_its_subtree_holds_is_cut_off(master)
 
 
 def ring_member(membership, rank):
-    return membership(Place(str(rank), 1, RING, "rar", "auto", 32, RingPlace(rank, 3, None)))
+    return membership(Place(str(rank), 1, RING, "rar", "auto", 32, RingPlace(rank, 4, None)))
 
 
 def test_the_ring_predecessor_is_welcomed_and_may_send_segments_only(membership):

@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 
 from crnet.errors import JoinRefused, ProtocolError
-from crnet.messages import Assign, Chunk, Hello, Joined, NodeShare, Welcome, pack_allocation, parse_allocation
+from crnet.messages import (
+    Assign,
+    Chunk,
+    Hello,
+    Joined,
+    NodeShare,
+    RingPlace,
+    Welcome,
+    pack_allocation,
+    parse_allocation,
+)
 from crnet.node.dial import keep_connected
 from crnet.node.engine import Failed, Lost
 from crnet.node.membership import JoinState, subtree_workers
@@ -199,6 +209,21 @@ def test_once_all_workers_joined_each_child_is_assigned_its_subtree_once(master)
     assert master.assignment() == {"name": "", "layer": 0, "samples": SAMPLES, "workers": 6,
                                    "ranges": [], "process": 0, "processes": 1}
     assert assigned == [JoinState.ASSIGNED]
+
+
+def test_a_ring_is_the_workers_then_the_master_and_the_last_worker_dials_its_parent(membership):
+    ring = Tree((3,), (0,))
+    master = membership(place("", ring, "rar"), SAMPLES)
+    links = [FakeLink() for _ in range(3)]
+    for k, link in enumerate(links):
+        master.child_hello(link, Hello(listen=f"10.0.0.{k + 2}:7000"))
+    for k in range(3):
+        master.child_joined(k, Joined(1))
+    assert [link.messages(Assign)[0].ring for link in links] == [
+        RingPlace(0, 4, "10.0.0.3:7000"), RingPlace(1, 4, "10.0.0.4:7000"),
+        RingPlace(2, 4, None)]          # None: the master, at its parent's address
+    assert master.place.ring == RingPlace(3, 4, "10.0.0.2:7000")   # it sends to worker 0
+    assert master.engine.place.ring == master.place.ring
 
 
 def test_a_child_that_rejoins_after_the_plan_is_assigned_again(master):

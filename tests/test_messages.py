@@ -264,7 +264,7 @@ BAD_FIELDS = [
     # nested fields are named with their parent message
     (MsgType.ASSIGN, {"samples": 60, "ring": [0, 3]}, 8, "ASSIGN: field 'ring' must be a map"),
     (MsgType.ASSIGN, {"samples": 60, "ring": {"rank": 3, "size": 3}}, 8,
-     "ASSIGN ring: field 'rank' must be an integer in 0..2, got 3"),
+     "ASSIGN ring: field 'rank' must be an integer in 0..1, got 3"),
     (MsgType.ASSIGN, {"samples": 0}, 8, "ASSIGN: field 'samples' must be an integer in 1.."),
     (MsgType.CLIENT_WELCOME, client_welcome(assignment={"name": "0", "layer": "1"}), 0,
      "CLIENT_WELCOME assignment: field 'samples' must be an integer"),

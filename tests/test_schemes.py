@@ -6,7 +6,7 @@ import pytest
 from crnet.codes import code_for
 from crnet.schemes.chunks import AUTO, ChunkLayout, chunk_bytes_for, largest_chunk
 from crnet.schemes.coded_reduce import ResultStep, UpStep
-from crnet.schemes.ring_allreduce import RingCopy, RingStep
+from crnet.schemes.ring_allreduce import RingStep
 
 
 def test_each_chunk_decodes_from_its_own_fastest_children():
@@ -73,47 +73,22 @@ def test_auto_chunks_grow_with_the_vector_from_1_to_4_mib(vector_bytes, chunk):
 
 
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, 16])    # one part per segment; many
-@pytest.mark.parametrize("size", [1, 2, 3, 5, 6])
-@pytest.mark.parametrize("total", [1, 7, 100])
-def test_ring_allreduce_sums_exactly(size, total, chunk_bytes):
-    _ring_allreduce_sums_exactly(size, total, chunk_bytes)
-
-
-@pytest.mark.parametrize("size", [1, 3, 5])
-def test_a_large_ring_step_sums_exactly_and_every_rank_sends_the_master_its_segment(size):
-    # 64 kB segments and more: each rank's reduced segment goes to the master, in parts.
-    _ring_allreduce_sums_exactly(size, 50_000, 16 << 10, spread=True)
-
-
-def _ring_allreduce_sums_exactly(size, total, chunk_bytes, spread=False):
+@pytest.mark.parametrize("size", [2, 3, 5, 6])
+@pytest.mark.parametrize("total", [1, 7, 100, 50_000])
+def test_ring_allreduce_sums_exactly_with_the_master_as_a_member_adding_nothing(size, total,
+                                                                                chunk_bytes):
     rng = np.random.default_rng(size * 1000 + total)
-    vectors = [rng.standard_normal(total) for _ in range(size)]
+    workers = size - 1                      # ranks 0..size-2; the master is the last rank
+    vectors = [rng.standard_normal(total) for _ in range(workers)]
     layout = ChunkLayout.of(total, np.float64, chunk_bytes)
     ranks = [RingStep(0, layout, k, size) for k in range(size)]
     if chunk_bytes < 1 << 20 and total // size >= 4:
         assert ranks[0].parts > 1     # the tree's chunk size caps a part
-    assert ranks[0].pieces.spread == spread
-    senders = set()
-    # The master's copy: each rank's fully reduced parts, as they come.
-    copy = RingCopy(0, layout, size)
-
-    def route(k, sends):
-        for send in sends:
-            if not send.master:
-                queues[(k + 1) % size].append(send)
-            elif send.payload.size:
-                senders.add(k)
-                index = send.segment * ranks[k].parts + send.part
-                assert copy.check(k, total, "float64", index, send.payload.nbytes) is None
-                np.frombuffer(copy.dest(index), np.float64)[:] = send.payload
-                copy.arrived(index)
-                assert copy.dest(index) is None
-
     # Deliver every send to the successor, in order, like one TCP link per rank.
     queues = [[] for _ in range(size)]
-    order = rng.permutation(size)  # local vectors arrive in any order
+    order = rng.permutation(size)  # local vectors (the master's: none) arrive in any order
     for k in order:
-        route(k, ranks[k].local_arrived(vectors[k]))
+        queues[(k + 1) % size] += ranks[k].local_arrived(vectors[k] if k < workers else None)
         progress = True
         while progress:
             progress = False
@@ -124,15 +99,19 @@ def _ring_allreduce_sums_exactly(size, total, chunk_bytes, spread=False):
                     np.frombuffer(dest, np.float64)[:] = send.payload
                     assert ranks[j].check(send.phase, send.round, send.segment,
                                           send.payload.nbytes, send.part) is None
-                    route(j, ranks[j].received(send.phase, send.round, send.segment, send.part))
+                    queues[(j + 1) % size] += ranks[j].received(send.phase, send.round,
+                                                                send.segment, send.part)
                     progress = True
     want = np.sum(vectors, axis=0)
     for r in ranks:
         assert r.complete
         np.testing.assert_allclose(r.result, want, rtol=1e-12, atol=1e-12)
-    assert copy.complete
-    assert senders == (set(range(size)) if spread else {0})
-    np.testing.assert_array_equal(copy.vector, ranks[0].result)   # bit for bit the ring's
+        np.testing.assert_array_equal(r.result, ranks[-1].result)   # bit for bit the same
+
+
+def test_a_ring_has_the_master_and_a_worker_at_least():
+    with pytest.raises(ValueError, match="at least 2 members"):
+        RingStep(0, ChunkLayout.of(9, np.float64, 1 << 20), rank=0, size=1)
 
 
 def test_ring_rejects_a_wrong_segment():
@@ -147,7 +126,7 @@ def test_ring_forwards_each_part_as_soon_as_it_is_reduced():
     layout = ChunkLayout.of(3 * 4, np.float64, chunk_bytes=8)   # 4 one-element parts per segment
     ring = RingStep(0, layout, rank=1, size=3)
     assert ring.parts == 4
-    first = [s for s in ring.local_arrived(np.ones(12)) if not s.master]
+    first = ring.local_arrived(np.ones(12))
     assert [(s.phase, s.round, s.segment, s.part) for s in first] == [("rs", 0, 1, p) for p in range(4)]
     np.frombuffer(ring.dest("rs", 0, 2), np.float64)[:] = 5.0
     (send,) = ring.received("rs", 0, 0, 2)
@@ -155,28 +134,12 @@ def test_ring_forwards_each_part_as_soon_as_it_is_reduced():
     assert send.payload.tolist() == [6.0]
 
 
-def test_the_master_takes_from_each_rank_only_the_segment_it_reduced():
-    total = 3 * 8192                                            # 64 KiB float64 segments
-    layout = ChunkLayout.of(total, np.float64, chunk_bytes=32 << 10)   # 2 parts each
-    copy = RingCopy(0, layout, size=3)
-    assert copy.check(0, total, "float64", 2, 32 << 10) is None    # rank 0 reduces segment 1
-    assert "rank 0 reduces 1" in copy.check(0, total, "float64", 0, 32 << 10)
-    assert "expected 32768" in copy.check(2, total, "float64", 1, 8)
-    assert f"{total} x float64" in copy.check(1, 10, "float64", 4, 16)
-
-
-def test_a_small_step_s_copy_comes_from_rank_0_alone():
-    layout = ChunkLayout.of(12, np.float64, chunk_bytes=16)   # 2 parts per 4-element segment
-    copy = RingCopy(0, layout, size=3)
-    assert copy.check(0, 12, "float64", 0, 16) is None
-    assert "only rank 0" in copy.check(1, 12, "float64", 4, 16)
-
-
 @pytest.mark.parametrize("total, size, parts", [
     (1_000_000, 20, 4),       # 4 MB in 200 kB segments: 4 parts of 50 kB
     (1_000, 20, 1),           # small vectors: latency-bound, one frame per segment
     (200_000, 2, 4),          # 400 kB segments: 100 kB parts
-    (40_000, 2, 2),           # 80 kB segments: parts no smaller than 64 KiB
+    (40_000, 2, 3),           # 80 kB segments: parts no smaller than 32 KiB
+    (1_000_000, 21, 4),       # the bandwidth preset's ring (20 workers, the master): 47.6 kB
     (16 << 20, 20, 4),        # 64 MiB: 3.4 MB segments in 4 parts (under the 1 MiB chunk)
     (3, 20, 1),               # more ranks than elements: empty segments
 ])

@@ -36,7 +36,7 @@ through the engine's ``Ports``. The engine owns what every scheme shares:
   known yet (the first step), or a new one comes: ``crnet.schemes.coded_reduce``.
 - **Results straight into a training process's memory** (``alloc_result``): where a
   step's result is received into an array that nothing reads after the step but its
-  own sends (a leaf, a ring worker, the ring's master), it is the shared output of the
+  own sends (a leaf, a ring member), it is the shared output of the
   local training process waiting on the step (``links.LocalProcesses.lend``), so no
   copy puts it there. That memory is the process's again once it is answered (it may
   change it in place at once), so: the host's other processes waiting on the step copy
@@ -370,16 +370,6 @@ class StepEngine:
         if self.scheme is not None and not self.is_decided(msg.step):
             self.scheme.child_chunk(k, msg)
 
-    def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
-        self._check_size(msg)
-        if not self._admit_child(k, msg.step) or self.scheme is None:
-            return None
-        return self.scheme.child_result_dest(k, msg, nbytes)
-
-    def child_result(self, k: int, msg: Result) -> None:
-        if self.scheme is not None and not self.is_decided(msg.step):
-            self.scheme.child_result(k, msg)
-
     def child_opened(self, k: int, msg: Open) -> None:
         if self._admit_child(k, msg.step):
             self._open_step(msg.step, announce=True)
@@ -690,7 +680,7 @@ class StepEngine:
     def _give_back(self, step: int, answers: list[Callable[[], None]], until: float) -> None:
         """``step``'s result went into a training process's shared output, which is its own
         again once it is answered (``answers``): first every link of this node must have
-        sent what it queued, which may read that memory (a ring worker's parts). Checked
+        sent what it queued, which may read that memory (a ring member's parts). Checked
         every ``GIVE_BACK_POLL`` s until the step's bound (``until``); a link that still
         holds data then is cut off (its queue dropped) rather than read memory the
         process may be changing."""

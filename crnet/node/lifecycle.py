@@ -237,7 +237,13 @@ class Node:
         conn.send(guard.hello(hello))
         return conn, link.welcome
 
-    def _dialer(self, address: str):
+    def _dialer(self, address: str | None):
+        """Dials a ring successor at ``address`` (None: the master, at the parent's)."""
+        if address is None:
+            assert self.settings.parent is not None
+            parent_host, parent_port = self.settings.parent
+            address = (f"[{parent_host}]:{parent_port}" if ":" in parent_host
+                       else f"{parent_host}:{parent_port}")
         host, _, port = address.rpartition(":")
 
         async def dial(hello):

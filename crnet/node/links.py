@@ -96,8 +96,6 @@ class ChildLink:
         if self.slot is not None:
             if isinstance(msg, Chunk):
                 return self.engine.child_chunk_dest(self.slot, msg, nbytes)
-            if isinstance(msg, Result):  # rar: rank 0 reports the ring's result to the master
-                return self.engine.child_result_dest(self.slot, msg, nbytes)
             if isinstance(msg, Bcast):
                 return self.membership.broadcasts.child_dest(self.slot, msg, nbytes)
         elif self.peer and isinstance(msg, Segment):
@@ -118,8 +116,6 @@ class ChildLink:
                 self.engine.child_opened(self.slot, msg)
             elif isinstance(msg, Job):
                 self.membership.join_job(msg.name)
-            elif isinstance(msg, Result):
-                self.engine.child_result(self.slot, msg)
             elif isinstance(msg, Bcast):
                 self.membership.broadcasts.from_child(self.slot, msg, payload)
             elif isinstance(msg, WantState):
@@ -267,7 +263,7 @@ class ParentLink(DialedLink):
 
 
 class SuccessorLink(DialedLink):
-    """A ring worker's link to its successor: segments go out, only the welcome comes in."""
+    """A ring member's link to its successor: segments go out, only the welcome comes in."""
 
     def payload_dest(self, conn, msg, nbytes):
         raise ProtocolError(f"unexpected {msg.TYPE.name} from the ring successor")

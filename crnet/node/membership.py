@@ -9,8 +9,8 @@ down the tree.
 
 Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
-with backoff (``dial.py``) until the parent is back. A ring worker (``--scheme
-rar``) also keeps a link to its ring successor the same way.
+with backoff (``dial.py``) until the parent is back. A ring member (``--scheme
+rar``: the workers and the master) also keeps a link to its ring successor the same way.
 
 The state is explicit (``JoinState``); the step engine is told when the node has
 its share (``engine.start``) and when children or the parent come and go.
@@ -64,11 +64,12 @@ class Membership:
     def __init__(self, engine: StepEngine, neighbours: Neighbours, *, stop: Callable[[int], None],
                  place: Place | None = None, samples: int | None = None,
                  name: str | None = None, dial_parent: Dialer | None = None,
-                 dial_successor: Callable[[str], Dialer] | None = None,
+                 dial_successor: Callable[[str | None], Dialer] | None = None,
                  resolve_timeout: float | None = None, host_id: str | None = None):
         """The master passes its ``place`` and ``samples`` (it knows the tree from its
         options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
-        learns both from its parent. ``dial_successor(address)`` dials a ring successor.
+        learns both from its parent. ``dial_successor(address)`` dials a ring successor
+        (``None``: the one at the parent's address, the master).
         A node whose parent's host name does not resolve for ``resolve_timeout`` s exits 2."""
         self.resolve_timeout = resolve_timeout
         self.engine = engine
@@ -290,6 +291,12 @@ class Membership:
     def _assigned(self) -> None:
         assert self.place is not None
         self.state = JoinState.ASSIGNED
+        if self.place.is_master and self.place.scheme == "rar" and self.place.ring is None:
+            # The master is the ring's last member (ring_allreduce.py); it dials worker 0.
+            slots = self.neighbours.slots
+            ring = RingPlace(len(slots), len(slots) + 1, slots[0].address)
+            self.place = dataclasses.replace(self.place, ring=ring)
+            self._keep_successor(ring)
         self.engine.start(self.place)
         for k, slot in enumerate(self.neighbours.slots):
             if slot.link is not None and slot.workers and not slot.assigned:
@@ -305,7 +312,10 @@ class Membership:
         sub = {n: v for n, v in self.allocation.items() if n == child or n.startswith(prefix)}
         ring = None
         if self.place.scheme == "rar":
-            ring = RingPlace(k, len(slots), slots[(k + 1) % len(slots)].address)
+            # Ranks 0..N-1 are the workers, N the master: the last worker's successor is
+            # its parent (None), whose address it knows better than the master does.
+            ring = RingPlace(k, len(slots) + 1, slots[k + 1].address if k + 1 < len(slots)
+                             else None)
         link = slots[k].link
         assert link is not None
         slots[k].assigned = link.send(Assign(self.samples, ring), pack_allocation(sub))
@@ -403,14 +413,15 @@ class Membership:
         self._assigned()
 
     def _keep_successor(self, ring: RingPlace) -> None:
-        if ring.size == 1:
-            return
-        if ring.successor is None or self._dial_successor is None:
+        last_worker = ring.rank == ring.size - 2
+        if self._dial_successor is None or (ring.successor is None and not last_worker):
             log.error("rar: the master did not know rank %d's successor", ring.rank)
             return
+        # None: the last worker's successor is the master, at its parent's address.
         dial = self._dial_successor(ring.successor)
+        where = "the master" if ring.successor is None else ring.successor
         self._tasks.append(supervised(keep_connected(
-            f"ring successor {ring.successor}", dial, hello=lambda: PeerHello(ring.rank),
+            f"ring successor {where}", dial, hello=lambda: PeerHello(ring.rank),
             up=self.neighbours.successor_up, down=self._successor_down,
             refused=lambda e: log.error("the ring successor refused this node: %s",
                                         shown(e.reason))),

@@ -125,10 +125,10 @@ class Ports(Protocol):
         """The array ``step``'s result is received or assembled into: the shared output of
         the local training process waiting on it when there is one (nothing copies the
         result then), else one from the pool. ``sent``: parts of it are sent on from there
-        (a ring worker's all-gather and the master's copy); that process is then answered
+        (a ring member's all-gather parts); that process is then answered
         only once the node's links have sent all they queued, so it suits sends that
         leave at once, not a result forwarded to children that may straggle (their
-        queues would hold it up). A leaf and the ring's master send nothing from it."""
+        queues would hold it up). A leaf sends nothing from it."""
 
 
 class Scheme:
@@ -148,12 +148,6 @@ class Scheme:
         raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no CHUNK from children")
 
     def child_chunk(self, k: int, msg: Chunk) -> None:
-        pass
-
-    def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
-        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no RESULT from children")
-
-    def child_result(self, k: int, msg: Result) -> None:
         pass
 
     def result_dest(self, msg: Result, nbytes: int) -> memoryview | None:

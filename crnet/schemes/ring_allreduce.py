@@ -1,4 +1,4 @@
-"""Ring allreduce at one worker: reduce-scatter, then all-gather (the RAR baseline).
+"""Ring allreduce at one ring member: reduce-scatter, then all-gather (the RAR baseline).
 
 Free of sockets. The vector is cut into N segments. In reduce-scatter round r,
 rank k sends segment (k - r) mod N to its successor and adds the segment it
@@ -17,16 +17,17 @@ the whole schedule pays that hop.
 Every rank must take part in every round: one straggler stalls the whole ring,
 which is the point of the comparison with CodedReduce.
 
-``RingAllreduce`` drives a worker's ``RingStep`` over the engine's ``Ports``: segments
-go to the ring successor. The master joins the workers as a star, relays failures and
-keeps a copy of each step's result (for its own training process): each rank sends it
-the segment it fully reduced, part by part, as soon as each part is (``RingCopy``), so
-every uplink carries 1/N of the vector more instead of rank 0's carrying all of it
-next to its ring traffic (which made rank 0's link the ring's bottleneck). Segments
-under ``MIN_PART_BYTES`` are latency-bound and cheaper in one piece: there rank 0 sends
-the whole result once it has it, as N small frames would cost the master more.
-A worker's result and the master's copy are received straight into the shared output of
-the training process waiting on the step (``Ports.alloc_result``).
+``RingAllreduce`` drives one ``RingStep`` per step at every member over the engine's
+``Ports``: segments go to the ring successor. The master is a member too, the last rank
+of a ring of N + 1, contributing nothing (zeros): it needs each step's result (for its
+own training process) and gets it the way every member does, from the all-gather, so
+every link carries 2N/(N+1) of the vector, the same for all, and the master's link takes
+one flow, not N. (It used to be outside the ring, fed each rank's reduced segment: every
+uplink then carried 1/N of the vector more than the ring needs, and the master's downlink
+took N flows at once, TCP incast.) The master also keeps the workers as a star, as in
+every scheme: a worker's failure or its lost link fails the step for the whole ring at once.
+Every member's result is received straight into the shared output of the training process
+waiting on the step (``Ports.alloc_result``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 from ..kernels import add_into
-from ..messages import Phase, Result, Segment
+from ..messages import Phase, Segment
 from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
 from .chunks import ChunkLayout, byte_view
@@ -48,7 +49,7 @@ log = logging.getLogger("crnet.schemes")
 REDUCE, GATHER = Phase.REDUCE, Phase.GATHER
 
 PIPELINE_DEPTH = 4          # parts a large segment is cut into
-MIN_PART_BYTES = 64 << 10   # and none smaller: each part is a frame (~0.1 ms of Python per end)
+MIN_PART_BYTES = 32 << 10   # and none smaller: each part is a frame (~0.1 ms of Python per end)
 
 
 def ring_parts(layout: ChunkLayout, size: int) -> int:
@@ -56,12 +57,14 @@ def ring_parts(layout: ChunkLayout, size: int) -> int:
 
     A part of ``1/PIPELINE_DEPTH`` of a segment keeps the link busy as long as one hop
     (reduce the part, send it on, its first byte across) takes less than 3/4 of a
-    segment's transmission: 12 ms of a 4 MB vector's 16 ms segments on 20 workers
-    at 100 Mbit/s. Parts stay at least ``MIN_PART_BYTES`` (5 ms at 100 Mbit/s, 0.5 ms
-    at 1 Gbit/s) so the per-frame cost stays small next to the bytes, which leaves
-    small vectors, whose steps are latency-bound, in one part per segment. The tree's
-    chunk size (``--chunk-bytes``) caps a part: smaller chunks, more parts. Every rank
-    computes the same count from the step's layout.
+    segment's transmission: 11 ms of a 4 MB vector's 15 ms segments on a ring of 20
+    workers and the master at 100 Mbit/s. Parts stay at least ``MIN_PART_BYTES`` (2.6 ms
+    at 100 Mbit/s, 0.26 ms at 1 Gbit/s) so the per-frame cost stays small next to the
+    bytes, which leaves small vectors, whose steps are latency-bound, in one part per
+    segment. (A 64 KiB floor cut that ring's segments into 3 parts, not 4, and its steps
+    took 0.93-1.02 s instead of 0.67-0.69 s: docs/benchmarks.md.) The tree's chunk size
+    (``--chunk-bytes``) caps a part: smaller chunks, more parts. Every rank computes the
+    same count from the step's layout.
     """
     item = layout.dtype.itemsize
     seg_elems = layout.total // size                      # the smallest segment
@@ -79,8 +82,6 @@ class RingPieces:
         self.segments = list(zip(edges[:-1].tolist(), edges[1:].tolist()))
         self.parts = ring_parts(layout, size)
         self._bounds: dict[int, tuple[int, int]] = {}
-        # The master's copy: from every rank (its reduced segment), or all of it from rank 0.
-        self.spread = (layout.total // size) * layout.dtype.itemsize >= MIN_PART_BYTES
 
     def bounds(self, segment: int, part: int) -> tuple[int, int]:
         """Part ``part`` of segment ``segment``: element bounds, as even as they come
@@ -96,22 +97,23 @@ class RingPieces:
 
 @dataclass(frozen=True)
 class Send:
-    """Pass ``payload`` (part ``part`` of segment ``segment`` of phase/round) to the successor,
-    or (``master``) the fully reduced part to the master as its copy."""
+    """Pass ``payload`` (part ``part`` of segment ``segment`` of phase/round) to the successor."""
 
     phase: Phase
     round: int
     segment: int
     payload: np.ndarray
     part: int = 0
-    master: bool = False
 
 
 class RingStep:
-    """One step of ring allreduce at rank ``rank`` of ``size``."""
+    """One step of ring allreduce at rank ``rank`` of ``size`` (at least 2: the master and
+    one worker)."""
 
     def __init__(self, step: int, layout: ChunkLayout, rank: int, size: int, alloc=fresh,
                  result_alloc=fresh):
+        if size < 2:
+            raise ValueError(f"a ring has at least 2 members (the master and a worker), not {size}")
         self.step, self.layout, self.rank, self.size = step, layout, rank, size
         self.pieces = RingPieces(layout, size)
         self.parts = self.pieces.parts
@@ -128,11 +130,15 @@ class RingStep:
         self.result: np.ndarray | None = None
         self._early: list[tuple[int, int, int]] = []         # arrivals before the local vector
         self._gathered = 0                                    # all-gather parts received
-        self._owned = self.parts if size == 1 else 0          # own segment's parts fully reduced
+        self._owned = 0                                       # own segment's parts fully reduced
 
     @property
     def complete(self) -> bool:
         return self._owned == self.parts and self._gathered == (self.size - 1) * self.parts
+
+    @property
+    def has_local(self) -> bool:
+        return self._acc is not None
 
     def check(self, phase, rnd, segment, nbytes, part=0) -> str | None:
         """Why an incoming segment header is wrong, or None."""
@@ -155,17 +161,17 @@ class RingStep:
         a, b = self.pieces.bounds(segment, part)
         return byte_view(buf[a:b])
 
-    def local_arrived(self, vector: np.ndarray) -> list[Send]:
-        # A copy, though the ring could reduce into _incoming and read ``vector`` where it
-        # lies: that is the process's shared input, which it may write again while the
-        # step still runs (it gave up waiting: CrnetTimeout), and every rank's sum would
-        # take the new bytes.
+    def local_arrived(self, vector: np.ndarray | None) -> list[Send]:
+        """This rank's vector, or None: it adds nothing (the master), as a zero vector would."""
         self._acc = self._alloc(self.layout.total, self.layout.dtype)
-        np.copyto(self._acc, vector)
-        if self.size == 1:
-            self.result = self._acc
-            return [self._send(GATHER, 0, 0, part, self.result, master=True)
-                    for part in range(self.parts)]
+        if vector is None:
+            self._acc.fill(0)
+        else:
+            # A copy, though the ring could reduce into _incoming and read ``vector`` where
+            # it lies: that is the process's shared input, which it may write again while
+            # the step still runs (it gave up waiting: CrnetTimeout), and every rank's sum
+            # would take the new bytes.
+            np.copyto(self._acc, vector)
         sends = [self._send(REDUCE, 0, self.rank, part, self._acc) for part in range(self.parts)]
         for rnd, segment, part in self._early:
             sends += self._reduce(rnd, segment, part)
@@ -175,10 +181,9 @@ class RingStep:
     def received(self, phase: str, rnd: int, segment: int, part: int = 0) -> list[Send]:
         if phase == GATHER:
             self._gathered += 1
-            sends = []
             if rnd + 1 < self.size - 1:
-                sends.append(self._send(GATHER, rnd + 1, segment, part, self.result))
-            return sends + self._whole_copy()
+                return [self._send(GATHER, rnd + 1, segment, part, self.result)]
+            return []
         if self._acc is None:
             self._early.append((rnd, segment, part))
             return []
@@ -193,26 +198,16 @@ class RingStep:
         # Fully reduced: this rank owns segment (rank + 1) mod N; its all-gather starts.
         self._result()[a:b] = self._acc[a:b]
         self._owned += 1
-        sends = [self._send(GATHER, 0, segment, part, self.result)]
-        if self.pieces.spread:
-            sends.append(self._send(GATHER, 0, segment, part, self.result, master=True))
-        return sends + self._whole_copy()   # (if the all-gather came in first)
-
-    def _whole_copy(self) -> list[Send]:
-        """Small segments: rank 0 sends the master the whole result, once it has it."""
-        if self.pieces.spread or self.rank != 0 or not self.complete:
-            return []
-        return [self._send(GATHER, 0, seg, p, self.result, master=True)
-                for seg in range(self.size) for p in range(self.parts)]
+        return [self._send(GATHER, 0, segment, part, self.result)]
 
     def _result(self) -> np.ndarray:
         if self.result is None:
             self.result = self._result_alloc(self.layout.total, self.layout.dtype)
         return self.result
 
-    def _send(self, phase, rnd, segment, part, source, master=False) -> Send:
+    def _send(self, phase, rnd, segment, part, source) -> Send:
         a, b = self.pieces.bounds(segment, part)
-        return Send(phase, rnd, segment, source[a:b], part, master)
+        return Send(phase, rnd, segment, source[a:b], part)
 
     def _expected(self, phase: str, rnd: int) -> int:
         """The segment the predecessor (rank - 1) sends in this phase and round."""
@@ -222,63 +217,18 @@ class RingStep:
         return (pred + 1 - rnd) % self.size
 
 
-class RingCopy:
-    """The master's copy of a ring step's result, one RESULT per part, numbered
-    ``segment * parts + part``: rank k sends the segment it reduced, (k + 1) mod N,
-    or (small segments: not ``spread``) rank 0 sends them all."""
-
-    def __init__(self, step: int, layout: ChunkLayout, size: int, alloc=fresh):
-        self.step, self.layout, self.size = step, layout, size
-        self.pieces = RingPieces(layout, size)
-        self.vector = alloc(layout.total, layout.dtype)
-        self._have: set[int] = set()
-        # Empty parts (a ring of more ranks than the vector has elements) are never sent.
-        self._need = sum(1 for seg in range(size) for part in range(self.pieces.parts)
-                         if self.pieces.bounds(seg, part)[1] > self.pieces.bounds(seg, part)[0])
-
-    @property
-    def complete(self) -> bool:
-        return len(self._have) == self._need
-
-    def check(self, rank: int, total, dtype_name, index, nbytes) -> str | None:
-        """Why rank ``rank``'s RESULT header does not fit, or None."""
-        if dtype_name != self.layout.dtype_name or total != self.layout.total:
-            return f"vector is {total} x {dtype_name} but the step's is {self.layout.describe()}"
-        segment, part = divmod(index, self.pieces.parts)
-        if not self.pieces.spread:
-            if rank != 0 or not 0 <= segment < self.size:
-                return f"part {index} from rank {rank}: only rank 0 sends the result, 0..{self._need - 1}"
-        elif segment != (rank + 1) % self.size:
-            return f"part {index} is of segment {segment}, but rank {rank} reduces {(rank + 1) % self.size}"
-        a, b = self.pieces.bounds(segment, part)
-        if nbytes != (b - a) * self.layout.dtype.itemsize:
-            return f"part {index} has {nbytes} bytes, expected {(b - a) * self.layout.dtype.itemsize}"
-        return None
-
-    def dest(self, index: int) -> memoryview | None:
-        """Where part ``index`` is received, or None if it already was."""
-        if index in self._have:
-            return None
-        a, b = self.pieces.bounds(*divmod(index, self.pieces.parts))
-        return byte_view(self.vector[a:b])
-
-    def arrived(self, index: int) -> None:
-        self._have.add(index)
-
-
 class RingAllreduce(Scheme):
-    """rar: a worker runs one RingStep per step; the master collects every rank's part."""
+    """rar: every member, the master included, runs one RingStep per step."""
 
     def __init__(self, place: Place, ports: Ports):
         super().__init__(place, ports)
-        if not place.is_master and place.ring is None:
-            raise ValueError(f"{place.label}: a ring worker needs its ring place (rank, successor)")
+        if place.ring is None:
+            raise ValueError(f"{place.label}: a ring member needs its ring place (rank, successor)")
+        self.ring = place.ring
         self.steps: dict[int, RingStep] = {}
-        self.results: dict[int, RingCopy] = {}       # the master: its copies, from every rank
 
-    # -- a worker -----------------------------------------------------------------------
     def local(self, step: int, vector: np.ndarray) -> str | None:
-        if self.place.is_master:
+        if self.place.is_master:   # the master adds nothing; its process only waits
             self.ports.open(step)
             return None
         ring = self._step(step, vector.size, vector.dtype)
@@ -290,8 +240,6 @@ class RingAllreduce(Scheme):
         return problem
 
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
-        if self.place.is_master:
-            return super().segment_dest(msg, nbytes)
         ring = self._step(msg.step, msg.total, msg.dtype)
         if ring is None:
             return None
@@ -313,26 +261,24 @@ class RingAllreduce(Scheme):
             return None
         ring = self.steps.get(step)
         if ring is None:
-            assert self.place.ring is not None
             layout = self.place.layout(total, dtype)
-            ring = self.steps[step] = RingStep(step, layout, self.place.ring.rank,
-                                               self.place.ring.size, alloc=self.ports.alloc,
+            ring = self.steps[step] = RingStep(step, layout, self.ring.rank, self.ring.size,
+                                               alloc=self.ports.alloc,
                                                result_alloc=self._result_alloc(step))
             self.ports.open(step)
+            if self.place.is_master:
+                # Its share (zeros) goes round at once: the step's layout is the one the
+                # first part from the predecessor has (a worker's vector's).
+                self._send(ring, ring.local_arrived(None))
         return ring
 
     def _send(self, ring: RingStep, sends: list[Send]) -> None:
         layout = ring.layout
         for send in sends:
-            if send.master:
-                if send.payload.size:      # an empty part is not sent (RingCopy expects none)
-                    self.ports.to_parent(Result(ring.step, send.segment * ring.parts + send.part,
-                                                layout.total, layout.dtype_name), send.payload)
-            else:
-                self.ports.to_successor(ring.step, Segment(ring.step, send.phase, send.round,
-                                                           send.segment, layout.total,
-                                                           layout.dtype_name, send.part),
-                                        send.payload)
+            self.ports.to_successor(ring.step, Segment(ring.step, send.phase, send.round,
+                                                       send.segment, layout.total,
+                                                       layout.dtype_name, send.part),
+                                    send.payload)
         if not ring.complete:
             return
         del self.steps[ring.step]
@@ -340,49 +286,24 @@ class RingAllreduce(Scheme):
         self.ports.resolved(ring.step, layout, ring.result)
 
     def _result_alloc(self, step: int):
-        """A step's result, a worker's or the master's copy, goes straight into the shared
-        output of the training process waiting on it. A worker sends from it (all-gather
-        parts to the successor, its segment to the master), and those sends leave at once;
-        the master sends nothing from its copy (Ports.alloc_result)."""
-        sent = not self.place.is_master
-        return lambda total, dtype: self.ports.alloc_result(step, total, dtype, sent)
-
-    # -- the master -----------------------------------------------------------------------
-    def child_result_dest(self, k: int, msg: Result, nbytes: int) -> memoryview | None:
-        if not self.place.is_master:
-            return super().child_result_dest(k, msg, nbytes)
-        result = self.results.get(msg.step)
-        if result is None:
-            self.ports.open(msg.step)
-            result = self.results[msg.step] = RingCopy(
-                msg.step, self.place.layout(msg.total, msg.dtype), self.place.fanout,
-                alloc=self._result_alloc(msg.step))
-        problem = result.check(k, msg.total, msg.dtype, msg.chunk, nbytes)
-        if problem:
-            raise ProtocolError(f"RESULT for step {msg.step} from rank {k}: {problem}")
-        self.ports.stats.bytes_up += nbytes
-        return result.dest(msg.chunk)
-
-    def child_result(self, k: int, msg: Result) -> None:
-        result = self.results.get(msg.step)
-        if result is None:
-            return
-        result.arrived(msg.chunk)
-        if result.complete:
-            del self.results[msg.step]
-            self.ports.resolved(msg.step, result.layout, result.vector)
+        """A step's result goes straight into the shared output of the training process
+        waiting on it. Every member sends all-gather parts from it to its successor, and
+        those sends leave at once (Ports.alloc_result's ``sent``)."""
+        return lambda total, dtype: self.ports.alloc_result(step, total, dtype, sent=True)
 
     def child_silent(self, k: int, step: int | None, why: str) -> None:
         if self.place.is_master and step is not None:
             self.ports.stall(step, f"ring allreduce failed at worker {k}: {why}", here=True)
 
     def stalled(self, step: int) -> Stall | None:
+        ring = self.steps.get(step)
         if self.place.is_master:
-            return Stall("the ring's result (a ring waits for every worker)", here=True)
-        waiting = "its local vector" if step not in self.steps else "the ring's segments"
+            waiting = ("the ring's first segment" if ring is None else "the ring's segments")
+            return Stall(f"{waiting} (a ring waits for every worker)", here=True)
+        waiting = ("its local vector" if ring is None or not ring.has_local
+                   else "the ring's segments")
         # Told, the master fails the step for the whole ring at once.
         return Stall(f"{waiting} (a ring waits for every worker)")
 
     def forget(self, step: int, resolved: bool) -> None:
         self.steps.pop(step, None)
-        self.results.pop(step, None)
