@@ -56,8 +56,9 @@ Pipelining (``chunk_bytes=C``, as crnetd's ``--chunk-bytes``)
 ``rar`` (ring allreduce over N workers, each m/N samples, ``plan_uncoded``)
     Waits for the slowest worker, then 2(N-1) rounds (reduce-scatter, all-gather), each
     costing λ + M/(N B). Chunking does not change it (ignored). crnet's ring also has the
-    master as a member adding nothing (2N rounds of M/((N+1) B)): 2N/(N+1) against
-    2(N-1)/N of the vector per link, 0.26% more at N = 20, left out so that rar and a
+    master as a member adding nothing (2N rounds of λ + M/((N+1) B)): 2N/(N+1) against
+    2(N-1)/N of the vector per link, 0.26% more at N = 20, and two more latencies, which
+    small vectors feel (about 2% on the stragglers preset); left out so that rar and a
     ring of the workers alone (Gloo's) share one formula.
 
 What the model ignores
