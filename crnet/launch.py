@@ -192,21 +192,31 @@ class LocalTree:
         self.killed.discard(name)
         return proc
 
-    def start(self, wait: float = 30.0) -> LocalTree:
-        """Start every daemon, parents first; wait until every client socket is up."""
+    def start(self, wait: float = 30.0, checkpoint: Callable[[], None] | None = None) -> LocalTree:
+        """Start every daemon, parents first; wait until every client socket is up.
+
+        ``checkpoint`` is called before each daemon starts and while waiting: what it raises
+        abandons the start and stops what has started. (A signal handler that raised instead
+        could land between a fork and ``procs`` learning of the child, which would outlive
+        ``stop()``.)
+        """
         try:
             for name in self.tree.names():
+                if checkpoint is not None:
+                    checkpoint()
                 self.start_node(name)
-            self.wait_sockets(list(self.tree.names()), wait)
+            self.wait_sockets(list(self.tree.names()), wait, checkpoint)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def wait_sockets(self, names, wait: float) -> None:
+    def wait_sockets(self, names, wait: float, checkpoint: Callable[[], None] | None = None) -> None:
         deadline = time.monotonic() + wait
         for name in names:
             while not os.path.exists(self.socket_path(name)):
+                if checkpoint is not None:
+                    checkpoint()
                 proc = self.procs[name]
                 if proc.poll() is not None:
                     raise LaunchError(f"crnetd {self.filename(name)} exited with {proc.returncode}:\n"

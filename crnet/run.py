@@ -173,7 +173,6 @@ class Run:
         self.lt: LocalTree | None = None
         self._readers: list[threading.Thread] = []
         self._signals: list[int] = []
-        self._starting = True                     # a signal now interrupts the start-up
 
     # ---- the whole run ------------------------------------------------------------------
 
@@ -195,8 +194,7 @@ class Run:
                            f"{self.tree.workers + 1} crnetd (scheme {self.scheme}, "
                            f"{self.samples} samples per step), job {self.job}, daemon logs in "
                            f"{workdir / 'logs'}")
-            self.lt.start()
-            self._starting = False
+            self.lt.start(checkpoint=self._interrupt_start)
             self._start_training(self.lt)
             self._supervise()
             code = self._exit_code()
@@ -204,7 +202,6 @@ class Run:
             self.lines.say(f"{signal.Signals(e.signum).name} while starting the tree: stopped")
             code = 128 + e.signum
         finally:
-            self._starting = False
             try:
                 self._stop_training()
             finally:
@@ -224,9 +221,13 @@ class Run:
         return code
 
     def _on_signal(self, signum: int, frame) -> None:
-        self._signals.append(signum)
-        if self._starting and len(self._signals) == 1:
-            raise _Interrupted(signum)
+        self._signals.append(signum)   # forwarded by _supervise, or ends the start-up
+
+    def _interrupt_start(self) -> None:
+        """While the tree starts, a stopping signal ends the start-up: there is nothing to
+        forward it to yet."""
+        if self._signals:
+            raise _Interrupted(self._signals[0])
 
     def _start_training(self, lt: LocalTree) -> None:
         for seat in self.seats:

@@ -76,6 +76,33 @@ def test_a_stopping_tree_logs_no_join_progress(tmp_path):
     assert "workers joined" not in after and "disconnected" not in after, after
 
 
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("at", [2, 5], ids=["between-spawns", "while-waiting"])
+def test_a_start_abandoned_at_a_checkpoint_leaves_no_daemon(tmp_path, at):
+    """What the checkpoint raises comes out of start() (crnet run's signal while starting),
+    and every daemon started by then is stopped: none is left out of ``procs``."""
+    calls = 0
+
+    def checkpoint():
+        nonlocal calls
+        calls += 1
+        if calls == at:
+            raise _Stop
+
+    lt = LocalTree(Tree((3,), (1,)), 60, workdir=tmp_path, strict=True)
+    try:
+        with pytest.raises(_Stop):
+            lt.start(wait=30, checkpoint=checkpoint)
+        # 4 daemons: calls 1-4 precede each spawn, later ones come while waiting.
+        assert len(lt.procs) == min(at - 1, 4)
+        assert all(proc.poll() is not None for proc in lt.procs.values())
+    finally:
+        lt.stop()
+
+
 def test_free_ports_come_from_below_the_ephemeral_range():
     """A daemon's port is not one the kernel may give a connection as its source port
     in the meantime (that made a daemon fail with "address already in use")."""
