@@ -27,14 +27,19 @@ and an automatic per-instance tag ``T``)::
 
 tbf parameters (see ``tbf_args``):
 
-* ``burst`` (bucket size) defaults to ``max(rate * 4 ms, 64 KiB)``. 4 ms is one
+* ``burst`` (bucket size) defaults to ``max(rate * 4 ms, 96 KiB)``. 4 ms is one
   tick at HZ=250 (the classic rule is ``burst >= rate / HZ``, so a late timer does
-  not cost rate; with HZ=1000 it is simply larger than needed), and 64 KiB is the
-  largest GSO packet TCP hands a veth: a packet bigger than the bucket has to be
-  software-segmented by tbf, which costs CPU on every link. The price of a large
-  bucket at low rates is that the first ``burst`` bytes after an idle period go
-  out unshaped (at 10 Mbit/s, 64 KiB is ~52 ms of line rate), so small messages
-  see less than their serialization time. Pass ``burst=`` to trade that off.
+  not cost rate; with HZ=1000 it is simply larger than needed), and 96 KiB holds
+  the largest GSO packet TCP hands a veth as tbf measures it: 64 KiB of skb plus
+  the Ethernet/IP/TCP headers of each of its ~45 segments but the first
+  (``qdisc_pkt_len``), about 68.5 KB. A packet bigger than the bucket is
+  software-segmented by tbf, which costs CPU on every link: with a 64 KiB bucket
+  the 100 Mbit/s bandwidth preset kept both cores busy in softirqs and ran crnet's
+  ring and Gloo at 0.74-1.1 s a step, 0.64-0.66 s with 96 KiB (docs/benchmarks.md,
+  "The emulator's bucket"). The price of a large bucket at low rates is that the
+  first ``burst`` bytes after an idle period go out unshaped (at 100 Mbit/s, 96 KiB
+  is ~8 ms of line rate), so small messages see less than their serialization time.
+  Pass ``burst=`` to trade that off.
 * ``latency 20ms``: the queue holds what the link sends in 20 ms on top of the
   bucket (``limit = rate * 20 ms + burst``: 2.5 MB at 1 Gbit/s, 250 KB at
   100 Mbit/s), deep enough that a few flows converging on one port (incast) are
@@ -80,7 +85,7 @@ HOST_IF = "eth0"       # the veth end inside each host namespace
 BRIDGE = "br0"         # the bridge, inside the bridge namespace
 TBF_LATENCY = "20ms"   # queue depth of every shaper, as time at the link's rate
 BURST_TIME = 0.004     # bucket = this many seconds at the link's rate (one tick at HZ=250) ...
-BURST_MIN = 64 * 1024  # ... but at least one maximal GSO packet
+BURST_MIN = 96 * 1024  # ... but at least one maximal GSO packet, headers counted per segment
 
 _seq = itertools.count()
 
@@ -97,7 +102,7 @@ def tbf_args(rate: str, burst: str | None = None, mtu: int = 1500) -> list[str]:
     ``rate`` is spelled as everywhere in crnet (``crnet.units.parse_bandwidth``: ``100mbit``,
     ``1Gbit``, ``12.5MB``; ``mbps`` is refused, tc would read it as megabytes); tc gets it
     in bits per second. ``burst`` (a tc size, passed to tc as is) defaults to
-    ``max(rate * 4 ms, 64 KiB, 4 frames)``; see the module docstring for why.
+    ``max(rate * 4 ms, 96 KiB, 4 frames)``; see the module docstring for why.
     """
     rate_bytes = parse_bandwidth(rate)
     if rate_bytes < 1:

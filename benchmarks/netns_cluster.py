@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                          "(bytes/s); 'none': unshaped")
     up.add_argument("--prefix", default="crn")
     up.add_argument("--subnet", default="10.77.0.0/24")
-    up.add_argument("--burst", default=None, help="tbf burst (tc size); default max(rate*4ms, 64KiB)")
+    up.add_argument("--burst", default=None, help="tbf burst (tc size); default max(rate*4ms, 96KiB)")
     up.add_argument("--mtu", type=int, default=1500)
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="delete every cluster with --prefix (kills processes inside)")
