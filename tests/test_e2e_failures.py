@@ -120,6 +120,8 @@ async def test_a_process_that_fell_behind_its_daemons_memory_gets_step_lost(loca
         for t in range(5):
             await step_everywhere(active, grads, t, scale=t + 1.0)
         late = clients["2"]
+        # Its daemon takes step 4's result a moment after the others finish the step.
+        await wait_until(lambda: late.tree_step == 4, "step 4's result at its daemon")
         with pytest.raises(StepLost, match=r"step 0 is not held .* the tree is at step 4: "
                                            r"reload the parameters") as lost:
             await late.result(0, like=np.zeros(dim), timeout=30)
