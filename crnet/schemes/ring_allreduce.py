@@ -61,10 +61,10 @@ def ring_parts(layout: ChunkLayout, size: int) -> int:
     workers and the master at 100 Mbit/s. Parts stay at least ``MIN_PART_BYTES`` (2.6 ms
     at 100 Mbit/s, 0.26 ms at 1 Gbit/s) so the per-frame cost stays small next to the
     bytes, which leaves small vectors, whose steps are latency-bound, in one part per
-    segment. (A 64 KiB floor cut that ring's segments into 3 parts, not 4, and its steps
-    took 0.93-1.02 s instead of 0.67-0.69 s: docs/benchmarks.md.) The tree's chunk size
-    (``--chunk-bytes``) caps a part: smaller chunks, more parts. Every rank computes the
-    same count from the step's layout.
+    segment. (With 64 KiB, that ring's segments went in 3 parts of 63.5 kB, which an
+    emulator's tbf with a 64 KiB bucket segmented in software: docs/benchmarks.md.) The
+    tree's chunk size (``--chunk-bytes``) caps a part: smaller chunks, more parts. Every
+    rank computes the same count from the step's layout.
     """
     item = layout.dtype.itemsize
     seg_elems = layout.total // size                      # the smallest segment
