@@ -33,6 +33,7 @@ class Preset:
     about: str = ""
     tree_shape: Tree | None = None  # the `tree` scheme's fanout (s = 0); None: the model's best
     persistent: bool = False        # crnet's workers finish every computation (cannot stop)
+    burst: str | None = None        # every link's tbf bucket (a tc size); None: netns's default
 
     @property
     def vector_bytes(self) -> int:

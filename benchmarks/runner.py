@@ -223,7 +223,7 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
     log(f"  cr shape: fanout {list(cr.fanout)}, s {list(cr.stragglers)}; "
         f"tree fanout {list(preset_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
         f"plan --auto picks {auto['scheme']} ({auto['shape']})")
-    with EmulatedCluster(preset.workers + 1, rate=preset.rate) as cluster:
+    with EmulatedCluster(preset.workers + 1, rate=preset.rate, burst=preset.burst) as cluster:
         if calibrated is None:
             calibrated = calibrate(cluster, preset, schemes, workdir)
             log("  latency calibrated: " + ", ".join(f"{k} {1e6 * v:.0f} us"
@@ -254,7 +254,7 @@ def _config(p: Preset) -> dict:
             "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
             "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,
             "deadline_s": p.deadline, "timeout_s": p.timeout, "latency_s": p.latency,
-            "persistent_stragglers": p.persistent}
+            "persistent_stragglers": p.persistent, "burst": p.burst}
 
 
 def _ms(x) -> str:

@@ -368,6 +368,9 @@ def run(scheme, workers, fanout, layers, stragglers, local_processes, samples, t
               help="crnet's emulated workers finish every computation, as a loop that cannot "
                    "stop mid-step would (default: they stop once the tree finished the step).")
 @click.option("--steps", type=click.IntRange(min=3), default=None, help="Override the preset's steps.")
+@click.option("--burst", type=UnitValue("SIZE", parse_bytes), default=None,
+              help="Every link's tbf bucket (default: 4 ms of the link's rate, at least 96KiB, "
+                   "which holds a whole GSO packet; smaller, tbf segments packets in software).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png",
@@ -375,8 +378,8 @@ def run(scheme, workers, fanout, layers, stragglers, local_processes, samples, t
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Keep daemon logs and raw results here (default: a temporary directory).")
 @click.option("--json", "as_json", is_flag=True, help="End with a summary as one JSON line.")
-def bench(presets, schemes, sweep, persistent_stragglers, steps, seed, out, plot_path, workdir,
-          as_json):
+def bench(presets, schemes, sweep, persistent_stragglers, steps, burst, seed, out, plot_path,
+          workdir, as_json):
     """Every scheme and PyTorch's Gloo on an emulated cluster (root: network namespaces).
 
     Runs from a source checkout (the benchmarks/ package next to crnet/), installed with
@@ -432,6 +435,8 @@ def bench(presets, schemes, sweep, persistent_stragglers, steps, seed, out, plot
                 preset = dataclasses.replace(preset, steps=steps)
             if persistent_stragglers:
                 preset = dataclasses.replace(preset, persistent=True)
+            if burst is not None:
+                preset = dataclasses.replace(preset, burst=str(int(burst)))
             click.echo(f"{name}: {preset.about}", err=True)
             docs.append(run_preset(preset, chosen, Path(workdir) / name, seed,
                                    log=lambda m: click.echo(m, err=True)))

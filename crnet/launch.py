@@ -192,7 +192,7 @@ class LocalTree:
         self.killed.discard(name)
         return proc
 
-    def start(self, wait: float = 30.0, checkpoint: Callable[[], None] | None = None) -> LocalTree:
+    def start(self, wait: float = 30.0, checkpoint: Callable[[], None] = lambda: None) -> LocalTree:
         """Start every daemon, parents first; wait until every client socket is up.
 
         ``checkpoint`` is called before each daemon starts and while waiting: what it raises
@@ -202,8 +202,7 @@ class LocalTree:
         """
         try:
             for name in self.tree.names():
-                if checkpoint is not None:
-                    checkpoint()
+                checkpoint()
                 self.start_node(name)
             self.wait_sockets(list(self.tree.names()), wait, checkpoint)
         except BaseException:
@@ -211,12 +210,11 @@ class LocalTree:
             raise
         return self
 
-    def wait_sockets(self, names, wait: float, checkpoint: Callable[[], None] | None = None) -> None:
+    def wait_sockets(self, names, wait: float, checkpoint: Callable[[], None] = lambda: None) -> None:
         deadline = time.monotonic() + wait
         for name in names:
             while not os.path.exists(self.socket_path(name)):
-                if checkpoint is not None:
-                    checkpoint()
+                checkpoint()
                 proc = self.procs[name]
                 if proc.poll() is not None:
                     raise LaunchError(f"crnetd {self.filename(name)} exited with {proc.returncode}:\n"

@@ -24,7 +24,7 @@ def test_quick_preset_runs_every_scheme_exactly(tmp_path):
     before = set(list_namespaces())
     proc = subprocess.run(
         [sys.executable, "-m", "crnet", "bench", "--preset", "quick", "--schemes", ",".join(schemes),
-         "--out", str(out), "--plot", str(tmp_path / "bench.png"), "--json"],
+         "--out", str(out), "--plot", str(tmp_path / "bench.png"), "--json", "--burst", "1MB"],
         capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -33,6 +33,7 @@ def test_quick_preset_runs_every_scheme_exactly(tmp_path):
     for name, s in summary["schemes"].items():
         assert s["mean_s"] > 0 and s["p95_s"] >= s["mean_s"] * 0.5 and s["model_s"] > 0, name
     doc = json.loads(out.read_text())["presets"][0]
+    assert doc["config"]["burst"] == "1000000"      # --burst reached the preset the cluster is built from
     for name, r in doc["schemes"].items():
         assert r["correct"], f"{name} returned a wrong sum"
         assert r["steps_completed"] == r["steps"], name
