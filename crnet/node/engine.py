@@ -71,6 +71,7 @@ from ..schemes.chunks import DTYPES, ChunkLayout, dtype_name
 from ..stats import Stats
 from .neighbours import Neighbours
 from .peer_text import Throttle, shown
+from .signal import Signal
 
 log = logging.getLogger("crnet.node")
 
@@ -172,7 +173,8 @@ class EngineSettings:
 class StepEngine:
     """Steps at one node; it is the ``Ports`` its scheme sends through."""
 
-    def __init__(self, settings: EngineSettings, stats: Stats, neighbours: Neighbours):
+    def __init__(self, settings: EngineSettings, stats: Stats, neighbours: Neighbours,
+                 lend: Lend | None = None):
         self.settings = settings
         self._behind = settings.behind
         self.stats = stats
@@ -186,13 +188,14 @@ class StepEngine:
         self.newest_decided = -1                # the newest step decided here in any way
         # Told of every decision, and of a tree_step learned from a peer (step None):
         # the training processes' shared progress (links.ClientLink).
-        self.listeners: list[Callable[[int | None], None]] = []
+        self.decided: Signal[int | None] = Signal()
         self.pool = BufferPool(keep=16)         # outputs, receive buffers, results
         self._outcomes: collections.OrderedDict[int, Resolved | Failed | Refused | Lost] = \
             collections.OrderedDict()           # decisions kept (see _trim), oldest first
         self._held = 0                          # bytes of the results kept
-        # The oldest step each local training process may still ask for (links.ClientLink).
-        self.consumers: list[Callable[[], int]] = []
+        # Polled (emit(None)) for the oldest step each local training process may still
+        # ask for (links.ClientLink).
+        self.consumers: Signal[None] = Signal()
         self._decided: set[int] = set()         # decided steps within the window behind
         self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
         self._began: dict[int, float] = {}      # step -> when it began here (loop time)
@@ -203,7 +206,7 @@ class StepEngine:
         self._last_stall = ""                   # why, as last logged
         self._peer_lines = Throttle(log)        # lines about what children sent
         self._waiters: dict[int, list[Callable[[Outcome], None]]] = {}
-        self.lend: Lend | None = None           # set by the local processes (links.py)
+        self.lend = lend                        # the local processes' (links.LocalProcesses)
         # step -> the process whose shared output its result goes into, until given back, and
         # whether sends read that memory too (alloc_result's ``sent``)
         self._lent: dict[int, tuple[Lender, bool]] = {}
@@ -229,8 +232,7 @@ class StepEngine:
             self.tree_step = tree_step
             self.newest_step = max(self.newest_step, tree_step)
             self._prune()
-            for listener in self.listeners:
-                listener(None)
+            self.decided.emit(None)
 
     def new_job(self, name: str) -> None:
         """The tree starts training job ``name``: the previous job's steps, results and
@@ -264,8 +266,7 @@ class StepEngine:
             for answer in answers:
                 answer(Failed(step, f"the tree now runs job {name!r}: this job's steps are over",
                               tree_wide=True))
-        for listener in self.listeners:
-            listener(None)
+        self.decided.emit(None)
 
     def close(self) -> None:
         for handles in self._open.values():
@@ -661,8 +662,7 @@ class StepEngine:
         if decided_by_master and step > self.tree_step:
             self.tree_step = step   # before the answers: they say where the tree is
             self._prune()
-        for listener in self.listeners:
-            listener(step)
+        self.decided.emit(step)
         answers = self._waiters.pop(step, [])
         # The host's other processes copy a result from the owner's memory now, while the
         # owner waits; the owner is answered last (_give_back).
@@ -702,7 +702,7 @@ class StepEngine:
     def _trim(self) -> None:
         """Keep the last ``keep_results`` outcomes, and every result a local training process
         has not taken yet (it will catch up on them) while they fit ``result_memory``."""
-        floor = min((taken() for taken in self.consumers), default=None)
+        floor = min(self.consumers.emit(None), default=None)
         while len(self._outcomes) > self.settings.keep_results:
             step, oldest = next(iter(self._outcomes.items()))
             if floor is not None and step >= floor and self._held <= self.settings.result_memory:

@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+from collections.abc import Callable
 
 import numpy as np
 
@@ -299,7 +300,7 @@ class LocalProcesses:
         self._parts: dict[int, dict[int, tuple[ClientLink, np.ndarray]]] = {}  # step -> seat
         engine.lend = self.lend
         if k > 1:
-            engine.listeners.append(self._decided)
+            engine.decided.connect(self._decided)
 
     def lend(self, step: int, total: int, dtype: np.dtype) -> tuple[ClientLink, np.ndarray] | None:
         """Where ``step``'s result may be received (``StepEngine.alloc_result``), and whose
@@ -398,6 +399,7 @@ class ClientLink:
         self.taken = -1                        # the newest step it was answered about
         self.token = secrets.token_hex(16)     # names it when it hands over shared memory
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
+        self._disconnect: list[Callable[[], None]] = []   # from the engine's signals
         self.receiving: tuple[str, int, np.dtype] | None = None  # broadcast key, length, dtype
         self._barriers: list = []              # its releases, while it waits at barriers
         self._held: list[Submit | Receive] = []   # its requests while its output is lent
@@ -451,8 +453,8 @@ class ClientLink:
                  self.local.k, f" for job {shown(msg.job)}" if msg.job else "")
         self.membership.on_assigned.append(self._welcome)
         self.membership.on_job.append(self._welcome)
-        self.engine.listeners.append(self._progress)
-        self.engine.consumers.append(self._next_step)
+        self._disconnect += [self.engine.decided.connect(self._progress),
+                             self.engine.consumers.connect(lambda _: self._next_step())]
         self.membership.broadcasts.on_state_request.append(self._state_request)
         self.taken = self.engine.tree_step
         if self.membership.join_job(self.job):
@@ -654,10 +656,9 @@ class ClientLink:
         for callbacks in (self.membership.on_assigned, self.membership.on_job):
             if self._welcome in callbacks:
                 callbacks.remove(self._welcome)
-        if self._progress in self.engine.listeners:
-            self.engine.listeners.remove(self._progress)
-        if self._next_step in self.engine.consumers:
-            self.engine.consumers.remove(self._next_step)
+        for disconnect in self._disconnect:
+            disconnect()
+        self._disconnect.clear()
         broadcasts = self.membership.broadcasts
         if self._state_request in broadcasts.on_state_request:
             broadcasts.on_state_request.remove(self._state_request)

@@ -98,7 +98,7 @@ class Readiness:
         if notifier.enabled:
             membership.on_assigned.append(self.assigned)
             membership.on_change.append(self.changed)
-            engine.listeners.append(self.decided)
+            engine.decided.connect(self.decided)
 
     def start(self) -> None:
         """The daemon starts: the watchdog's pings begin."""
