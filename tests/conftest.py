@@ -49,9 +49,9 @@ def local_tree(tmp_path):
 def membership():
     """``membership(place=None, samples=None)``: a Membership over a fresh StepEngine and
     Neighbours (no sockets); the master passes its place and samples, a node neither."""
-    from crnet.node.engine import EngineSettings, StepEngine
     from crnet.node.membership import Membership
     from crnet.node.neighbours import Neighbours
+    from crnet.node.steps import EngineSettings, StepEngine
     from crnet.stats import Stats
 
     made = []

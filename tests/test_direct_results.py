@@ -20,10 +20,10 @@ import pytest
 from crnet import AsyncClient, CrnetTimeout, StepFailed, StepLost
 from crnet.launch import MASTER
 from crnet.messages import Attached, Done, Result, Submit
-from crnet.node.engine import EngineSettings, Lost, StepEngine
 from crnet.node.links import ClientLink, LocalProcesses
 from crnet.node.membership import Membership
 from crnet.node.neighbours import Neighbours
+from crnet.node.steps import EngineSettings, Lost, StepEngine
 from crnet.plan import Tree
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
@@ -321,7 +321,8 @@ def leaf():
     def make(**settings):
         neighbours = Neighbours()
         neighbours.parent = parent = FakeLink("parent")
-        engine = StepEngine(EngineSettings(**settings), Stats(), neighbours)
+        engine = StepEngine(EngineSettings(**settings), Stats(), neighbours,
+                            lend=lambda *asked: local.lend(*asked))
         engine.start(LEAF)
         m = Membership(engine, neighbours, stop=lambda code: None)
         made.append(m)
@@ -385,9 +386,9 @@ async def test_a_leaf_receives_into_the_output_and_answers_at_once(leaf):
 
 def sent_result(engine, step: int, vector: np.ndarray) -> None:
     """A result that sends read (a ring worker's: ``alloc_result(sent=True)``), resolved."""
-    out = engine.alloc_result(step, vector.size, vector.dtype, sent=True)
+    out = engine.lending.alloc_result(step, vector.size, vector.dtype, sent=True)
     out[:] = vector
-    engine.resolved(step, ChunkLayout.of(vector.size, vector.dtype, LEAF.chunk_bytes), out)
+    engine.decisions.resolved(step, ChunkLayout.of(vector.size, vector.dtype, LEAF.chunk_bytes), out)
 
 
 async def test_a_result_that_sends_read_is_answered_once_the_links_sent_all(leaf):

@@ -11,7 +11,8 @@ import pytest
 from crnet import defaults
 from crnet.errors import ProtocolError
 from crnet.messages import Chunk, Fail, FailKind, Open, Result
-from crnet.node.engine import (
+from crnet.node.neighbours import ChildSlot, Neighbours
+from crnet.node.steps import (
     EngineSettings,
     Failed,
     Lost,
@@ -19,9 +20,8 @@ from crnet.node.engine import (
     Refused,
     Resolved,
     StepEngine,
-    physical_memory,
 )
-from crnet.node.neighbours import ChildSlot, Neighbours
+from crnet.node.steps.settings import physical_memory
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
@@ -865,9 +865,9 @@ def test_requesting_a_decided_step_answers_at_once_from_the_last_keep_results(en
     vectors = {s: np.full(3, float(s)) for s in range(4)}
     for s in range(4):
         if s == 2:
-            engine.fail(2, "child 1: disconnected")
+            engine.decisions.fail(2, "child 1: disconnected")
         else:
-            engine.resolved(s, layout, vectors[s])
+            engine.decisions.resolved(s, layout, vectors[s])
     assert engine.tree_step == 3
     got = {}
     for s in range(4):
@@ -885,8 +885,8 @@ async def test_a_waiting_request_is_answered_once_when_its_step_is_decided(engin
     answer = recorder()
     engine.request(0, None, answer)
     assert answer.got == []
-    engine.fail(0, "gone")
-    engine.fail(0, "again")            # a decided step is not decided twice
+    engine.decisions.fail(0, "gone")
+    engine.decisions.fail(0, "again")            # a decided step is not decided twice
     assert answer.got == [Failed(0, "gone")]
     assert engine.stats.steps_failed == 1
 
@@ -900,7 +900,7 @@ def test_a_child_that_joined_mid_step_catches_up_once(engine_at):
     engine.neighbours.slots[1].missed_through = 1   # joined before step 2 began
     layout = ChunkLayout.of(10, np.float64, 32)     # chunks of 4, 4 and 2 elements
     result = np.arange(10, dtype=np.float64)
-    engine.resolved(2, layout, result)
+    engine.decisions.resolved(2, layout, result)
 
     assert not send_chunk(engine, 0, 2, 0, np.zeros(10))    # a late chunk: dropped, but...
     assert [(m.step, m.chunk) for m in late.messages()] == [(2, 0), (2, 1), (2, 2)]
@@ -910,7 +910,7 @@ def test_a_child_that_joined_mid_step_catches_up_once(engine_at):
     assert not send_chunk(engine, 1, 2, 0, np.zeros(10))    # this one had step 2 in full
     assert on_time.messages() == []
 
-    engine.fail(3, "child 1: disconnected")
+    engine.decisions.fail(3, "child 1: disconnected")
     engine.neighbours.slots[2] = ChildSlot(link=failed_late, missed_through=3)
     assert not send_chunk(engine, 2, 3, 0, np.zeros(10))
     assert not send_chunk(engine, 2, 3, 1, np.zeros(10))
@@ -1028,7 +1028,7 @@ async def test_a_local_failure_does_not_move_the_tree(engine_at):
     engine = engine_at(node("0"), [FakeLink() for _ in range(3)], None, window=4)
     send_result(engine, 0, np.arange(8.0))
     for step in range(1, 5):             # cut off from the master: failed here only
-        engine.fail(step, "node 0 has no parent", tree_wide=False)
+        engine.decisions.fail(step, "node 0 has no parent", tree_wide=False)
     assert engine.tree_step == 0
     refused = recorder()
     engine.request(5, np.zeros(8), refused)

@@ -39,9 +39,9 @@ from crnet.messages import (
     Welcome,
     pack_allocation,
 )
-from crnet.node.engine import EngineSettings, Failed, Refused
 from crnet.node.links import ChildLink, ClientLink, LocalProcesses, ParentLink
 from crnet.node.peer_text import SHOWN, Throttle, shown, tamed
+from crnet.node.steps import EngineSettings, Failed, Refused
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
@@ -415,12 +415,12 @@ async def test_a_result_reaches_the_training_process_through_shared_memory(maste
     link.received(conn, Submit(3, 4, "float64"), None)
     assert conn.messages()[-1] == Attached()
     result = np.array([1.0, 2.0, 3.0, 4.0])
-    master.engine.resolved(3, ChunkLayout.of(4, np.float64, 32), result)
+    master.engine.decisions.resolved(3, ChunkLayout.of(4, np.float64, 32), result)
     done = conn.messages()[-1]
     assert isinstance(done, Done) and done.step == 3
     np.testing.assert_array_equal(region.output(np.float64, 4), result)
     link.received(conn, Submit(4, 8, "float64"), None)   # 8 elements, the tree's are 4
-    master.engine.resolved(4, ChunkLayout.of(4, np.float64, 32), result)
+    master.engine.decisions.resolved(4, ChunkLayout.of(4, np.float64, 32), result)
     error = conn.messages()[-1]
     assert (error.reason, error.kind, error.step) == (
         "this process's vector is 8 x float64 but the tree's for step 4 is 4 x float64",
@@ -438,12 +438,12 @@ async def test_a_result_that_no_longer_fits_the_swapped_region_is_an_error_for_t
     small = SharedRegion.create(8)
     link.attach(SharedRegion.attach(os.dup(small.fd), 8))
     small.close_fd()
-    master.engine.resolved(3, ChunkLayout.of(8, np.float64, 32), np.ones(8))
+    master.engine.decisions.resolved(3, ChunkLayout.of(8, np.float64, 32), np.ones(8))
     assert conn.messages()[-1] == ClientError("vector does not fit the attached shared memory",
                                               ErrorKind.REQUEST, 3, 3, True)
     assert link.waiting is None
     link.received(conn, Submit(4, 1, "float64"), None)    # the new region serves what fits
-    master.engine.resolved(4, ChunkLayout.of(1, np.float64, 32), np.full(1, 7.0))
+    master.engine.decisions.resolved(4, ChunkLayout.of(1, np.float64, 32), np.full(1, 7.0))
     assert conn.messages()[-1] == Done(4, 4)
     np.testing.assert_array_equal(small.output(np.float64, 1), [7.0])
 
@@ -453,10 +453,10 @@ async def test_the_answer_says_the_tree_is_at_the_step_just_decided(master, atta
     link, conn, _ = attached
     link.received(conn, Submit(3, 4, "float64"), None)
     if decision == "resolved":
-        master.engine.resolved(3, ChunkLayout.of(4, np.float64, 32), np.ones(4))
+        master.engine.decisions.resolved(3, ChunkLayout.of(4, np.float64, 32), np.ones(4))
         assert conn.messages()[-1] == Done(3, 3)
     else:    # the process goes on at tree_step + 1: it must not ask for step 3 again
-        master.engine.fail(3, "master did not get 1 of 2 children")
+        master.engine.decisions.fail(3, "master did not get 1 of 2 children")
         assert conn.messages()[-1] == ClientError("master did not get 1 of 2 children",
                                                   ErrorKind.FAILED, 3, 3, True)
 
@@ -464,7 +464,7 @@ async def test_the_answer_says_the_tree_is_at_the_step_just_decided(master, atta
 async def test_each_outcome_reaches_the_training_process_as_its_error(master, attached):
     link, conn, _ = attached
     engine = master.engine
-    engine.resolved(0, ChunkLayout.of(4, np.float64, 32), np.ones(4))
+    engine.decisions.resolved(0, ChunkLayout.of(4, np.float64, 32), np.ones(4))
     window, behind = engine.settings.window, engine.settings.behind
 
     link.received(conn, Submit(window + 1, 4, "float64"), None)
@@ -473,7 +473,7 @@ async def test_each_outcome_reaches_the_training_process_as_its_error(master, at
         ErrorKind.REFUSED, window + 1, 0, True)
 
     link.received(conn, Submit(1, 4, "float64"), None)
-    engine.fail(1, "node 1 gave up: its parent is cut off", tree_wide=False)
+    engine.decisions.fail(1, "node 1 gave up: its parent is cut off", tree_wide=False)
     error = conn.messages()[-1]
     assert error == ClientError("node 1 gave up: its parent is cut off", ErrorKind.FAILED, 1,
                                 0, False)
@@ -489,7 +489,7 @@ async def test_each_outcome_reaches_the_training_process_as_its_error(master, at
 
 def test_stats_report_the_counters_the_bookkeeping_and_the_tree_step(master):
     assign_everyone(master)
-    master.engine.resolved(5, ChunkLayout.of(4, np.float64, 32), np.ones(4))
+    master.engine.decisions.resolved(5, ChunkLayout.of(4, np.float64, 32), np.ones(4))
     link, conn = client_link(master), FakeLink()
     link.received(conn, ClientHello(111), None)
     link.received(conn, StatsRequest(), None)

@@ -20,8 +20,8 @@ from crnet.messages import (
     parse_allocation,
 )
 from crnet.node.dial import keep_connected
-from crnet.node.engine import Failed, Lost
 from crnet.node.membership import JoinState, subtree_workers
+from crnet.node.steps import Failed, Lost
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
@@ -125,7 +125,7 @@ def test_a_node_without_a_place_asks_children_to_retry(membership):
 def test_a_lost_child_frees_its_slot_for_its_return(master):
     old, new = FakeLink(), FakeLink()
     master.child_hello(old, Hello(listen="10.0.0.5:7000"))
-    master.engine.newest_step = 12          # steps were under way when it came back
+    master.engine.window.seen(12)           # steps were under way when it came back
     master.child_lost(0, new)               # not the slot's connection: ignored
     assert master.neighbours.slots[0].link is old
     master.child_lost(0, old)
@@ -339,7 +339,8 @@ def test_welcome_tells_a_child_where_the_tree_is_and_its_vector(master):
     before = FakeLink()
     master.child_hello(before, Hello())     # before any result: nothing to tell
     assert before.messages() == [welcome("0")]
-    master.engine.resolved(12, ChunkLayout.of(10, np.float32, CHUNK_BYTES), np.zeros(10, np.float32))
+    master.engine.decisions.resolved(12, ChunkLayout.of(10, np.float32, CHUNK_BYTES),
+                                     np.zeros(10, np.float32))
     after = FakeLink()
     master.child_hello(after, Hello())
     assert after.messages() == [welcome("1", tree_step=12, total=10, dtype="float32")]

@@ -32,7 +32,6 @@ from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes, plural
 from ..wire import Limits
 from .client_socket import ClientSocket
-from .engine import EngineSettings, StepEngine
 from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
@@ -40,6 +39,7 @@ from .metrics import MetricsServer, registry_for, server_context
 from .neighbours import Neighbours
 from .notify import Notifier, Readiness
 from .peer_text import Throttle
+from .steps import EngineSettings, StepEngine
 
 log = logging.getLogger("crnet.node")
 
@@ -89,7 +89,7 @@ class Node:
         self.engine = StepEngine(EngineSettings(settings.timeout, settings.keep_results,
                                                 settings.window, settings.send_queue_bytes,
                                                 settings.result_memory),
-                                 self.stats, self.neighbours)
+                                 self.stats, self.neighbours, lend=self._lend)
         place = None
         if settings.is_master:
             assert settings.tree is not None and settings.samples is not None
@@ -116,6 +116,10 @@ class Node:
         # Every connection made or accepted (weak: a dial that failed leaves a protocol
         # object that never connected, and it must not pile up while a parent is away).
         self._conns: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+    def _lend(self, step: int, total: int, dtype):
+        """Where a step's result may be received: a local process's shared output."""
+        return self.local.lend(step, total, dtype)
 
     async def serve(self) -> int:
         """Run until stopped; then shut down in order. Returns the exit code."""

@@ -68,9 +68,9 @@ from ..shm import SharedRegion
 from ..stats import Stats
 from ..transport import Connection
 from .broadcasts import Held
-from .engine import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
 from .membership import Membership
 from .peer_text import Throttle, shown, tamed
+from .steps import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
 
 log = logging.getLogger("crnet.node")
 
@@ -298,7 +298,6 @@ class LocalProcesses:
         self.engine = engine
         self.seats: list[ClientLink | None] = [None] * k
         self._parts: dict[int, dict[int, tuple[ClientLink, np.ndarray]]] = {}  # step -> seat
-        engine.lend = self.lend
         if k > 1:
             engine.decided.connect(self._decided)
 

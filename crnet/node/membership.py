@@ -46,10 +46,10 @@ from ..transport import Connection
 from .barriers import Barriers
 from .broadcasts import Broadcasts
 from .dial import Dialer, keep_connected, supervised
-from .engine import StepEngine
 from .neighbours import ChildSlot, Neighbours
 from .peer_text import shown
 from .status import StatusService
+from .steps import StepEngine
 
 log = logging.getLogger("crnet.node")
 

@@ -30,8 +30,8 @@ from ..units import plural
 
 if TYPE_CHECKING:
     from ..stats import Stats
-    from .engine import StepEngine
     from .membership import Membership
+    from .steps import StepEngine
 
 log = logging.getLogger("crnet.node")
 

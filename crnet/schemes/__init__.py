@@ -9,11 +9,11 @@ engine drives. Adding a scheme: one file, one entry below, one name in
 from __future__ import annotations
 
 from ..plan import SCHEMES
-from .base import Place, Ports, Scheme, Stall
+from .base import Memory, Place, Ports, Scheme, Sends, Stall, Steps
 from .coded_reduce import CodedReduce
 from .ring_allreduce import RingAllreduce
 
-__all__ = ["DRIVERS", "Place", "Ports", "Scheme", "Stall", "driver"]
+__all__ = ["DRIVERS", "Memory", "Place", "Ports", "Scheme", "Sends", "Stall", "Steps", "driver"]
 
 DRIVERS: dict[str, type[Scheme]] = {
     "cr": CodedReduce,

@@ -2,10 +2,11 @@
 
 A scheme (one file each: ``coded_reduce.py``, ``ring_allreduce.py``) moves one
 step's vectors at one node: it says where each incoming piece lands, combines
-them, and sends pieces on through ``Ports``. It never touches a socket. The step
-engine (``crnet.node.engine``) drives it: it hands the scheme only messages of
-steps still open, and owns what every scheme shares: per-step deadlines, the
-result cache, failures, and the training processes waiting for results.
+them, and sends pieces on through ``Ports`` (sends, its steps, memory, stats). It
+never touches a socket. The step engine (``crnet.node.steps``) drives it: it opens
+a step before handing the scheme its first piece, hands it only pieces of steps not
+decided, and owns what every scheme shares: per-step deadlines, the result cache,
+failures, and the training processes waiting for results.
 
 A scheme that does not expect a message leaves the default, which rejects it as a
 protocol error (the connection it came on is closed).
@@ -25,7 +26,7 @@ from ..plan import Tree
 from ..stats import Stats
 from .chunks import ChunkLayout
 
-__all__ = ["Place", "Ports", "Scheme", "Stall"]
+__all__ = ["Memory", "Place", "Ports", "Scheme", "Sends", "Stall", "Steps"]
 
 
 @dataclass(frozen=True)
@@ -73,37 +74,9 @@ class Stall:
     here: bool = False
 
 
-class Ports(Protocol):
-    """What a scheme may do at its node; the step engine provides it."""
-
-    stats: Stats
-
-    @property
-    def tree_vector(self) -> tuple[int, str] | None:
-        """The (length, dtype) every vector of the tree has, once a step has a result."""
-
-    def is_decided(self, step: int) -> bool:
-        """``step`` has a result, failed, or lies behind the window at this node."""
-
-    def open(self, step: int) -> None:
-        """``step`` started at this node: its deadline runs from now (once per step)."""
-
-    def is_open(self, step: int) -> bool:
-        """``step`` started at this node and is not decided yet (its deadline runs)."""
-
-    def stall(self, step: int, reason: str, here: bool = False) -> None:
-        """``step`` can no longer finish here (not enough children left): say so now
-        instead of at its deadline."""
-
-    def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
-        """``vector`` is the step's full result at this node; it is never written again."""
-
-    def fail(self, step: int, reason: str) -> None:
-        """The step failed here (the engine tells the subtree and the training process)."""
-
-    def refuse_local(self, step: int, reason: str) -> None:
-        """The local process's vector for ``step`` does not fit: it gets MismatchError;
-        the step goes on without it."""
+class Sends(Protocol):
+    """Where a scheme's pieces go; never blocks (a link queues, or cuts off a peer that
+    stopped reading)."""
 
     def to_parent(self, msg: Message, payload=None) -> bool: ...
 
@@ -118,6 +91,36 @@ class Ports(Protocol):
     def absent_children(self) -> dict[int, str]:
         """Children without a live link, with why."""
 
+
+class Steps(Protocol):
+    """What a scheme sees of its node's steps, and the verdicts it gives. A step is open
+    (its deadline runs) before the scheme sees its first piece: the scheme never opens one."""
+
+    @property
+    def tree_vector(self) -> tuple[int, str] | None:
+        """The (length, dtype) every vector of the tree has, once a step has a result."""
+
+    def is_decided(self, step: int) -> bool:
+        """``step`` has a result, failed, or lies behind the window at this node."""
+
+    def is_open(self, step: int) -> bool:
+        """``step`` started at this node and is not decided yet (its deadline runs)."""
+
+    def stall(self, step: int, reason: str, here: bool = False) -> None:
+        """``step`` can no longer finish here (not enough children left): say so now
+        instead of at its deadline."""
+
+    def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
+        """``vector`` is the step's full result at this node; it is never written again."""
+
+    def refuse_local(self, step: int, reason: str) -> None:
+        """The local process's vector for ``step`` does not fit: it gets MismatchError;
+        the step goes on without it."""
+
+
+class Memory(Protocol):
+    """The arrays a scheme works in."""
+
     def alloc(self, total: int, dtype) -> np.ndarray:
         """A vector-sized array from the node's pool (see buffers.py)."""
 
@@ -129,6 +132,17 @@ class Ports(Protocol):
         only once the node's links have sent all they queued, so it suits sends that
         leave at once, not a result forwarded to children that may straggle (their
         queues would hold it up). A leaf sends nothing from it."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """What a scheme may do at its node, as Gloo gives an algorithm a narrow context:
+    send, see its steps' state and decide them, take memory, count."""
+
+    send: Sends
+    steps: Steps
+    memory: Memory
+    stats: Stats
 
 
 class Scheme:

@@ -4,15 +4,15 @@ Up: a node's message is its local weighted gradient plus the decode of any n-s o
 its children's coded messages, chunk by chunk (``UpStep``); it goes to the parent,
 or at the master it is the step's full gradient. Down: the full gradient flows to
 every child as RESULT chunks, each forwarded the moment it arrives (``ResultStep``); a
-leaf receives them straight into its training process's shared output (``Ports.alloc_result``).
-``CodedReduce`` drives both over the engine's ``Ports``; gc is CodedReduce on a
+leaf receives them straight into its training process's shared output (``Memory.alloc_result``).
+``CodedReduce`` drives both over the ``Ports`` the step engine gives it; gc is CodedReduce on a
 one-layer tree and tree is CodedReduce with s = 0 (``plan.scheme_tree``).
 (``../shared/codedreduce.md``, "One step, end to end".)
 
 A step's layout (its vectors' length and dtype) is never set by the first child's
 chunk. A node takes it from, in this order:
 
-1. the tree's: the last result's (``Ports.tree_vector``). A vector of another layout
+1. the tree's: the last result's (``Steps.tree_vector``). A vector of another layout
    is refused to whoever sent it (FAIL MISMATCH; a child is then out of the step), and
    a step that began with one begins again when a vector of the tree's layout comes;
 2. this node's training process's vector, once it is in;
@@ -237,8 +237,7 @@ class CodedReduce(Scheme):
     # -- up: the local vector and the children's chunks --------------------------------
     def local(self, step: int, vector: np.ndarray) -> str | None:
         if self.place.is_master:  # the master computes nothing; its process only waits
-            self.ports.open(step)
-            if step not in self.ups and not self.ports.is_decided(step):
+            if step not in self.ups and not self.ports.steps.is_decided(step):
                 self._ahead.setdefault(step, {})
                 self._check_ahead(step)
             return None
@@ -270,7 +269,7 @@ class CodedReduce(Scheme):
         problem = up.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
         if problem:
             log.warning("step %d: child %d: %s; ignoring it this step", msg.step, k, problem)
-            self.ports.to_child(k, Fail(msg.step, problem, FailKind.MISMATCH))
+            self.ports.send.to_child(k, Fail(msg.step, problem, FailKind.MISMATCH))
             self.child_silent(k, msg.step, f"its vector does not fit: {problem}")
             return None
         if k not in up.arrived_at:            # once per child and step: its arrival lag
@@ -313,7 +312,7 @@ class CodedReduce(Scheme):
         if step is None:  # the link is gone: every step known here lost the child
             for known in list(self._ahead):
                 # (A stall may have decided, and dropped, it; one not open waits for that.)
-                if known in self._ahead and self.ports.is_open(known):
+                if known in self._ahead and self.ports.steps.is_open(known):
                     self._check_ahead(known)
             for open_up in list(self.ups.values()):
                 if open_up.step in self.ups and k not in open_up.silent:
@@ -327,10 +326,10 @@ class CodedReduce(Scheme):
             # window): it is remembered for when the step opens, and counts now if it is
             # open (then it fails now if too many children are out).
             if step not in self._ahead:   # what is kept lies in the window
-                for known in [s for s in self._ahead if self.ports.is_decided(s)]:
+                for known in [s for s in self._ahead if self.ports.steps.is_decided(s)]:
                     del self._ahead[known]
             self._ahead.setdefault(step, {})[k] = why
-            if self.ports.is_open(step):
+            if self.ports.steps.is_open(step):
                 self._check_ahead(step)
         elif k not in up.silent:
             up.silent[k] = why
@@ -345,7 +344,7 @@ class CodedReduce(Scheme):
         """A step known here before any piece of it came: fail it now if more than s
         children are already out of it."""
         assert self.code is not None
-        out = {**self.ports.absent_children(), **self._ahead[step]}
+        out = {**self.ports.send.absent_children(), **self._ahead[step]}
         if len(out) > self.code.s:
             self._stall(step, out)
 
@@ -355,14 +354,14 @@ class CodedReduce(Scheme):
         those were wrong, and their senders are told, not this one. If every vector of a
         step has a new layout, the tree's changes with it (a new model)."""
         up = self._up_for(step, total, dtype)
-        if up is None or _fits(up.layout, total, dtype) or self.ports.tree_vector != (total, dtype):
+        if up is None or _fits(up.layout, total, dtype) or self.ports.steps.tree_vector != (total, dtype):
             return up
         wrong = f"{up.layout.describe()}, but the tree's is {total} x {dtype}"
         log.warning("step %d began here with vectors of %s: beginning it again", step, wrong)
         for k in up.senders:
-            self.ports.to_child(k, Fail(step, f"this subtree's vector is {wrong}", FailKind.MISMATCH))
+            self.ports.send.to_child(k, Fail(step, f"this subtree's vector is {wrong}", FailKind.MISMATCH))
         if up.local is not None:
-            self.ports.refuse_local(step, f"this process's vector is {wrong}")
+            self.ports.steps.refuse_local(step, f"this process's vector is {wrong}")
         silent = {**up.silent, **{k: f"its vector is {up.layout.describe()}" for k in up.senders}}
         del self.ups[step]
         again = self._up_for(step, total, dtype)
@@ -377,7 +376,7 @@ class CodedReduce(Scheme):
         """Is ``up``'s layout the step's for sure: the tree's, this node's process's, or one
         decoded from already?"""
         return (up.local is not None or up.decoded
-                or self.ports.tree_vector == (up.layout.total, up.layout.dtype_name))
+                or self.ports.steps.tree_vector == (up.layout.total, up.layout.dtype_name))
 
     def _held(self, up: UpStep, k: int, total: int, dtype: str) -> UpStep:
         """Where child ``k``'s chunk of a ``total`` x ``dtype`` vector goes: into the step's
@@ -434,7 +433,7 @@ class CodedReduce(Scheme):
         wrong = f"{other.layout.describe()}, but the step's is {up.layout.describe()}"
         for k in sorted(other.senders):
             if k not in up.silent:
-                self.ports.to_child(k, Fail(up.step, f"this subtree's vector is {wrong}",
+                self.ports.send.to_child(k, Fail(up.step, f"this subtree's vector is {wrong}",
                                             FailKind.MISMATCH))
                 up.silent[k] = f"its vector is {other.layout.describe()}"
 
@@ -447,12 +446,12 @@ class CodedReduce(Scheme):
         assert up.local is None
         held = self._rivals.get(step, {}).pop((total, dtype), None)
         if held is None:
-            held = self._new_up(step, self.place.layout(total, dtype), self.ports.alloc)
+            held = self._new_up(step, self.place.layout(total, dtype), self.ports.memory.alloc)
         log.warning("step %d began here with vectors of %s, but the step's is %s (%s)",
                     step, up.layout.describe(), held.layout.describe(), whose)
         held.silent.update(up.silent)
         self._refuse(held, up)
-        held.silent.update(self.ports.absent_children())
+        held.silent.update(self.ports.send.absent_children())
         self.ups[step] = held
         self._settle(held)
         if self.ups.get(step) is held:
@@ -478,12 +477,11 @@ class CodedReduce(Scheme):
     def _up_for(self, step: int, total: int, dtype) -> UpStep | None:
         """The UpStep for ``step``, begun if new (None if the step is decided)."""
         up = self.ups.get(step)
-        if up is not None or self.ports.is_decided(step):
+        if up is not None or self.ports.steps.is_decided(step):
             return up
-        up = self.ups[step] = self._new_up(step, self.place.layout(total, dtype), self.ports.alloc)
-        self.ports.open(step)
+        up = self.ups[step] = self._new_up(step, self.place.layout(total, dtype), self.ports.memory.alloc)
         if self.code is not None:
-            up.silent.update(self.ports.absent_children())
+            up.silent.update(self.ports.send.absent_children())
             up.silent.update(self._ahead.pop(step, {}))
             self._check_quorum(up)
         return self.ups.get(step)   # a stall may have decided it already
@@ -497,7 +495,7 @@ class CodedReduce(Scheme):
         assert self.code is not None
         gone = "; ".join(f"child {k}: {why}" for k, why in sorted(silent.items()))
         n = len(silent)
-        self.ports.stall(step, f"{self.place.label} did not get {self.code.n - self.code.s} of "
+        self.ports.steps.stall(step, f"{self.place.label} did not get {self.code.n - self.code.s} of "
                                f"{self.code.n} children: {n} of them {'is' if n == 1 else 'are'} "
                                f"gone or failed ({gone})")
 
@@ -519,7 +517,7 @@ class CodedReduce(Scheme):
                     result = self.down[up.step] = ResultStep(up.step, up.layout, up.output)
                 self._down(result, c)
             else:
-                self.ports.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype_name), message)
+                self.ports.send.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype_name), message)
         if chunks and up.complete and up.code is not None:
             stats.children_skipped += up.code.n - len(up.used)
             for k in range(up.code.n):   # once per step: who this step was decoded without
@@ -554,10 +552,10 @@ class CodedReduce(Scheme):
         into the shared output of the training process waiting on it. A node with children
         sends each chunk on to all of them, and a straggling child's queue may hold the
         chunks long after the step: its training process would wait for that (or the child
-        be cut off; ``Ports.alloc_result``), so it receives into the pool and copies."""
+        be cut off; ``Memory.alloc_result``), so it receives into the pool and copies."""
         if not self.place.is_leaf:
-            return self.ports.alloc
-        return lambda total, dtype: self.ports.alloc_result(step, total, dtype)
+            return self.ports.memory.alloc
+        return lambda total, dtype: self.ports.memory.alloc_result(step, total, dtype)
 
     def result(self, msg: Result) -> None:
         result = self.down.get(msg.step)
@@ -569,11 +567,11 @@ class CodedReduce(Scheme):
         """Chunk c of a step's full gradient is here: pass it on to every child."""
         result.arrived(c)
         layout = result.layout
-        self.ports.to_children(Result(result.step, c, layout.total, layout.dtype_name),
+        self.ports.send.to_children(Result(result.step, c, layout.total, layout.dtype_name),
                                result.chunk(c))
         if result.complete:
             del self.down[result.step]
-            self.ports.resolved(result.step, layout, result.vector)
+            self.ports.steps.resolved(result.step, layout, result.vector)
 
     def forget(self, step: int, resolved: bool) -> None:
         self.down.pop(step, None)

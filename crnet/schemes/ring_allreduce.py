@@ -27,7 +27,7 @@ uplink then carried 1/N of the vector more than the ring needs, and the master's
 took N flows at once, TCP incast.) The master also keeps the workers as a star, as in
 every scheme: a worker's failure or its lost link fails the step for the whole ring at once.
 Every member's result is received straight into the shared output of the training process
-waiting on the step (``Ports.alloc_result``).
+waiting on the step (``Memory.alloc_result``).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class RingStep:
         self._incoming = alloc(layout.total, layout.dtype)   # reduce-scatter arrivals
         # Allocated when first written (the own segment's last reduce, or the first
         # all-gather part): the local vector is in by then, so ``result_alloc`` may give
-        # the shared output of the training process waiting on the step (Ports.alloc_result).
+        # the shared output of the training process waiting on the step (Memory.alloc_result).
         self._result_alloc = result_alloc
         self.result: np.ndarray | None = None
         self._early: list[tuple[int, int, int]] = []         # arrivals before the local vector
@@ -229,7 +229,6 @@ class RingAllreduce(Scheme):
 
     def local(self, step: int, vector: np.ndarray) -> str | None:
         if self.place.is_master:   # the master adds nothing; its process only waits
-            self.ports.open(step)
             return None
         ring = self._step(step, vector.size, vector.dtype)
         if ring is None:
@@ -257,15 +256,14 @@ class RingAllreduce(Scheme):
     def _step(self, step: int, total: int, dtype) -> RingStep | None:
         """The step's RingStep, begun with a ``total`` x ``dtype`` layout if new (its layout
         is built only then: this runs for every part that arrives)."""
-        if self.ports.is_decided(step):
+        if self.ports.steps.is_decided(step):
             return None
         ring = self.steps.get(step)
         if ring is None:
             layout = self.place.layout(total, dtype)
             ring = self.steps[step] = RingStep(step, layout, self.ring.rank, self.ring.size,
-                                               alloc=self.ports.alloc,
+                                               alloc=self.ports.memory.alloc,
                                                result_alloc=self._result_alloc(step))
-            self.ports.open(step)
             if self.place.is_master:
                 # Its share (zeros) goes round at once: the step's layout is the one the
                 # first part from the predecessor has (a worker's vector's).
@@ -275,7 +273,7 @@ class RingAllreduce(Scheme):
     def _send(self, ring: RingStep, sends: list[Send]) -> None:
         layout = ring.layout
         for send in sends:
-            self.ports.to_successor(ring.step, Segment(ring.step, send.phase, send.round,
+            self.ports.send.to_successor(ring.step, Segment(ring.step, send.phase, send.round,
                                                        send.segment, layout.total,
                                                        layout.dtype_name, send.part),
                                     send.payload)
@@ -283,17 +281,17 @@ class RingAllreduce(Scheme):
             return
         del self.steps[ring.step]
         assert ring.result is not None   # written by the last reduce, at the latest
-        self.ports.resolved(ring.step, layout, ring.result)
+        self.ports.steps.resolved(ring.step, layout, ring.result)
 
     def _result_alloc(self, step: int):
         """A step's result goes straight into the shared output of the training process
         waiting on it. Every member sends all-gather parts from it to its successor, and
-        those sends leave at once (Ports.alloc_result's ``sent``)."""
-        return lambda total, dtype: self.ports.alloc_result(step, total, dtype, sent=True)
+        those sends leave at once (Memory.alloc_result's ``sent``)."""
+        return lambda total, dtype: self.ports.memory.alloc_result(step, total, dtype, sent=True)
 
     def child_silent(self, k: int, step: int | None, why: str) -> None:
         if self.place.is_master and step is not None:
-            self.ports.stall(step, f"ring allreduce failed at worker {k}: {why}", here=True)
+            self.ports.steps.stall(step, f"ring allreduce failed at worker {k}: {why}", here=True)
 
     def stalled(self, step: int) -> Stall | None:
         ring = self.steps.get(step)

@@ -1,0 +1,146 @@
+"""The stall inspector: a deadline for every step under way at one node.
+
+A step that begins here (its first piece, or a process asking for it) must be decided
+within ``timeout``: the master fails it then; a node tells its parent it stalled, and
+gives up for its own subtree only if no decision came ``grace`` seconds later (its
+parent is gone or frozen). So every request a training process makes is answered
+within ``answer_within``. A node tells its parent when a step begins below it (OPEN)
+unless its own first chunk goes up soon, so the master's clock starts when the step
+begins anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from ... import defaults
+from ...messages import Fail, FailKind, Open
+from ...schemes import Place, Stall
+from ..neighbours import Neighbours
+from .settings import EngineSettings
+from .window import StepWindow
+
+log = logging.getLogger("crnet.node")
+
+__all__ = ["Deadlines"]
+
+FailFn = Callable[[int, str, bool], None]     # (step, reason, tree_wide): decisions.fail
+
+
+class Deadlines:
+    def __init__(self, settings: EngineSettings, window: StepWindow, neighbours: Neighbours, *,
+                 opened: Callable[[int], None], stalled: Callable[[int], Stall | None],
+                 fail: FailFn):
+        self.settings = settings
+        self.window = window
+        self.neighbours = neighbours
+        self._opened = opened                   # the scheme hears a step began here
+        self._stalled = stalled                 # the scheme says what a step lacks
+        self._fail = fail
+        self.place: Place | None = None
+        self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
+        self._began: dict[int, float] = {}      # step -> when it began here (loop time)
+        self._reported: set[int] = set()        # steps this node told its parent it stalled
+        self._sent_up: set[int] = set()         # steps this node sent a chunk of up
+        self._last_stall = ""                   # why, as last logged
+
+    @property
+    def label(self) -> str:
+        return "node (joining)" if self.place is None else self.place.label
+
+    @property
+    def is_master(self) -> bool:
+        return self.place is not None and self.place.is_master
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(self._open)
+
+    def is_open(self, step: int) -> bool:
+        return step in self._open
+
+    def open(self, step: int, announce: bool) -> None:
+        """``step`` began here: its deadline runs from now (once per step)."""
+        if self.window.is_decided(step) or step in self._open:
+            return
+        self.window.seen(step)
+        loop = asyncio.get_running_loop()
+        handles = [loop.call_later(self.settings.timeout, self._deadline, step)]
+        if announce and not self.is_master:
+            # Unless this node's first chunk of the step goes up soon (the usual case,
+            # and the parent then knows), tell the parent the step began here.
+            handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
+        self._open[step] = handles
+        self._began[step] = loop.time()
+        self._opened(step)
+
+    def sent_up(self, step: int) -> None:
+        """A chunk of ``step`` went to the parent: it knows the step began here."""
+        self._sent_up.add(step)
+
+    def close(self, step: int) -> float | None:
+        """``step`` is decided: its clocks stop. When it began here, if it did."""
+        for handle in self._open.pop(step, ()):
+            handle.cancel()
+        self._reported.discard(step)
+        self._sent_up.discard(step)
+        return self._began.pop(step, None)
+
+    def close_all(self) -> None:
+        for handles in self._open.values():
+            for handle in handles:
+                handle.cancel()
+        self._open.clear()
+        self._began.clear()
+        self._reported.clear()
+        self._sent_up.clear()
+
+    def _announce(self, step: int) -> None:
+        if not self.window.is_decided(step) and step not in self._sent_up:
+            self.neighbours.to_parent(Open(step))
+
+    def _deadline(self, step: int) -> None:
+        if self.window.is_decided(step):
+            return
+        if not self.is_master:   # the last chance for the master's decision to come
+            handles = self._open.setdefault(step, [])
+            handles.append(asyncio.get_running_loop().call_later(
+                self.settings.grace, self._give_up, step))
+        if not self.is_master and self.neighbours.parent is None:
+            self._fail(step, f"{self.label} has no parent (it is reconnecting) and could not "
+                             f"get step {step} decided within {self.settings.timeout:g} s", False)
+            return
+        stall = self._stalled(step)
+        if stall is not None:
+            self.stall(step, f"{self.label} did not get {stall.lacking} within "
+                             f"{self.settings.timeout:g} s", stall.here)
+
+    def _give_up(self, step: int) -> None:
+        """No decision reached this node from the master in time: its parent is gone or
+        frozen. Its subtree's processes must not wait longer."""
+        if not self.window.is_decided(step):
+            self._fail(step, f"{self.label} got no decision about step {step} from the master "
+                             f"within {self.settings.answer_within:g} s (its parent is cut off "
+                             "or frozen)", False)
+
+    def stall(self, step: int, reason: str, here: bool = False) -> None:
+        """``step`` cannot finish here: the master fails it; a node tells its parent (once),
+        and fails it for its own subtree if ``here`` or it has no parent."""
+        if self.window.is_decided(step):
+            return
+        if self.is_master:
+            self._fail(step, reason, True)
+            return
+        if step not in self._reported:
+            self._reported.add(step)
+            # Said loudly when it changes; a node that stays degraded says it once.
+            why = reason.partition(":")[2] or reason
+            level = logging.DEBUG if why == self._last_stall else logging.WARNING
+            self._last_stall = why
+            log.log(level, "step %d: %s; telling the parent (this subtree straggles)", step, reason,
+                    extra={"step": step})
+            self.neighbours.to_parent(Fail(step, reason, FailKind.STALL))
+        if here or self.neighbours.parent is None:
+            self._fail(step, reason, False)

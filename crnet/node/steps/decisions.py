@@ -1,0 +1,169 @@
+"""Decisions, one step at a time, and the answers to whoever waits on them.
+
+A step resolves (its full gradient) or fails; deciding one step never decides
+another. The master decides for the whole tree; a node decides alone only when it is
+cut off from the master (then its processes learn that the failure is local). A
+decision stops the step's clocks, tells the subtree (a result went down chunk by chunk
+already; a failure goes now), drops the scheme's state, keeps the outcome for whoever
+asks late, and answers every process waiting on the step. This is also what a scheme
+sees of its step (``schemes.Steps``): whether a step is decided or open, and its verdicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from ...schemes.chunks import ChunkLayout
+from ...stats import Stats
+from ..neighbours import Neighbours
+from ..signal import Signal
+from .deadlines import Deadlines
+from .lending import Lending
+from .outcomes import Decision, Failed, Kept, Lost, Mismatched, Outcome, Resolved, fail_of
+from .settings import EngineSettings
+from .window import StepWindow
+
+log = logging.getLogger("crnet.node")
+
+__all__ = ["Answer", "Decisions"]
+
+Answer = Callable[[Outcome], None]
+
+
+class Decisions:
+    def __init__(self, settings: EngineSettings, stats: Stats, window: StepWindow,
+                 deadlines: Deadlines, kept: Kept, lending: Lending, neighbours: Neighbours,
+                 forget: Callable[[int, bool], None]):
+        self.settings = settings
+        self.stats = stats
+        self.window = window
+        self.deadlines = deadlines
+        self.kept = kept
+        self.lending = lending
+        self.neighbours = neighbours
+        self._forget = forget                   # the scheme drops a decided step's state
+        # Told of every decision, and of a tree_step learned from a peer (step None):
+        # the training processes' shared progress (links.ClientLink).
+        self.decided: Signal[int | None] = Signal()
+        self.waiters: dict[int, list[Answer]] = {}
+        # Undecided steps this host's vector went into: its length and dtype.
+        self.contributed: dict[int, tuple[int, np.dtype]] = {}
+
+    # -- what a scheme sees of its steps (schemes.Steps)
+    @property
+    def tree_vector(self) -> tuple[int, str] | None:
+        return self.window.tree_vector
+
+    def is_decided(self, step: int) -> bool:
+        return self.window.is_decided(step)
+
+    def is_open(self, step: int) -> bool:
+        return self.deadlines.is_open(step)
+
+    def stall(self, step: int, reason: str, here: bool = False) -> None:
+        self.deadlines.stall(step, reason, here)
+
+    def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
+        if self.decide(step, Resolved(step, layout, vector)):
+            self.stats.steps_done += 1
+            log.debug("step %d done", step, extra={"step": step})
+
+    def fail(self, step: int, reason: str, tree_wide: bool = True) -> None:
+        """``step`` failed: for the whole tree (the master decided), or for this subtree."""
+        if not self.decide(step, Failed(step, reason, tree_wide)):
+            return
+        log.error("step %d failed%s: %s", step, "" if tree_wide else " here", reason,
+                  extra={"step": step})
+        self.stats.steps_failed += 1
+        if not tree_wide:
+            self.stats.steps_failed_here += 1
+
+    def refuse_local(self, step: int, reason: str) -> None:
+        """This host's vector for ``step`` does not fit: its processes are told; the step
+        goes on without it."""
+        for answer in self.waiters.pop(step, []):
+            answer(Mismatched(step, reason))
+
+    # -- the outcome of a decided step
+    def outcome(self, step: int) -> Outcome:
+        found = self.kept.get(step)
+        if found is not None:
+            return found
+        return Lost(step, f"the outcome of step {step} is not held by this daemon (it keeps the "
+                          f"last {self.settings.keep_results}, and those its training processes "
+                          f"have not taken within --result-memory); the tree is at step "
+                          f"{self.window.tree_step}: reload the parameters (e.g. the newest "
+                          "checkpoint) and go on after it")
+
+    def decide(self, step: int, outcome: Decision) -> bool:
+        """``step`` is decided here: stop its clocks, tell the subtree, drop the scheme's
+        state, answer whoever waits. False if it already was."""
+        window = self.window
+        if step in window.decided or (window.is_decided(step) and not self.deadlines.is_open(step)
+                                      and step not in self.waiters):
+            return False
+        window.mark(step)
+        began = self.deadlines.close(step)
+        if began is not None and isinstance(outcome, (Resolved, Failed)):   # once per step
+            self.stats.times.step_seconds.observe(asyncio.get_running_loop().time() - began)
+        self.contributed.pop(step, None)
+        if isinstance(outcome, Resolved):
+            if step >= window.tree_step:   # the newest result's layout is the tree's
+                window.tree_vector = (outcome.layout.total, outcome.layout.dtype_name)
+        else:  # a result went down chunk by chunk already; anything else goes now
+            for slot in self.neighbours.slots:
+                if slot.link is not None:
+                    slot.link.send(fail_of(outcome))
+        owner = self.lending.owner(step)
+        if not isinstance(outcome, Lost):
+            kept: Decision = outcome
+            if owner is not None and isinstance(outcome, Resolved):
+                # Its vector is the owner's memory, which it changes once answered.
+                kept = Lost(step, f"the result of step {step} was received straight into a "
+                                  "training process's shared memory, where it was delivered; "
+                                  "this daemon does not keep it")
+            self.kept.put(step, kept)
+        self._forget(step, isinstance(outcome, Resolved))
+        self.neighbours.forget(step)
+        by_master = isinstance(outcome, Resolved) or (isinstance(outcome, Failed)
+                                                      and outcome.tree_wide)
+        if by_master and window.advance(step):   # before the answers: they say where the tree is
+            self.prune()
+        self.decided.emit(step)
+        answers = self.waiters.pop(step, [])
+        # The host's other processes copy a result from the owner's memory now, while the
+        # owner waits; the owner is answered last (Lending.give_back).
+        owners = [] if owner is None else [a for a in answers if a == owner.answer]
+        for answer in answers:
+            if answer not in owners:
+                answer(outcome)
+        if owner is not None:
+            loop = asyncio.get_running_loop()
+            until = (loop.time() if began is None else began) + self.settings.answer_within
+            then: list[Callable[[], None]] = [functools.partial(a, outcome) for a in owners]
+            loop.call_soon(self.lending.give_back, step, then, until)
+        return True
+
+    def prune(self) -> None:
+        """The window moved: forget what lies behind it; steps still open there were
+        passed over by the tree."""
+        low = self.window.low
+        for step in sorted(s for s in set(self.deadlines.steps) | set(self.waiters) if s <= low):
+            self.decide(step, Lost(step, f"step {step} was passed over: the tree went on to "
+                                         f"step {self.window.tree_step} before it was decided here"))
+        self.window.forget_behind()
+        self.contributed = {s: v for s, v in self.contributed.items() if s > low}
+        for slot in self.neighbours.slots:
+            slot.told = {s for s in slot.told if s > low}
+
+    def reset(self) -> dict[int, list[Answer]]:
+        """A new job: nothing is decided or waited on any more; returns who waited."""
+        waiting, self.waiters = self.waiters, {}
+        self.kept.clear()
+        self.contributed.clear()
+        return waiting

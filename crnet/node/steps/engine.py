@@ -1,0 +1,389 @@
+"""The step engine: the gate every piece of a step passes at one node.
+
+The links hand it each step's pieces (the local vector, children's chunks, the
+parent's result chunks, ring segments) as typed messages. It admits a piece only if
+its step is in the window and not decided, opens the step (its deadline runs:
+``deadlines.py``) before the scheme (``crnet.schemes``) sees its first piece, and
+passes it on; the scheme combines pieces, sends them on and gives its verdict
+through narrow ports (``sends.py``, ``decisions.py``, ``lending.py``). The rooms:
+
+- ``window.py``     which steps are decided, and which may take part (``tree_step``);
+- ``deadlines.py``  a deadline for every step under way (the stall inspector);
+- ``decisions.py``  a step resolves or fails; whoever waits is answered;
+- ``outcomes.py``   what a step came to, and the outcomes kept (the result cache);
+- ``lending.py``    memory, and results straight into a training process's output;
+- ``sends.py``      the scheme's sends over the node's links.
+
+What the gate itself decides:
+
+- **Who may take part.** Steps more than ``window`` ahead of ``tree_step`` are refused
+  to whoever sent them (a process, or a child's CHUNK, OPEN or FAIL), and only to them.
+  A child hears of its refusal once per step, but only its newest refusal is
+  remembered (a hostile child naming steps far ahead adds nothing that lasts). Steps
+  further behind than the window (or the kept results) are decided here: a late
+  process gets their result if it is kept, else StepLost with ``tree_step``.
+- **Catch-up.** A child busy with a decided step it may have missed (it joined while
+  the step was under way) gets the outcome, once.
+- **One vector per host and step.** A second SUBMIT of a step (a restarted process, a
+  retry) waits for the result and adds nothing.
+- **No vector larger than this host's memory** (``max_vector_bytes``): a peer whose
+  CHUNK, RESULT or segment claims one has its connection closed before anything is
+  allocated (no host could hold it: it is not a gradient, it is an attack or a bug).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from ...errors import ProtocolError
+from ...messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
+from ...schemes import Place, Ports, Scheme, Stall, driver
+from ...schemes.chunks import DTYPES, dtype_name
+from ...stats import Stats
+from ..neighbours import Neighbours
+from ..peer_text import Throttle, shown
+from ..signal import Signal
+from .deadlines import Deadlines
+from .decisions import Answer, Decisions
+from .lending import Lend, Lender, Lending
+from .outcomes import Failed, Kept, Lost, Mismatched, Outcome, Refused, Resolved, fail_of
+from .sends import TreeSends
+from .settings import EngineSettings
+from .window import StepWindow
+
+log = logging.getLogger("crnet.node")
+
+__all__ = ["StepEngine"]
+
+
+class StepEngine:
+    """Steps at one node: the rooms, and the gate between the links and the scheme."""
+
+    def __init__(self, settings: EngineSettings, stats: Stats, neighbours: Neighbours,
+                 lend: Lend | None = None):
+        self.settings = settings
+        self.stats = stats
+        self.neighbours = neighbours
+        self.place: Place | None = None
+        self.scheme: Scheme | None = None
+        # Polled (emit(None)) for the oldest step each local training process may still
+        # ask for (links.ClientLink): results they have not taken are kept.
+        self.consumers: Signal[None] = Signal()
+        self.window = StepWindow(settings.window, settings.behind)
+        self.deadlines = Deadlines(settings, self.window, neighbours, opened=self._opened,
+                                   stalled=self._stalled, fail=self._fail)
+        self.lending = Lending(neighbours, self.deadlines.is_open, lend)
+        self.decisions = Decisions(
+            settings, stats, self.window, self.deadlines,
+            Kept(settings.keep_results, settings.result_memory,
+                 lambda: min(self.consumers.emit(None), default=None)),
+            self.lending, neighbours, self._forget)
+        self.sends = TreeSends(neighbours, settings.send_queue_bytes, self.deadlines.sent_up)
+        self._peer_lines = Throttle(log)        # lines about what children sent
+
+    # -- what the rest of the node reads
+    @property
+    def label(self) -> str:
+        return self.deadlines.label
+
+    @property
+    def is_master(self) -> bool:
+        return self.deadlines.is_master
+
+    @property
+    def decided(self) -> Signal[int | None]:
+        """Every decision (its step), and a tree_step learned from a peer (None)."""
+        return self.decisions.decided
+
+    @property
+    def tree_step(self) -> int:
+        return self.window.tree_step
+
+    @property
+    def tree_vector(self) -> tuple[int, str] | None:
+        return self.window.tree_vector
+
+    @property
+    def newest_step(self) -> int:
+        return self.window.newest_step
+
+    @property
+    def newest_decided(self) -> int:
+        return self.window.newest_decided
+
+    @property
+    def open_steps(self) -> list[int]:
+        return self.deadlines.steps
+
+    def decided_steps(self) -> list[int]:
+        """The steps decided here that the window still tracks."""
+        return sorted(self.window.decided)
+
+    def is_decided(self, step: int) -> bool:
+        return self.window.is_decided(step)
+
+    def refusal(self, step: int) -> str | None:
+        return self.window.refusal(step)
+
+    def outcome(self, step: int) -> Outcome:
+        """The outcome of a decided step."""
+        return self.decisions.outcome(step)
+
+    def lends(self, owner: Lender) -> bool:
+        return self.lending.lends(owner)
+
+    def alloc(self, total: int, dtype) -> np.ndarray:
+        return self.lending.alloc(total, dtype)
+
+    def bookkeeping(self) -> dict[str, int]:
+        """How many steps each table tracks: bounded by the window, whatever the run's length."""
+        return {"open": len(self.deadlines.steps), "decided": len(self.window.decided),
+                "kept": len(self.decisions.kept), "kept_bytes": self.decisions.kept.held,
+                "waiting": len(self.decisions.waiters),
+                "told": sum(len(slot.told) for slot in self.neighbours.slots)}
+
+    # -- the node's life
+    def start(self, place: Place) -> None:
+        """This node knows its place and its share: steps may begin."""
+        if self.place == place and self.scheme is not None:
+            return  # rejoined the same place (the parent restarted): nothing changes
+        self.place = self.deadlines.place = place
+        self.scheme = driver(place, self._ports())
+
+    def _ports(self) -> Ports:
+        return Ports(send=self.sends, steps=self.decisions, memory=self.lending, stats=self.stats)
+
+    def learn(self, tree_step: int, vector: tuple[int, str] | None = None) -> None:
+        """What a peer knows of the tree (a parent's WELCOME, a child's JOINED): a node that
+        restarted resumes where the tree is."""
+        if self.window.learn(tree_step, vector):
+            self.decisions.prune()
+            self.decided.emit(None)
+
+    def new_job(self, name: str) -> None:
+        """The tree starts training job ``name``: the previous job's steps, results and
+        vector are dropped (its processes still waiting are told), and steps count from 0."""
+        # Steps whose result was going into a process's memory, never decided now: its
+        # owner gets it back once the links sent what they queued from it.
+        undecided = [s for s in self.lending.steps if not self.is_decided(s)]
+        if undecided:
+            loop = asyncio.get_running_loop()
+            for step in undecided:
+                loop.call_soon(self.lending.give_back, step, [],
+                               loop.time() + self.settings.answer_within)
+        self.close()
+        waiting = self.decisions.reset()
+        for slot in self.neighbours.slots:
+            slot.told.clear()
+            slot.missed_through = -1
+        self.window.reset()
+        if self.place is not None:
+            self.scheme = driver(self.place, self._ports())
+        log.info("the tree now runs job %r", name)
+        for step, answers in sorted(waiting.items()):
+            for answer in answers:
+                answer(Failed(step, f"the tree now runs job {name!r}: this job's steps are over",
+                              tree_wide=True))
+        self.decided.emit(None)
+
+    def close(self) -> None:
+        self.deadlines.close_all()
+
+    # -- what the rooms ask of the scheme
+    def _opened(self, step: int) -> None:
+        if self.scheme is not None:
+            self.scheme.opened(step)
+
+    def _stalled(self, step: int) -> Stall | None:
+        return None if self.scheme is None else self.scheme.stalled(step)
+
+    def _fail(self, step: int, reason: str, tree_wide: bool) -> None:
+        self.decisions.fail(step, reason, tree_wide)
+
+    def _forget(self, step: int, resolved: bool) -> None:
+        if self.scheme is not None:
+            self.scheme.forget(step, resolved)
+
+    def _open(self, step: int, announce: bool) -> bool:
+        """Open ``step`` before the scheme sees a piece of it; False if that decided it
+        (too many children were out of it already)."""
+        self.deadlines.open(step, announce)
+        return not self.is_decided(step)
+
+    @property
+    def _announces(self) -> bool:
+        """A leaf's chunk goes up at once: that tells the parent the step began."""
+        return self.place is not None and not self.place.is_leaf
+
+    # -- the training process
+    def request(self, step: int, vector: np.ndarray | None, answer: Answer) -> None:
+        """A process asks for ``step``'s outcome, contributing ``vector`` (or not): ``answer``
+        is called once, within ``answer_within``."""
+        if self.is_decided(step):
+            answer(self.outcome(step))
+            return
+        refusal = self.refusal(step)
+        if refusal is not None:
+            answer(Refused(step, refusal))
+            return
+        contributed = self.decisions.contributed
+        given = None if vector is None else contributed.get(step)
+        if given is not None:
+            # A host adds one vector to a step: a second (a process re-submitting after
+            # a restart, or a client retrying) waits for the result and adds nothing,
+            # where a scheme would add it again (a ring sends its parts twice).
+            assert vector is not None
+            if (vector.size, vector.dtype) != given:
+                answer(Mismatched(step, f"this process's vector is {vector.size} x "
+                                        f"{dtype_name(vector.dtype)} but the tree's for step "
+                                        f"{step} is {given[0]} x {dtype_name(given[1])}"))
+                return
+            log.info("step %d: this host's vector is in already; a second one is not added",
+                     step, extra={"step": step})
+            vector = None
+        if vector is not None:
+            if self.scheme is None:
+                answer(Mismatched(step, f"{self.label} has no share of the data yet"))
+                return
+            problem = self.scheme.local(step, vector) if self._open(step, self._announces) else None
+            if problem is not None:
+                answer(Mismatched(step, problem))
+                return
+            contributed[step] = (vector.size, vector.dtype)
+        self.deadlines.open(step, announce=True)
+        if self.is_decided(step):   # at once: children out of it before it opened here
+            answer(self.outcome(step))
+            return
+        self.decisions.waiters.setdefault(step, []).append(answer)
+
+    # -- children
+    def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
+        self._check_size(msg)
+        if (not self._admit_child(k, msg.step) or self.scheme is None
+                or not self._open(msg.step, announce=True)):
+            return None  # decided (a straggler's late chunk: dropped unread), or refused
+        return self.scheme.child_chunk_dest(k, msg, nbytes)
+
+    def child_chunk(self, k: int, msg: Chunk) -> None:
+        if self.scheme is not None and not self.is_decided(msg.step):
+            self.scheme.child_chunk(k, msg)
+
+    def child_opened(self, k: int, msg: Open) -> None:
+        if self._admit_child(k, msg.step):
+            self.deadlines.open(msg.step, announce=True)
+
+    def child_failed(self, k: int, msg: Fail) -> None:
+        # A child's text, and a child may report a failure of every step of the window:
+        # quoted, cut short, and a line now and then per child.
+        self._peer_lines.log(logging.INFO, (k, "FAIL"), "step %d: child %d reports: %s",
+                             msg.step, k, shown(msg.reason))
+        if self.scheme is not None and self._admit_child(k, msg.step):
+            self.scheme.child_silent(k, msg.step, msg.reason)
+
+    def child_lost(self, k: int) -> None:
+        if self.scheme is not None:
+            self.scheme.child_silent(k, None, "disconnected")
+
+    def _admit_child(self, k: int, step: int) -> bool:
+        """May child ``k`` take part in ``step``? If it is decided, the child gets the
+        outcome if it may have missed it; if it is out of the window, it is refused."""
+        if self.is_decided(step):
+            self._catch_up(k, step)
+            return False
+        refusal = self.refusal(step)
+        if refusal is not None:
+            slot = self.neighbours.slots[k]
+            if step not in slot.told:
+                # Told once per step however many pieces of it come, but only the newest
+                # refusal is remembered: one entry per far step would grow without bound.
+                self._peer_lines.log(logging.INFO, (k, "refused"), "refusing child %d: %s",
+                                     k, refusal)
+                end = self.window.end
+                slot.told = {s for s in slot.told if s <= end}
+            self._tell_child(k, step, Fail(step, refusal, FailKind.REFUSED))
+            return False
+        return True
+
+    def _check_size(self, msg: Chunk | Result | Segment) -> None:
+        """A piece claiming a vector no host could hold closes its connection (ProtocolError)
+        before anything is allocated for it."""
+        nbytes = msg.total * DTYPES[msg.dtype].itemsize   # (a dtype the message checked)
+        if nbytes > self.settings.max_vector_bytes:
+            raise ProtocolError(
+                f"{msg.TYPE.name} for step {msg.step} claims a vector of {msg.total} x "
+                f"{msg.dtype} ({nbytes} bytes): more than this host's memory "
+                f"({self.settings.max_vector_bytes} bytes)")
+
+    def _catch_up(self, k: int, step: int) -> None:
+        """A child is busy with a decided step: if it joined while the step was under way
+        it may never have got the outcome: send it, once."""
+        slot = self.neighbours.slots[k]
+        if step > slot.missed_through:
+            return  # decided after the child joined: the decision went to it
+        outcome = self.outcome(step)
+        if isinstance(outcome, Resolved):
+            if step in slot.told or slot.link is None:
+                return
+            slot.told.add(step)
+            layout = outcome.layout
+            for c in range(layout.chunks):
+                start, stop = layout.bounds(c)
+                slot.link.send(Result(step, c, layout.total, layout.dtype_name),
+                               outcome.vector[start:stop])
+        else:
+            self._tell_child(k, step, fail_of(outcome))
+
+    def _tell_child(self, k: int, step: int, msg: Message) -> None:
+        """Send a child a verdict about ``step`` once, however many of its chunks come."""
+        slot = self.neighbours.slots[k]
+        if slot.link is not None and step not in slot.told:
+            slot.told.add(step)
+            slot.link.send(msg)
+
+    # -- the parent
+    def parent_result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
+        self._check_size(msg)
+        if self.is_decided(msg.step) or self.scheme is None:
+            return None
+        self.window.seen(msg.step)   # results of a step this node took no part in
+        return self.scheme.result_dest(msg, nbytes)
+
+    def parent_result(self, msg: Result) -> None:
+        if self.scheme is not None and not self.is_decided(msg.step):
+            self.scheme.result(msg)
+
+    def parent_failed(self, msg: Fail) -> None:
+        decisions = self.decisions
+        if msg.kind is FailKind.MISMATCH:
+            log.error("step %d: the parent refused this node's vector: %s", msg.step,
+                      shown(msg.reason), extra={"step": msg.step})
+            decisions.refuse_local(msg.step, msg.reason)
+        elif msg.kind is FailKind.REFUSED:
+            decisions.decide(msg.step, Refused(msg.step, msg.reason))
+        elif msg.kind is FailKind.LOST:
+            decisions.decide(msg.step, Lost(msg.step, msg.reason))
+        elif msg.kind is FailKind.STALL:
+            log.warning("step %d: the parent sent a child's FAIL kind: %s", msg.step,
+                        shown(msg.reason), extra={"step": msg.step})
+        else:
+            decisions.fail(msg.step, msg.reason, tree_wide=msg.kind is FailKind.TREE)
+
+    def parent_lost(self, reason: str) -> None:
+        """Steps under way here cannot be decided without the master: fail them here."""
+        for step in sorted(set(self.deadlines.steps) | set(self.decisions.waiters)):
+            self.decisions.fail(step, f"{self.label} {reason}", tree_wide=False)
+
+    # -- the ring predecessor
+    def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
+        self._check_size(msg)
+        if (self.is_decided(msg.step) or self.refusal(msg.step) or self.scheme is None
+                or not self._open(msg.step, self._announces)):
+            return None
+        return self.scheme.segment_dest(msg, nbytes)
+
+    def segment(self, msg: Segment) -> None:
+        if self.scheme is not None and not self.is_decided(msg.step):
+            self.scheme.segment(msg)

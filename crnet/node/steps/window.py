@@ -1,0 +1,85 @@
+"""The step window at one node: which steps are decided, and which may take part.
+
+``tree_step`` is the newest step the master decided (a result or a tree-wide
+failure): after an error a training process goes on at ``tree_step + 1``, so
+processes that drifted apart meet again on the same step. Steps more than
+``ahead`` past it (past step 0 before the tree decided any) are refused to whoever
+sent them: no step number from a peer moves the tree far ahead. Steps ``behind`` or
+more behind it count as decided. Pure state: no clocks, no sockets.
+"""
+
+from __future__ import annotations
+
+__all__ = ["StepWindow"]
+
+
+class StepWindow:
+    def __init__(self, ahead: int, behind: int):
+        self.ahead = ahead
+        self.behind = behind
+        self.tree_step = -1                     # the newest step the master decided
+        self.tree_vector: tuple[int, str] | None = None   # (length, dtype) of the tree's vectors
+        self.newest_step = -1                   # the newest step seen here in any form
+        self.newest_decided = -1                # the newest step decided here in any way
+        self.decided: set[int] = set()          # decided steps within the window behind
+
+    def reset(self) -> None:
+        """A new job: steps count from 0 again, and the tree's vector is not known."""
+        self.tree_step = self.newest_step = self.newest_decided = -1
+        self.tree_vector = None
+        self.decided.clear()
+
+    def is_decided(self, step: int) -> bool:
+        return step in self.decided or step <= self.tree_step - self.behind
+
+    @property
+    def end(self) -> int:
+        """The newest step that may take part here."""
+        return max(self.tree_step, 0) + self.ahead
+
+    @property
+    def low(self) -> int:
+        """Steps at or below this are behind the window."""
+        return self.tree_step - self.behind
+
+    def refusal(self, step: int) -> str | None:
+        """Why ``step`` is too far ahead to take part in here, or None. The window runs from
+        step 0 before the tree decided any: a step number from a peer is never trusted."""
+        if step <= self.end:
+            return None
+        where = (f"which is at step {self.tree_step}" if self.tree_step >= 0 else
+                 "which has not decided a step yet (steps count from 0)")
+        return f"step {step} is more than {self.ahead} steps ahead of the tree, {where}"
+
+    def seen(self, step: int) -> None:
+        self.newest_step = max(self.newest_step, step)
+
+    def learn(self, tree_step: int, vector: tuple[int, str] | None) -> bool:
+        """What a peer knows of the tree (a WELCOME, a JOINED); True if ``tree_step`` moved."""
+        if tree_step > self.tree_step or self.tree_vector is None:
+            self.tree_vector = vector or self.tree_vector
+        if tree_step <= self.tree_step:
+            return False
+        self.tree_step = tree_step
+        self.seen(tree_step)
+        return True
+
+    def mark(self, step: int) -> bool:
+        """``step`` is decided here; False if it already was."""
+        if step in self.decided:
+            return False
+        self.decided.add(step)
+        self.seen(step)
+        self.newest_decided = max(self.newest_decided, step)
+        return True
+
+    def advance(self, step: int) -> bool:
+        """The master decided ``step``: True if the tree moved on to it."""
+        if step <= self.tree_step:
+            return False
+        self.tree_step = step
+        return True
+
+    def forget_behind(self) -> None:
+        low = self.low
+        self.decided = {s for s in self.decided if s > low}
