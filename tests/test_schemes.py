@@ -5,7 +5,7 @@ import pytest
 
 from crnet.codes import code_for
 from crnet.schemes.chunks import AUTO, ChunkLayout, chunk_bytes_for, largest_chunk
-from crnet.schemes.coded_reduce import ResultStep, UpStep
+from crnet.schemes.coded_step import ResultStep, UpStep
 from crnet.schemes.ring_allreduce import RingStep
 
 

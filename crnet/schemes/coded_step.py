@@ -1,0 +1,182 @@
+"""One CodedReduce step at one node, as pure state: the upward decode (``UpStep``) and
+the result on its way down (``ResultStep``). No sockets, no clocks: the driver
+(``coded_reduce.py``) feeds them pieces and sends what they give back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..codes import GradientCode
+from ..kernels import coded_sum
+from .buffers import fresh
+from .chunks import ChunkLayout, byte_view
+
+__all__ = ["ResultStep", "UpStep"]
+
+
+class UpStep:
+    """One step's upward pass at one node.
+
+    Message = local weighted gradient + decode(any n-s children), per chunk. Each
+    chunk is decoded the moment the local vector and n-s children's copies of that
+    chunk are in, so chunk c can leave while chunk c+1 is still arriving, and each
+    chunk may be decoded from a different set of children. A leaf's message is its
+    local vector itself; the master has no local vector.
+    """
+
+    def __init__(self, step: int, layout: ChunkLayout, code: GradientCode | None,
+                 has_local: bool, child_buffers: list[np.ndarray | None] | None = None,
+                 alloc=fresh):
+        self.step = step
+        self.layout = layout
+        self.code = code
+        self.has_local = has_local
+        self.local: np.ndarray | None = None
+        self.silent: dict[int, str] = {}       # children that won't answer this step, and why
+        self.senders: set[int] = set()         # children some chunk was received from
+        self.used: set[int] = set()            # children some chunk was decoded from
+        self.first_byte: float | None = None   # when the first child chunk started (stats)
+        self.arrived_at: dict[int, float] = {}  # child -> when its first chunk started (stats)
+        self._children = child_buffers
+        self._alloc = alloc
+        # Quorum -> (children, weights) with the zero coefficients dropped. Chunks of a
+        # step mostly share a quorum; the code's own cache still validates per call.
+        self._weights: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}
+        self._arrived: list[list[int]] = [[] for _ in range(layout.chunks)]
+        self._done = [False] * layout.chunks
+        self._remaining = layout.chunks
+        self._out: np.ndarray | None = None
+        if code is not None and (child_buffers is None or len(child_buffers) != code.n):
+            raise ValueError("a node with children needs one receive buffer per child")
+
+    @property
+    def needed(self) -> int:
+        """Children needed per chunk: n - s."""
+        return 0 if self.code is None else self.code.n - self.code.s
+
+    @property
+    def complete(self) -> bool:
+        return self._remaining == 0
+
+    @property
+    def decoded(self) -> bool:
+        """Some chunk was decoded (it is on its way): the step's layout is this one's."""
+        return self._remaining < self.layout.chunks
+
+    @property
+    def decodable(self) -> bool:
+        """Enough children may still answer for every chunk to be decoded."""
+        return self.code is None or self.code.n - len(self.silent) >= self.needed
+
+    def child_buffer(self, child: int, chunk: int) -> memoryview:
+        """Where child ``child``'s copy of ``chunk`` is received (a byte view)."""
+        start, stop = self.layout.bounds(chunk)
+        return byte_view(self._child(child)[start:stop])
+
+    def _child(self, child: int) -> np.ndarray:
+        """Child ``child``'s receive buffer, allocated at its first chunk (a child that sends
+        nothing, or a layout held apart, costs no vector)."""
+        assert self._children is not None
+        buffer = self._children[child]
+        if buffer is None:
+            buffer = self._children[child] = self._alloc(self.layout.total, self.layout.dtype)
+        return buffer
+
+    def child_arrived(self, child: int, chunk: int) -> list[int]:
+        """Record a child's chunk; returns the chunks now ready to decode."""
+        if self._done[chunk] or child in self._arrived[chunk]:
+            return []
+        self._arrived[chunk].append(child)
+        return self._ready((chunk,))
+
+    def local_arrived(self, vector: np.ndarray) -> list[int]:
+        """The training process's local weighted gradient; returns ready chunks."""
+        self.local = vector
+        return self._ready(range(self.layout.chunks))
+
+    def waiting_for(self) -> str:
+        """What this step still lacks, for the timeout message."""
+        missing = []
+        if self.has_local and self.local is None:
+            missing.append("the local training process's gradient")
+        if self.code is not None:
+            worst = min(len(a) for a in self._arrived)
+            if worst < self.needed:
+                missing.append(f"{self.needed} of {self.code.n} children (got {worst})")
+        return " and ".join(missing) or "nothing"
+
+    def decode(self, chunk: int) -> np.ndarray:
+        """Chunk ``chunk`` of this node's message (computed once)."""
+        start, stop = self.layout.bounds(chunk)
+        self._done[chunk] = True
+        self._remaining -= 1
+        assert self.local is not None or not self.has_local
+        if self.code is None:
+            assert self.local is not None  # a leaf's message is its local vector
+            return self.local[start:stop]
+        assert self._children is not None
+        children, weights = self._decoder(tuple(self._arrived[chunk][: self.needed]))
+        inputs = [self._child(k)[start:stop] for k in children]
+        self.used.update(children)
+        if self.local is not None:  # new lists: the cached ones serve the step's other chunks
+            inputs, weights = [self.local[start:stop], *inputs], [1.0, *weights]
+        if self._out is None:
+            # Not last step's: the transport may still be sending it (see buffers.py).
+            self._out = self._alloc(self.layout.total, self.layout.dtype)
+        out = self._out[start:stop]
+        coded_sum(out, weights, inputs)
+        return out
+
+    def _decoder(self, responders: tuple[int, ...]) -> tuple[list[int], list[float]]:
+        found = self._weights.get(responders)
+        if found is None:
+            assert self.code is not None
+            coeffs = self.code.decode(responders)
+            found = ([k for k, a in zip(responders, coeffs) if a != 0.0],
+                     [float(a) for a in coeffs if a != 0.0])
+            self._weights[responders] = found
+        return found
+
+    @property
+    def output(self) -> np.ndarray | None:
+        """The whole decoded vector (the master's result), once allocated."""
+        return self._out
+
+    def _ready(self, chunks) -> list[int]:
+        if self.has_local and self.local is None:
+            return []
+        need = self.needed
+        return [c for c in chunks if not self._done[c] and len(self._arrived[c]) >= need]
+
+
+class ResultStep:
+    """A step's full gradient, assembled chunk by chunk on its way down the tree."""
+
+    def __init__(self, step: int, layout: ChunkLayout, buffer: np.ndarray | None = None,
+                 alloc=fresh):
+        self.step = step
+        self.layout = layout
+        self.vector = alloc(layout.total, layout.dtype) if buffer is None else buffer
+        self._have = [False] * layout.chunks
+        self._remaining = layout.chunks
+
+    @property
+    def complete(self) -> bool:
+        return self._remaining == 0
+
+    def dest(self, chunk: int) -> memoryview | None:
+        """Where chunk ``chunk`` is received, or None if it already was."""
+        if self._have[chunk]:
+            return None
+        start, stop = self.layout.bounds(chunk)
+        return byte_view(self.vector[start:stop])
+
+    def chunk(self, chunk: int) -> np.ndarray:
+        start, stop = self.layout.bounds(chunk)
+        return self.vector[start:stop]
+
+    def arrived(self, chunk: int) -> None:
+        if not self._have[chunk]:
+            self._have[chunk] = True
+            self._remaining -= 1
