@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import os
 import secrets
 import socket
@@ -32,6 +33,7 @@ from .errors import (
     CrnetError,
     CrnetTimeout,
     DaemonNotRunning,
+    InternalError,
     ProtocolError,
     StepFailed,
     StepLost,
@@ -64,6 +66,8 @@ from .transport import Connection, new_loop
 from .wire import Limits
 
 __all__ = ["Assignment", "AsyncClient", "Client"]
+
+log = logging.getLogger("crnet.client")
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,9 @@ class _Replies:
         self._answers: collections.deque[Message | None] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._watches: dict[int, asyncio.Future[None]] = {}   # step -> DECIDED came
+        # The bug on this side (in reading or handling the daemon's messages) that closed
+        # the connection: every request then raises it, not DaemonNotRunning.
+        self.failure: Exception | None = None
 
     def watch(self, step: int) -> tuple[asyncio.Future[None], bool]:
         """The future DECIDED for ``step`` resolves, and whether it is new (to ask for)."""
@@ -147,7 +154,7 @@ class _Replies:
                 break
         if msg is None:
             self._answers.appendleft(None)  # every later call fails the same way
-            raise DaemonNotRunning(f"crnetd at {self.path} closed the connection")
+            raise self._gone()
         if isinstance(msg, ClientError):
             raise msg.exception()
         if isinstance(msg, ClientWelcome) and kind is not ClientWelcome:
@@ -194,11 +201,26 @@ class _Replies:
         self._answer(msg)
 
     def lost(self, conn, exc):
+        if conn.failure is not None:
+            self.failure = conn.failure
+            log.error("crnet bug: the client failed handling crnetd's answers (not a daemon "
+                      "problem); its connection to %s is closed", self.path, exc_info=self.failure)
         self._answer(None)
         for fut in self._watches.values():
             if not fut.done():
-                fut.set_exception(DaemonNotRunning(f"crnetd at {self.path} closed the connection"))
+                fut.set_exception(self._gone())
         self._watches.clear()
+
+    def _gone(self) -> CrnetError:
+        """Why the connection is gone: a bug here (chained: its traceback is the cause), or
+        the daemon went away."""
+        if self.failure is None:
+            return DaemonNotRunning(f"crnetd at {self.path} closed the connection")
+        err = InternalError(f"crnet bug: the client failed handling crnetd's answers "
+                            f"({type(self.failure).__name__}: {self.failure}); crnetd at "
+                            f"{self.path} is not at fault")
+        err.__cause__ = self.failure
+        return err
 
 
 def _time_out(waiter: asyncio.Future[None]) -> None:

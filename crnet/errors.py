@@ -17,6 +17,8 @@
     +-- MismatchError       this process's vector differs from the tree's (ValueError)
     +-- CrnetTimeout        no answer within the caller's timeout (TimeoutError)
     +-- LaunchError         a local tree (launch.py) or the demo could not start or run
+    +-- InternalError       a bug in crnet itself, not a daemon problem (RuntimeError;
+                            ``__cause__`` is the exception, with its traceback)
 
 A daemon tells its training process which one with an ``ErrorKind`` in its ERROR
 message; ``ErrorKind.exception`` turns that back into the exception.
@@ -131,6 +133,11 @@ class CrnetTimeout(CrnetError, TimeoutError):
 
 class LaunchError(CrnetError, RuntimeError):
     """A local tree of daemons (``crnet.launch``) or a process of the demo failed."""
+
+
+class InternalError(CrnetError, RuntimeError):
+    """A bug in crnet itself: e.g. the client's own handling of the daemon's answers
+    failed. The exception is its ``__cause__``; the daemon is not at fault."""
 
 
 class ErrorKind(str, enum.Enum):

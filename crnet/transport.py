@@ -83,6 +83,10 @@ class Connection(asyncio.BufferedProtocol):
         self.bytes_out = 0
         self._sock: socket.socket | None = None   # a plain TCP socket: its SO_RCVLOWAT is ours
         self._lowat = 1
+        # The bug (an exception other than ProtocolError, out of parsing or the handler)
+        # that aborted this connection: the handler's ``lost`` can tell it from the peer
+        # going away.
+        self.failure: Exception | None = None
 
     def set_limits(self, limits: Limits) -> None:
         """What the peer may send from now on (e.g. more, once it has authenticated)."""
@@ -123,6 +127,7 @@ class Connection(asyncio.BufferedProtocol):
         except ProtocolError as e:
             self.abort(f"protocol error: {e}")
         except Exception as e:  # noqa: BLE001 -- a handler bug: reported below, loop survives
+            self.failure = e
             self.abort(f"internal error: {type(e).__name__}: {e}")
             asyncio.get_running_loop().call_exception_handler({
                 "message": f"{self.label}: error handling a frame", "exception": e,

@@ -1,6 +1,7 @@
 """Shared fixtures: real crnetd trees on 127.0.0.1, always torn down."""
 
 import asyncio
+import logging
 import signal
 
 import numpy as np
@@ -20,6 +21,34 @@ def pytest_asyncio_loop_factories(config, item):
         return factories
     factories["uvloop"] = uvloop.new_event_loop
     return factories
+
+
+class _Kept(logging.Handler):
+    """Keeps the records it is given."""
+
+    def __init__(self, level: int):
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def client_bugs():
+    """Every test fails, with the traceback, if a client in the test's own process hit a bug
+    in its handling of crnetd's answers (crnet.client logs it as an error): even when the
+    test caught the InternalError it raised as some CrnetError, or never asked again. A
+    test that injects such a bug on purpose takes this list and clears it."""
+    kept = _Kept(logging.ERROR)
+    logger = logging.getLogger("crnet.client")
+    logger.addHandler(kept)
+    try:
+        yield kept.records
+    finally:
+        logger.removeHandler(kept)
+    if kept.records:
+        pytest.fail("\n\n".join(logging.Formatter().format(r) for r in kept.records), pytrace=False)
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ def test_the_module_defines_the_documented_errors():
     assert {cls.__name__ for cls in ERROR_CLASSES} == {
         "CrnetError", "ProtocolError", "JoinRefused", "DaemonNotRunning", "DaemonBusy",
         "RequestRejected", "StepFailed", "StepLost", "StepRefused", "AssignmentChanged",
-        "MismatchError", "CrnetTimeout", "LaunchError", "JobEnded"}
+        "MismatchError", "CrnetTimeout", "LaunchError", "JobEnded", "InternalError"}
 
 
 def test_the_module_docstring_draws_every_error():

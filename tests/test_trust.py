@@ -3,8 +3,10 @@
 Each test is the row's attack against real crnetd processes on 127.0.0.1 (raw TCP or
 Unix sockets speaking the wire protocol with ``crnet.messages``), or against a module
 in-process where a live attack is impractical. It asserts the SAFE behaviour: a test
-marked ``xfail(strict=True)`` is a fault that is still there (it turns into a failure the
-day the fault is fixed: remove the mark then); an unmarked one is a row fixed already.
+marked ``xfail(strict=True, raises=FaultStillThere)`` is a fault that is still there (it
+turns into a failure the day the fault is fixed: remove the mark then; any other failure,
+an AssertionError of the setup or a daemon's traceback say, fails it as well); an unmarked
+one is a row fixed already.
 
 The rows that need authentication itself (a stranger takes a slot, a ring predecessor
 from anyone, a stranger's chunks in the decode) run the attack against a tree given a
@@ -85,8 +87,12 @@ PAIR = Tree((2,), (0,))         # master -> 0, 1 (leaves); s = 0: the master nee
 SAMPLES, DIM = 30, 8
 
 
+class FaultStillThere(AssertionError):
+    """The row's attack succeeded: the one failure its ``xfail`` expects."""
+
+
 def xfail(short: str):
-    return pytest.mark.xfail(reason=f"issue 11: {short}", strict=True)
+    return pytest.mark.xfail(reason=f"issue 11: {short}", strict=True, raises=FaultStillThere)
 
 
 # ------------------------------------------------------------------ raw peers (the attacker)
@@ -429,7 +435,8 @@ async def test_high_no_integrity_a_slot_holders_chunks_enter_the_decode(tmp_path
         assert proxy.tampered > 0
         wrong = sum(any(isinstance(r, np.ndarray) and rel_error(r, want) > 1e-9
                         for r in o.values()) for o in outcomes)
-        assert wrong == 0, f"{wrong} of {len(outcomes)} steps gave wrong results"
+        if wrong:
+            raise FaultStillThere(f"{wrong} of {len(outcomes)} steps gave wrong results")
         return
     with running(tmp_path / "tree", STAR, SAMPLES) as lt:
         clients = await connect(lt, ["0", "1", "2"])
