@@ -255,6 +255,7 @@ class AsyncClient:
         # comes while it waits for another answer is dropped (_late): it is not that
         # answer, nor that request's error.
         self._abandoned: set[int] = set()
+        self._numbered: dict[str, int] = {}   # numbered_key's count per prefix
 
     @classmethod
     async def connect(cls, socket_path=None,
@@ -373,6 +374,13 @@ class AsyncClient:
             np.copyto(out.reshape(-1), vec)
             return out
         return (await self._receive(key, vec, out, timeout))[0]
+
+    def numbered_key(self, prefix: str) -> str:
+        """``<prefix>/<k>``, k counting this client's calls with ``prefix`` from 0: a
+        ``broadcast`` key the processes of a job agree on when each makes the same calls
+        in the same order (crnet.torch's default keys)."""
+        k = self._numbered[prefix] = self._numbered.get(prefix, -1) + 1
+        return f"{prefix}/{k}"
 
     async def barrier(self, key: str = "start", processes: int | None = None,
                       timeout: float | None = None) -> None:
@@ -632,6 +640,9 @@ class Client:
     def broadcast(self, vec, key: str, root: bool, out=None,
                   timeout: float | None = None) -> np.ndarray:
         return self._run(self._c.broadcast(vec, key, root, out, timeout))
+
+    def numbered_key(self, prefix: str) -> str:
+        return self._c.numbered_key(prefix)
 
     def barrier(self, key: str = "start", processes: int | None = None,
                 timeout: float | None = None) -> None:

@@ -24,6 +24,7 @@ from crnet.torch import (  # noqa: E402
     result,
     weighted_loss,
 )
+from crnet.torch.replica_state import ReplicaState  # noqa: E402
 
 from .conftest import rel_error  # noqa: E402
 
@@ -334,6 +335,36 @@ def test_the_weighted_loss_has_the_coded_share_as_its_gradient():
         weighted_loss((model(x) - y) ** 2, w)
 
 
+def test_a_replicas_state_vector_carries_the_model_and_adam_state_to_a_fresh_replica():
+    """What a peer sends a process that (re)joins, without daemons: the fresh replica
+    (another model, no optimizer state yet) ends equal to the trained one. The layout is
+    the ReplicaState's own, learned once, and again only when the parameters change."""
+    x, y = data(torch.float64)
+    trained = make_model(torch.float64)
+    opt = torch.optim.Adam(trained.parameters(), lr=0.02)
+    for _ in range(3):
+        opt.zero_grad()
+        per_sample_loss(trained, x, y).mean().backward()
+        opt.step()
+    fresh = make_model(torch.float64, seed=5)
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.5)
+    sent, taken = ReplicaState(trained, opt), ReplicaState(fresh, fresh_opt)
+    assert sent.size() == taken.size()
+    vec = np.full(sent.size(), np.nan)
+    sent.pack(vec)
+    layout = taken.layout
+    taken.load(vec)
+    for a, b in zip(fresh.parameters(), trained.parameters()):
+        assert torch.equal(a, b)
+    assert [k for k, _ in state_tensors(fresh_opt)] == [k for k, _ in state_tensors(opt)]
+    for (_, a), (_, b) in zip(state_tensors(fresh_opt), state_tensors(opt)):
+        assert torch.equal(a, b)
+    assert fresh_opt.param_groups[0]["lr"] == 0.02
+    assert taken.layout is layout
+    fresh_opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))]})
+    assert taken.layout is not layout and taken.layout.size > layout.size
+
+
 def test_the_samplers_shares_add_up_to_the_global_batch(local_tree):
     """Each process allreduces sum_i w_i onehot(index_i) as a tensor: the tree's sum must
     count every data set index of the step's global batch exactly (the coding cancels);
@@ -399,6 +430,8 @@ def test_broadcast_gives_everyone_the_roots_parameters_and_optimizer_state(local
             assert not t.opt.optimizer.state
         broadcast_parameters(t.model, t.client, root=root)
         broadcast_optimizer_state(t.opt.optimizer, t.client, root=root)
+        # the default keys are counted by the client: one call each so far
+        assert t.client.numbered_key("crnet.torch/parameters") == "crnet.torch/parameters/1"
         t.after_broadcast = ([p.detach().clone() for p in t.model.parameters()],
                              [v.clone() for _, v in state_tensors(t.opt.optimizer)])
         t.train(5)

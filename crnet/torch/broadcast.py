@@ -1,0 +1,69 @@
+"""One process's model or optimizer state to every process of the job (a checkpoint)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from ..client import Client
+from .dtypes import WIRE_DTYPES
+from .optimizer_layout import OptimizerLayout
+from .packing import model_tensors, pack, unpack
+
+
+def broadcast_parameters(model: torch.nn.Module | Mapping[str, torch.Tensor], client: Client,
+                         root: bool, key: str | None = None, timeout: float | None = None) -> None:
+    """Give every process the root's parameters and buffers (``model.state_dict()``).
+
+    Collective: every process of the job calls it, one with ``root=True`` (e.g. the one
+    that loaded the checkpoint). ``key`` names the broadcast within the job; by default
+    ``crnet.torch/parameters/<k>`` with k counting this process's calls
+    (``Client.numbered_key``), so give it explicitly if the processes might not make the
+    same calls in the same order.
+
+    One vector of the model's dtype goes through the daemons (float64 if the model mixes
+    dtypes, or uses one crnet does not carry: exact for float16/bfloat16/float32 and for
+    integers up to 2**53). The root copies its tensors into its shared input, the others
+    copy the result from their shared output into theirs; that is all that is copied.
+    It reuses the client's shared memory, so call it at a step boundary: it overwrites the
+    gradient buffer of a ``DistributedOptimizer``.
+    """
+    tensors = model_tensors(model)
+    if not tensors:
+        raise ValueError("broadcast_parameters: the model has no tensors")
+    dtypes = {t.dtype for t in tensors}
+    np_dtype = np.dtype(np.float64)    # carries every real dtype a model mixes, exactly
+    if len(dtypes) == 1:
+        np_dtype = WIRE_DTYPES.get(dtypes.pop(), np_dtype)
+    n = sum(t.numel() for t in tensors)
+    key = key or client.numbered_key("crnet.torch/parameters")
+    vec = client.buffer(n, np_dtype)
+    if root:
+        pack(tensors, vec)
+        client.broadcast(vec, key, root=True, timeout=timeout)
+    else:
+        unpack(tensors, client.broadcast(vec, key, root=False, out=client.result_buffer(n, np_dtype),
+                                         timeout=timeout))
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, client: Client, root: bool,
+                              key: str | None = None, timeout: float | None = None) -> None:
+    """Give every process the root's optimizer state and numeric group options.
+
+    Collective, like ``broadcast_parameters`` (keys ``crnet.torch/optimizer/<k>``). A
+    process whose optimizer has no state yet gets the root's anyway (see
+    ``OptimizerLayout``: the state's shape is learned on a probe, nothing real is
+    stepped); a parameter without state at the root has none anywhere afterwards. Sent
+    as one float64 vector (exact for float32 state and counters up to 2**53).
+    """
+    layout = OptimizerLayout(optimizer)
+    key = key or client.numbered_key("crnet.torch/optimizer")
+    vec = client.buffer(layout.size, np.float64)
+    if root:
+        layout.pack(optimizer, vec)
+        client.broadcast(vec, key, root=True, timeout=timeout)
+    else:
+        out = client.result_buffer(layout.size, np.float64)
+        layout.unpack(optimizer, client.broadcast(vec, key, root=False, out=out, timeout=timeout))
