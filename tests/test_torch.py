@@ -486,3 +486,17 @@ def test_a_process_restarted_mid_job_takes_the_state_from_a_peer(local_tree, opt
     assert len(newcomer.opts) == 2
     assert sum(t.opt.answered for t in trainers) >= 1
     assert_replicas_equal_reference(trainers, torch.float64, optimizer, steps, m, 1e-9)
+
+
+def test_learning_a_layout_leaves_an_optimizer_with_a_scheduler_untouched():
+    """An LR scheduler puts a wrapped ``step`` on the optimizer object itself; the probe
+    step that learns the layout must not run it on the real optimizer."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    torch.optim.lr_scheduler.StepLR(opt, 1)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in model.parameters()]
+    assert ReplicaState(model, opt).size() > sum(p.numel() for p in model.parameters())
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert not opt.state   # no real step: no Adam state yet

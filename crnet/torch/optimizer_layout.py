@@ -96,6 +96,9 @@ class OptimizerLayout:
         # param_groups), but its own state, parameters and fresh hook tables.
         probe = object.__new__(type(optimizer))
         probe.__dict__.update(optimizer.__dict__)
+        # An LR scheduler wraps ``step`` in an attribute of the optimizer object, bound to
+        # it: copied, the probe's step would step the real optimizer.
+        probe.__dict__.pop("step", None)
         for name in list(probe.__dict__):
             if name.startswith("_optimizer_") and name.endswith("_hooks"):
                 setattr(probe, name, OrderedDict())
