@@ -2,7 +2,7 @@
 
 The client creates an anonymous memory file (``memfd_create``), sizes it, seals it
 against shrinking and growing, maps it, and hands the daemon the descriptor itself
-over the Unix socket (SCM_RIGHTS; ``client.py``, ``node/client_socket.py``). The
+over the Unix socket (SCM_RIGHTS; ``client/aio.py``, ``node/client_socket.py``). The
 daemon checks the seals and the size before it maps it: it never opens a path a
 client names, and no client can shrink the memory under the daemon's mapping (which
 would kill it with SIGBUS). The memory lives exactly as long as the two mappings, so

@@ -6,7 +6,8 @@ import traceback
 
 import pytest
 
-from crnet import AsyncClient, DaemonNotRunning, client, transport
+from crnet import AsyncClient, DaemonNotRunning, transport
+from crnet.client.replies import Replies
 from crnet.errors import InternalError
 from crnet.plan import Tree
 
@@ -29,7 +30,7 @@ async def test_a_bug_in_reading_the_daemons_answers_is_raised_as_itself(local_tr
         if where == "parse":
             monkeypatch.setattr(transport, "parse", broken)
         else:
-            monkeypatch.setattr(client._Replies, "received", broken)
+            monkeypatch.setattr(Replies, "received", broken)
         with pytest.raises(InternalError, match=r"crnet bug.*KeyError.*not at fault") as got:
             await c.stats()
         assert not isinstance(got.value, DaemonNotRunning)

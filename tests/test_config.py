@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from crnet import AsyncClient, defaults
 from crnet.cli import crnetd
-from crnet.client import _socket_path
+from crnet.client.aio import client_socket_path
 from crnet.config import effective_config
 from crnet.launch import MASTER, LocalTree
 from crnet.node.client_socket import ClientSocket
@@ -168,8 +168,8 @@ def test_crnetd_and_client_agree_on_the_default_socket(monkeypatch):
     monkeypatch.delenv("CRNET_CLIENT_SOCKET", raising=False)
     code, out = check(MASTER_ARGS)
     assert code == 0
-    assert entry(out, "client_socket") == (f'"{_socket_path(None)}"', "default")
-    assert _socket_path(None) == "/run/crnet/client.sock"
+    assert entry(out, "client_socket") == (f'"{client_socket_path(None)}"', "default")
+    assert client_socket_path(None) == "/run/crnet/client.sock"
 
 
 async def test_client_socket_directory_is_made_or_named(tmp_path):

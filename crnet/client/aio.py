@@ -1,52 +1,36 @@
-"""The training process's API: ``Client`` (blocking) and ``AsyncClient``.
+"""``AsyncClient``: a training process's connection to its host's crnetd (asyncio).
 
-::
-
-    from crnet import Client
-    with Client() as c:                      # $CRNET_CLIENT_SOCKET by default
-        a = c.assignment                     # this process's share of every batch
-        for step in range(steps):
-            g = c.allreduce(local_gradient(a.ranges), step=step)   # full gradient sum
-
-Vectors go through shared memory (``crnet.shm``); the socket carries only step
-numbers. ``c.buffer(n, dtype)`` hands out the shared input itself, so a gradient
-computed into it is never copied on this side.
+Requests and their answers, shared memory and the step watches; ``replies.py`` is the
+protocol side, ``blocking.py`` the blocking twin.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 
-from . import defaults
-from .errors import (
+from .. import defaults
+from ..errors import (
     AssignmentChanged,
     CrnetError,
     CrnetTimeout,
     DaemonNotRunning,
-    InternalError,
     ProtocolError,
     StepFailed,
     StepLost,
     StepRefused,
 )
-from .messages import (
+from ..messages import (
     Attach,
     Attached,
     Barrier,
     ClientError,
     ClientHello,
     ClientWelcome,
-    Decided,
     Delivered,
     Done,
     Fetch,
@@ -60,172 +44,20 @@ from .messages import (
     Watch,
     state_key,
 )
-from .schemes.chunks import DTYPES, dtype_name
-from .shm import Progress, SharedRegion
-from .transport import Connection, new_loop
-from .wire import Limits
+from ..schemes.chunks import DTYPES, dtype_name
+from ..shm import Progress, SharedRegion
+from ..transport import Connection
+from ..wire import Limits
+from .assignment import Assignment
+from .replies import REPLY_MARGIN, M, Replies
 
-__all__ = ["Assignment", "AsyncClient", "Client"]
-
-log = logging.getLogger("crnet.client")
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """This process's place in the tree and its share of every global batch.
-
-    ``ranges`` are ``(start, stop, weight)`` over batch positions 0..samples-1: the
-    process must return sum over them of weight * (gradient of that sample).
-    The master's training process (if any) has an empty share.
-    """
-
-    name: str
-    layer: int
-    samples: int
-    workers: int
-    ranges: tuple[tuple[int, int, float], ...]
-    process: int = 0            # which of this host's training processes (--local-processes)
-    processes: int = 1
-
-    @classmethod
-    def from_wire(cls, doc: dict) -> Assignment:
-        return cls(doc["name"], doc["layer"], doc["samples"], doc["workers"],
-                   tuple((int(a), int(b), float(w)) for a, b, w in doc["ranges"]),
-                   doc.get("process", 0), doc.get("processes", 1))
-
-    @property
-    def local_samples(self) -> int:
-        return sum(b - a for a, b, _ in self.ranges)
-
-    def positions(self) -> tuple[np.ndarray, np.ndarray]:
-        """(batch positions, weight of each): this process's samples, flattened."""
-        if not self.ranges:
-            return np.zeros(0, np.int64), np.zeros(0)
-        pos = np.concatenate([np.arange(a, b) for a, b, _ in self.ranges])
-        w = np.concatenate([np.full(b - a, w) for a, b, w in self.ranges])
-        return pos, w
+__all__ = ["AsyncClient", "client_socket_path"]
 
 
-def _socket_path(path) -> str:
+def client_socket_path(path) -> str:
+    """The daemon's client socket: ``path``, else $CRNET_CLIENT_SOCKET, else the default."""
     return str(path or os.environ.get("CRNET_CLIENT_SOCKET") or defaults.CLIENT_SOCKET)
 
-
-M = TypeVar("M", bound=Message)
-
-REPLY_MARGIN = 5.0   # seconds a request may take beyond the daemon's own bound (the trip)
-
-
-class _Replies:
-    """The protocol side of a client (a ``transport.Handler``): the daemon's messages, in order."""
-
-    def __init__(self, path: str):
-        self.path = path
-        # The daemon's answers in order (None: the connection is gone), and the one
-        # request waiting for the next (a client asks one thing at a time). Not an
-        # asyncio.Queue under wait_for: that costs two tasks per answer, a fifth of a
-        # small allreduce's CPU.
-        self._answers: collections.deque[Message | None] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._watches: dict[int, asyncio.Future[None]] = {}   # step -> DECIDED came
-        # The bug on this side (in reading or handling the daemon's messages) that closed
-        # the connection: every request then raises it, not DaemonNotRunning.
-        self.failure: Exception | None = None
-
-    def watch(self, step: int) -> tuple[asyncio.Future[None], bool]:
-        """The future DECIDED for ``step`` resolves, and whether it is new (to ask for)."""
-        fut = self._watches.get(step)
-        if fut is not None:
-            return fut, False
-        fut = self._watches[step] = asyncio.get_running_loop().create_future()
-        return fut, True
-
-    async def next(self, kind: type[M], timeout: float | None, what: str,
-                   late: Callable[[Message], bool] | None = None) -> M:
-        """The daemon's next message, which must be a ``kind``; an ERROR raises its exception.
-        Messages ``late`` takes (answers to requests given up on) are passed over."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            if not self._answers:
-                await self._arrival(None if deadline is None else max(0.0, deadline - loop.time()),
-                                    what, timeout)
-            msg = self._answers.popleft()
-            if msg is None or late is None or not late(msg):
-                break
-        if msg is None:
-            self._answers.appendleft(None)  # every later call fails the same way
-            raise self._gone()
-        if isinstance(msg, ClientError):
-            raise msg.exception()
-        if isinstance(msg, ClientWelcome) and kind is not ClientWelcome:
-            raise AssignmentChanged("the tree re-assigned this host a different share of the "
-                                    "data (the new one is in Client.assignment)", msg.assignment)
-        if not isinstance(msg, kind):
-            raise ProtocolError(f"crnetd answered {msg.TYPE.name} to a request for {what}")
-        return msg
-
-    async def _arrival(self, timeout: float | None, what: str, bound: float | None) -> None:
-        """Wait until an answer is in ``_answers``, at most ``timeout`` seconds (of the
-        request's ``bound``, which the error names)."""
-        loop = asyncio.get_running_loop()
-        self._waiter = waiter = loop.create_future()
-        timer = None if timeout is None else loop.call_later(timeout, _time_out, waiter)
-        try:
-            await waiter
-        except asyncio.TimeoutError:
-            raise CrnetTimeout(f"no answer from crnetd for {what} within {bound} s") from None
-        finally:
-            self._waiter = None
-            if timer is not None:
-                timer.cancel()
-
-    @property
-    def waiting(self) -> bool:
-        """A request is waiting for its answer."""
-        return self._waiter is not None
-
-    def _answer(self, msg: Message | None) -> None:
-        self._answers.append(msg)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def payload_dest(self, conn, msg, nbytes):
-        raise ProtocolError(f"unexpected payload on {msg.TYPE.name} from crnetd")
-
-    def received(self, conn, msg, payload):
-        if isinstance(msg, Decided):   # not an answer to a request: a watch came true
-            fut = self._watches.pop(msg.step, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
-            return
-        self._answer(msg)
-
-    def lost(self, conn, exc):
-        if conn.failure is not None:
-            self.failure = conn.failure
-            log.error("crnet bug: the client failed handling crnetd's answers (not a daemon "
-                      "problem); its connection to %s is closed", self.path, exc_info=self.failure)
-        self._answer(None)
-        for fut in self._watches.values():
-            if not fut.done():
-                fut.set_exception(self._gone())
-        self._watches.clear()
-
-    def _gone(self) -> CrnetError:
-        """Why the connection is gone: a bug here (chained: its traceback is the cause), or
-        the daemon went away."""
-        if self.failure is None:
-            return DaemonNotRunning(f"crnetd at {self.path} closed the connection")
-        err = InternalError(f"crnet bug: the client failed handling crnetd's answers "
-                            f"({type(self.failure).__name__}: {self.failure}); crnetd at "
-                            f"{self.path} is not at fault")
-        err.__cause__ = self.failure
-        return err
-
-
-def _time_out(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
 
 
 class AsyncClient:
@@ -235,7 +67,7 @@ class AsyncClient:
     host its share of the data. ``Client`` is the blocking twin.
     """
 
-    def __init__(self, path: str, conn: Connection, replies: _Replies, welcome: ClientWelcome):
+    def __init__(self, path: str, conn: Connection, replies: Replies, welcome: ClientWelcome):
         """Use ``connect``."""
         self.path = path
         self.assignment = Assignment.from_wire(welcome.assignment)
@@ -268,8 +100,8 @@ class AsyncClient:
         a process that joins a running job sees the job's ``tree_step`` at once (see the
         README's loop for where it starts). Without a name, a process joins whatever job
         the daemons run."""
-        path = _socket_path(socket_path)
-        replies = _Replies(path)
+        path = client_socket_path(socket_path)
+        replies = Replies(path)
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_unix_connection(
@@ -591,86 +423,3 @@ class AsyncClient:
             region.close_fd()  # both sides have it mapped: nothing to leak if either dies
         self._region, self._progress = region, region.progress
         return region
-
-
-class Client:
-    """The blocking twin of ``AsyncClient`` for ordinary training loops.
-
-    It drives an ``AsyncClient`` on a private event loop, so it must not be used
-    from inside a running event loop (use ``AsyncClient`` there).
-    """
-
-    def __init__(self, socket_path: str | os.PathLike | None = None,
-                 timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT, job: str | None = None):
-        """Connect and wait (up to ``timeout``) until the tree has assigned this host its
-        data (``job``: see ``AsyncClient.connect``)."""
-        self._loop = new_loop()
-        try:
-            self._c = self._run(AsyncClient.connect(socket_path, timeout, job))
-        except BaseException:
-            self._loop.close()
-            raise
-
-    @property
-    def assignment(self) -> Assignment:
-        return self._c.assignment
-
-    @property
-    def tree_step(self) -> int:
-        return self._c.tree_step
-
-    def buffer(self, length: int, dtype=np.float32) -> np.ndarray:
-        return self._run(self._c.buffer(length, dtype))
-
-    def finished(self, step: int) -> bool:
-        return self._c.finished(step)
-
-    def wait_finished(self, step: int, timeout: float | None = None) -> None:
-        self._run(self._c.wait_finished(step, timeout))
-
-    def result_buffer(self, length: int, dtype=np.float32) -> np.ndarray:
-        return self._run(self._c.result_buffer(length, dtype))
-
-    def allreduce(self, vec, step: int, out=None, timeout: float | None = None) -> np.ndarray:
-        return self._run(self._c.allreduce(vec, step, out, timeout))
-
-    def result(self, step: int, like, out=None, timeout: float | None = None) -> np.ndarray:
-        return self._run(self._c.result(step, like, out, timeout))
-
-    def broadcast(self, vec, key: str, root: bool, out=None,
-                  timeout: float | None = None) -> np.ndarray:
-        return self._run(self._c.broadcast(vec, key, root, out, timeout))
-
-    def numbered_key(self, prefix: str) -> str:
-        return self._c.numbered_key(prefix)
-
-    def barrier(self, key: str = "start", processes: int | None = None,
-                timeout: float | None = None) -> None:
-        self._run(self._c.barrier(key, processes, timeout))
-
-    def request_state(self, like, out=None, timeout: float | None = None) -> tuple[np.ndarray, int]:
-        return self._run(self._c.request_state(like, out, timeout))
-
-    def state_wanted(self) -> bool:
-        return self._c.state_wanted()
-
-    def send_state(self, vec, step: int, timeout: float | None = None) -> None:
-        self._run(self._c.send_state(vec, step, timeout))
-
-    def stats(self) -> dict:
-        return self._run(self._c.stats())
-
-    def close(self) -> None:
-        if not self._loop.is_closed():
-            self._c.close()
-            self._loop.run_until_complete(asyncio.sleep(0))  # let the transport close
-            self._loop.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _run(self, coro):
-        return self._loop.run_until_complete(coro)
