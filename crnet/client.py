@@ -27,6 +27,7 @@ from typing import TypeVar
 import numpy as np
 
 from . import defaults
+from .dtypes import DTYPES, dtype_name
 from .errors import (
     AssignmentChanged,
     CrnetError,
@@ -58,7 +59,6 @@ from .messages import (
     Watch,
     state_key,
 )
-from .schemes.chunks import DTYPES, dtype_name
 from .shm import Progress, SharedRegion
 from .transport import Connection, new_loop
 from .wire import Limits

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from .auth import MAC_BYTES, NONCE_BYTES
+from .dtypes import DTYPE_NAMES
 from .errors import CrnetError, ErrorKind, ProtocolError
 from .plan import SCHEMES, Tree
 from .wire import MsgType, encode
@@ -75,7 +76,6 @@ __all__ = [
 ]
 
 MAX_STEP = (1 << 63) - 1        # steps are non-negative int64s
-DTYPE_NAMES = ("float32", "float64")
 CODE_KINDS = ("auto", "frc", "crc")
 MAX_REASON = 4096               # characters of a failure reason we keep
 _DTYPES = frozenset(DTYPE_NAMES)

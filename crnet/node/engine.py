@@ -63,11 +63,12 @@ from typing import Protocol
 import numpy as np
 
 from .. import defaults
+from ..dtypes import DTYPES, dtype_name
 from ..errors import ProtocolError
 from ..messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
 from ..schemes import Place, Scheme, driver
 from ..schemes.buffers import BufferPool
-from ..schemes.chunks import DTYPES, ChunkLayout, dtype_name
+from ..schemes.chunks import ChunkLayout
 from ..stats import Stats
 from .neighbours import Neighbours
 from .peer_text import Throttle, shown

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..dtypes import DTYPES
 from ..errors import ErrorKind, JoinRefused, ProtocolError
 from ..kernels import coded_sum
 from ..messages import (
@@ -63,7 +64,7 @@ from ..messages import (
     Watch,
     Welcome,
 )
-from ..schemes.chunks import DTYPES, ChunkLayout
+from ..schemes.chunks import ChunkLayout
 from ..shm import SharedRegion
 from ..stats import Stats
 from ..transport import Connection

@@ -42,12 +42,13 @@ import time
 import numpy as np
 
 from ..codes import GradientCode
+from ..dtypes import dtype_name
 from ..errors import ProtocolError
 from ..kernels import coded_sum
 from ..messages import Chunk, Fail, FailKind, Result
 from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
-from .chunks import ChunkLayout, byte_view, dtype_name
+from .chunks import ChunkLayout, byte_view
 
 log = logging.getLogger("crnet.schemes")
 
