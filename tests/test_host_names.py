@@ -6,8 +6,9 @@ import pytest
 
 from crnet.auth import mac
 from crnet.errors import ProtocolError
+from crnet.fields import check_host_id
 from crnet.launch import MASTER
-from crnet.messages import Hello, check_host_id, parse
+from crnet.messages import Hello, parse
 from crnet.node.guard import _claim
 from crnet.plan import Tree
 from crnet.schemes import Place

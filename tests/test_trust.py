@@ -39,6 +39,7 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, CrnetError, CrnetTimeout, DaemonNotRunning, StepFailed
+from crnet.allocation import NodeShare, pack_allocation
 from crnet.launch import MASTER, LocalTree
 from crnet.messages import (
     Assign,
@@ -54,7 +55,6 @@ from crnet.messages import (
     Hello,
     Joined,
     Message,
-    NodeShare,
     Open,
     PeerHello,
     PeerWelcome,
@@ -64,7 +64,6 @@ from crnet.messages import (
     StatsRequest,
     Submit,
     Welcome,
-    pack_allocation,
     parse,
 )
 from crnet.plan import Tree

@@ -23,9 +23,9 @@ from typing import Protocol
 from .. import defaults
 from ..auth import mac, new_nonce, verify
 from ..errors import ProtocolError
-from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse, StatusHello
+from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse, StatusHello, before_auth
 from ..transport import Connection, Handler
-from ..wire import Limits, MsgType
+from ..wire import Limits
 from .peer_text import Throttle, shown
 
 log = logging.getLogger("crnet.node")
@@ -34,8 +34,7 @@ log = logging.getLogger("crnet.node")
 # What a peer may send before its hello has been acted on: a few small frame types,
 # checked before their headers are decoded (wire.Limits).
 HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_items=16,
-                          types=frozenset({MsgType.HELLO, MsgType.PEER_HELLO, MsgType.PROOF,
-                                           MsgType.STATUS_HELLO}))
+                          types=before_auth())   # HELLO, PEER_HELLO, PROOF, STATUS_HELLO
 
 
 class Doorway:

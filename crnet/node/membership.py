@@ -25,20 +25,9 @@ import logging
 from collections.abc import Callable
 from math import prod
 
+from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
-from ..messages import (
-    Assign,
-    Hello,
-    Job,
-    Joined,
-    NodeShare,
-    PeerHello,
-    PeerWelcome,
-    RingPlace,
-    Welcome,
-    pack_allocation,
-    parse_allocation,
-)
+from ..messages import Assign, Hello, Job, Joined, PeerHello, PeerWelcome, RingPlace, Welcome
 from ..plan import Tree, cut
 from ..plan import plan as make_plan
 from ..schemes import Place
