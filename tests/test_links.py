@@ -40,7 +40,7 @@ from crnet.messages import (
 )
 from crnet.node.engine import EngineSettings, Failed, Refused
 from crnet.node.links import ChildLink, ClientLink, LocalProcesses, ParentLink
-from crnet.node.peer_text import SHOWN, Throttle, shown, tamed
+from crnet.peer_text import SHOWN, Throttle, shown, tamed
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout

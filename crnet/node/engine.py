@@ -66,12 +66,12 @@ from .. import defaults
 from ..dtypes import DTYPES, dtype_name
 from ..errors import ProtocolError
 from ..messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
+from ..peer_text import Throttle, shown
 from ..schemes import Place, Scheme, driver
 from ..schemes.buffers import BufferPool
 from ..schemes.chunks import ChunkLayout
 from ..stats import Stats
 from .neighbours import Neighbours
-from .peer_text import Throttle, shown
 from .signal import Signal
 
 log = logging.getLogger("crnet.node")

@@ -64,6 +64,7 @@ from ..messages import (
     Watch,
     Welcome,
 )
+from ..peer_text import Throttle, shown, tamed
 from ..schemes.chunks import ChunkLayout
 from ..shm import SharedRegion
 from ..stats import Stats
@@ -71,7 +72,6 @@ from ..transport import Connection
 from .broadcasts import Held
 from .engine import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
 from .membership import Membership
-from .peer_text import Throttle, shown, tamed
 
 log = logging.getLogger("crnet.node")
 

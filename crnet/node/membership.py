@@ -28,6 +28,7 @@ from math import prod
 from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
 from ..messages import Assign, Hello, Job, Joined, PeerHello, PeerWelcome, RingPlace, Welcome
+from ..peer_text import shown
 from ..plan import Tree, cut
 from ..plan import plan as make_plan
 from ..schemes import Place
@@ -37,7 +38,6 @@ from .broadcasts import Broadcasts
 from .dial import Dialer, keep_connected, supervised
 from .engine import StepEngine
 from .neighbours import ChildSlot, Neighbours
-from .peer_text import shown
 from .status import StatusService
 
 log = logging.getLogger("crnet.node")
