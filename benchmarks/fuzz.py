@@ -34,7 +34,7 @@ import numpy as np
 
 from crnet import AsyncClient
 from crnet.launch import LocalTree
-from crnet.messages import _CLASSES, Attach, Hello, PeerHello, Proof
+from crnet.messages import CLASSES, Attach, Hello, PeerHello, Proof
 from crnet.plan import Tree
 from crnet.wire import MAGIC, PREFIX, VERSION, MsgType
 
@@ -56,7 +56,7 @@ def hostile_value(rng: random.Random) -> object:
 
 def hostile_header(rng: random.Random, msg_type: MsgType) -> dict:
     """A header for ``msg_type`` with some fields right and some hostile."""
-    cls = _CLASSES[msg_type]
+    cls = CLASSES[msg_type]
     names = list(getattr(cls, "__dataclass_fields__", {}))
     header: dict = {}
     for name in names:
@@ -95,7 +95,7 @@ def _attack(rng: random.Random) -> list[bytes]:
             first = Hello(rng.choice([None, "0", "1", "0.0"]), None, rng.randbytes(32))
             out.append(b"".join(bytes(p) for p in first.frame()))
         for _ in range(rng.randint(1, 4)):
-            msg_type = rng.choice(list(_CLASSES))
+            msg_type = rng.choice(list(CLASSES))
             try:
                 head = msgpack.packb(hostile_header(rng, msg_type))
             except (ValueError, OverflowError):

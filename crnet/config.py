@@ -201,7 +201,7 @@ def effective_config(ctx: click.Context) -> Config:
     if p["exit_with_stdin"] and not _is_pipe(0):
         raise click.BadParameter("standard input is not a pipe or socket, so it cannot tell "
                                  "this daemon its launcher is gone", param_hint="--exit-with-stdin")
-    from .messages import check_host_id
+    from .fields import check_host_id
 
     problem = check_host_id(host_id)
     if problem:

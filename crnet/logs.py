@@ -21,19 +21,37 @@ from datetime import datetime
 
 FIELDS = ("ts", "level", "logger", "node", "step", "msg", "exc")
 
-_node_name: Callable[[], str | None] = lambda: None   # noqa: E731 -- set by name_node()
-
 
 def under_systemd() -> bool:
     """Started by systemd (its journal adds a timestamp to every line)."""
     return "JOURNAL_STREAM" in os.environ or "INVOCATION_ID" in os.environ
 
 
-def name_node(name: Callable[[], str | None]) -> None:
-    """Where events get their ``node=``: asked per event, so a node that joins later
-    (or is given another slot) shows its slot from then on."""
-    global _node_name
-    _node_name = name
+class NodeTag(logging.Filter):
+    """Gives each record a handler writes its ``node``: ``name()``, asked per event, so a
+    node that joins later (or is given another slot) shows its slot from then on."""
+
+    def __init__(self, name: Callable[[], str | None]):
+        super().__init__()
+        self.source = name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node = self.source()
+        return True
+
+
+def name_node(name: Callable[[], str | None]) -> Callable[[], None]:
+    """Where crnetd's events get their ``node=`` (a ``NodeTag`` on each handler
+    ``setup_logging`` installed); returns the call that takes it off again."""
+    tag = NodeTag(name)
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(tag)
+
+    def undo() -> None:
+        for handler in handlers:
+            handler.removeFilter(tag)
+    return undo
 
 
 def event(record: logging.LogRecord, timestamps: bool) -> dict[str, object]:
@@ -44,7 +62,7 @@ def event(record: logging.LogRecord, timestamps: bool) -> dict[str, object]:
             timespec="milliseconds")
     fields["level"] = record.levelname.lower()
     fields["logger"] = record.name
-    node = _node_name()
+    node = getattr(record, "node", None)
     if node is not None:
         fields["node"] = node
     step = getattr(record, "step", None)

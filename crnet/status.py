@@ -13,9 +13,9 @@ import asyncio
 from dataclasses import dataclass
 
 from .errors import CrnetError, JoinRefused, ProtocolError
+from .handshake import Dialing
 from .messages import Refuse, StatusHello, StatusReply, StatusRequest
-from .node.guard import Dialing
-from .node.status import DEADLINE
+from .status_tree import DEADLINE
 from .tls import TlsFiles, contexts
 from .transport import Connection
 

@@ -278,7 +278,7 @@ class Recorder:
 
 
 def dialing(secret=b"s" * 32):
-    from crnet.node.guard import Dialing
+    from crnet.handshake import Dialing
 
     from .fake_links import FakeLink
 

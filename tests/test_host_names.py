@@ -6,9 +6,10 @@ import pytest
 
 from crnet.auth import mac
 from crnet.errors import ProtocolError
+from crnet.fields import check_host_id
+from crnet.handshake import claim
 from crnet.launch import MASTER
-from crnet.messages import Hello, check_host_id, parse
-from crnet.node.guard import _claim
+from crnet.messages import Hello, parse
 from crnet.plan import Tree
 from crnet.schemes import Place
 from crnet.status import StatusClient, rows
@@ -66,9 +67,9 @@ def test_host_ids_are_validated_and_bound_into_the_handshake():
         parse(MsgType.HELLO, {"name": None, "listen": None, "nonce": None, "host": "x" * 65}, 0)
     # A proof made for one host id does not admit another.
     key, nonces = b"k" * 32, (b"a" * 32, b"b" * 32)
-    one = mac(key, "dialer", *nonces, *_claim(Hello(host="host-a")))
-    other = mac(key, "dialer", *nonces, *_claim(Hello(host="host-b")))
-    assert one != other != mac(key, "dialer", *nonces, *_claim(Hello()))
+    one = mac(key, "dialer", *nonces, *claim(Hello(host="host-a")))
+    other = mac(key, "dialer", *nonces, *claim(Hello(host="host-b")))
+    assert one != other != mac(key, "dialer", *nonces, *claim(Hello()))
 
 
 async def test_a_restarted_node_without_name_gets_its_old_slot(local_tree):

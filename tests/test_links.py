@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from crnet.allocation import NodeShare, pack_allocation
 from crnet.errors import DaemonBusy, ErrorKind, JoinRefused, ProtocolError, StepFailed
 from crnet.messages import (
     Assign,
@@ -24,7 +25,6 @@ from crnet.messages import (
     Fetch,
     Hello,
     Joined,
-    NodeShare,
     Open,
     PeerHello,
     PeerWelcome,
@@ -37,11 +37,10 @@ from crnet.messages import (
     StatsRequest,
     Submit,
     Welcome,
-    pack_allocation,
 )
 from crnet.node.links import ChildLink, ClientLink, LocalProcesses, ParentLink
-from crnet.node.peer_text import SHOWN, Throttle, shown, tamed
 from crnet.node.steps import EngineSettings, Failed, Refused
+from crnet.peer_text import SHOWN, Throttle, shown, tamed
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout

@@ -24,7 +24,6 @@ def logger():
     fmt("kv")
     yield log, out, fmt
     log.removeHandler(handler)
-    logs.name_node(lambda: None)
 
 
 NASTY = 'child "0.1" said: stalled\n2001-01-01 ERROR forged line\tand=more \\ \u2028 end'
@@ -34,7 +33,7 @@ NASTY = 'child "0.1" said: stalled\n2001-01-01 ERROR forged line\tand=more \\ \u
 def test_a_line_reads_back_to_its_fields(logger, kind):
     log, out, fmt = logger
     fmt(kind)
-    logs.name_node(lambda: "0.2")
+    log.handlers[0].addFilter(logs.NodeTag(lambda: "0.2"))
     log.warning("step %d: %s", 7, NASTY, extra={"step": 7})
     lines = out.getvalue().splitlines()
     assert len(lines) == 1, lines                 # the newline stayed inside the value
@@ -56,6 +55,7 @@ def test_no_timestamp_under_systemd_and_no_node_before_a_slot(logger, monkeypatc
     monkeypatch.setenv("INVOCATION_ID", "abc")
     assert logs.under_systemd()
     handler = log.handlers[0]
+    handler.addFilter(logs.NodeTag(lambda: None))     # a daemon without a slot yet
     handler.setFormatter(logs.EventFormatter("kv", timestamps=not logs.under_systemd()))
     log.info("joining")
     assert out.getvalue() == "level=info logger=crnet.test_logs msg=joining\n"
@@ -93,3 +93,26 @@ def test_set_log_level_announces_the_change_where_it_is_seen(logger):
     finally:
         root.removeHandler(handler)
         root.setLevel(was)
+
+
+def test_name_node_tags_the_root_handlers_until_undone():
+    root = logging.getLogger()
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.EventFormatter("kv", timestamps=False))
+    root.addHandler(handler)
+    log = logging.getLogger("crnet.test_name_node")
+    slot: list[str | None] = [None]
+    try:
+        undo = logs.name_node(lambda: slot[0])
+        log.warning("joining")
+        slot[0] = "0.2"
+        log.warning("joined")
+        undo()
+        log.warning("stopped")
+    finally:
+        root.removeHandler(handler)
+    assert out.getvalue().splitlines() == [
+        "level=warning logger=crnet.test_name_node msg=joining",
+        "level=warning logger=crnet.test_name_node node=0.2 msg=joined",
+        "level=warning logger=crnet.test_name_node msg=stopped"]

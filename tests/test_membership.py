@@ -7,17 +7,15 @@ import asyncio
 import numpy as np
 import pytest
 
+from crnet.allocation import NodeShare, pack_allocation, parse_allocation
 from crnet.errors import JoinRefused, ProtocolError
 from crnet.messages import (
     Assign,
     Chunk,
     Hello,
     Joined,
-    NodeShare,
     RingPlace,
     Welcome,
-    pack_allocation,
-    parse_allocation,
 )
 from crnet.node.dial import keep_connected
 from crnet.node.membership import JoinState, subtree_workers

@@ -5,6 +5,7 @@ import re
 import msgpack
 import pytest
 
+from crnet.allocation import NodeShare, pack_allocation, parse_allocation
 from crnet.errors import (
     DaemonBusy,
     ErrorKind,
@@ -15,8 +16,9 @@ from crnet.errors import (
     StepLost,
     StepRefused,
 )
+from crnet.fields import MAX_REASON
 from crnet.messages import (
-    MAX_REASON,
+    CLASSES,
     Assign,
     Attach,
     Attached,
@@ -36,7 +38,7 @@ from crnet.messages import (
     Hello,
     Job,
     Joined,
-    NodeShare,
+    Message,
     Open,
     PeerHello,
     PeerWelcome,
@@ -57,9 +59,8 @@ from crnet.messages import (
     WantState,
     Watch,
     Welcome,
-    pack_allocation,
+    before_auth,
     parse,
-    parse_allocation,
 )
 from crnet.plan import Tree, plan
 from crnet.wire import FrameReader, MsgType
@@ -144,6 +145,22 @@ def through_the_wire(msg, payload=None):
 
 def test_every_message_type_has_a_case_here():
     assert {m.TYPE for m in EVERY_MESSAGE} == set(MsgType)
+
+
+def test_every_wire_type_has_its_registered_class():
+    assert set(CLASSES) == set(MsgType)
+    assert all(cls.TYPE is t for t, cls in CLASSES.items())
+    assert {type(m) for m in EVERY_MESSAGE} == set(CLASSES.values())
+
+
+def test_only_the_hellos_and_the_proof_come_before_authentication():
+    assert before_auth() == {MsgType.HELLO, MsgType.PEER_HELLO, MsgType.PROOF, MsgType.STATUS_HELLO}
+
+
+def test_a_second_class_for_a_wire_type_is_refused():
+    with pytest.raises(TypeError, match="both DONE"):
+        class Twice(Message):
+            TYPE = MsgType.DONE
 
 
 def test_every_fail_kind_has_a_case_here():

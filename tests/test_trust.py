@@ -41,6 +41,7 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, CrnetError, CrnetTimeout, DaemonNotRunning, StepFailed
+from crnet.allocation import NodeShare, pack_allocation
 from crnet.launch import MASTER, LocalTree
 from crnet.messages import (
     Assign,
@@ -56,7 +57,6 @@ from crnet.messages import (
     Hello,
     Joined,
     Message,
-    NodeShare,
     Open,
     PeerHello,
     PeerWelcome,
@@ -66,7 +66,6 @@ from crnet.messages import (
     StatsRequest,
     Submit,
     Welcome,
-    pack_allocation,
     parse,
 )
 from crnet.plan import Tree

@@ -14,6 +14,7 @@ import socket
 import numpy as np
 
 from .. import defaults
+from ..dtypes import DTYPES, dtype_name
 from ..errors import (
     AssignmentChanged,
     CrnetError,
@@ -44,7 +45,6 @@ from ..messages import (
     Watch,
     state_key,
 )
-from ..schemes.chunks import DTYPES, dtype_name
 from ..shm import Progress, SharedRegion
 from ..transport import Connection
 from ..wire import Limits

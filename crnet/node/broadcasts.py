@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import defaults
+from ..dtypes import DTYPES
 from ..errors import ProtocolError
 from ..messages import Bcast, WantState, state_key
 from ..schemes.base import Place
-from ..schemes.chunks import DTYPES, chunk_bytes_for
+from ..schemes.chunks import chunk_bytes_for
 from .neighbours import Neighbours
 
 log = logging.getLogger("crnet.node")

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from .. import defaults
 from ..errors import JoinRefused, ProtocolError
 from ..messages import Message
+from ..peer_text import Throttle, shown
 from ..transport import Connection
-from .peer_text import Throttle, shown
 
 log = logging.getLogger("crnet.node")
 

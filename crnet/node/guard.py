@@ -1,7 +1,8 @@
 """The authentication handshake in front of a tree link (``crnet.auth`` has the math).
 
 ``Accepting`` stands before a ``ChildLink`` on every accepted TCP connection, and
-``Dialing`` before a ``ParentLink`` or ``SuccessorLink`` on every dialed one. Each is a
+``Dialing`` (``crnet/handshake.py``, which the ``crnet status`` client uses too) before a
+``ParentLink`` or ``SuccessorLink`` on every dialed one. Each is a
 ``transport.Handler`` that lets nothing through to the link until the peer has proved
 that it holds the cluster secret; from then on it passes every frame straight on. An
 acceptor without a secret passes the hello on at once, as before; one with a secret
@@ -15,18 +16,17 @@ good stops a node (exit 2).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 from .. import defaults
 from ..auth import mac, new_nonce, verify
 from ..errors import ProtocolError
-from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse, StatusHello
+from ..handshake import claim
+from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse, StatusHello, before_auth
+from ..peer_text import Throttle, shown
 from ..transport import Connection, Handler
-from ..wire import Limits, MsgType
-from .peer_text import Throttle, shown
+from ..wire import Limits
 
 log = logging.getLogger("crnet.node")
 
@@ -34,8 +34,7 @@ log = logging.getLogger("crnet.node")
 # What a peer may send before its hello has been acted on: a few small frame types,
 # checked before their headers are decoded (wire.Limits).
 HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_items=16,
-                          types=frozenset({MsgType.HELLO, MsgType.PEER_HELLO, MsgType.PROOF,
-                                           MsgType.STATUS_HELLO}))
+                          types=before_auth())   # HELLO, PEER_HELLO, PROOF, STATUS_HELLO
 
 
 class Doorway:
@@ -71,17 +70,6 @@ class Doorway:
 
     def __len__(self) -> int:
         return len(self._pending)
-
-
-def _claim(hello: Hello | PeerHello | StatusHello) -> tuple[str, str]:
-    """The role and name a hello claims: what its handshake binds (a child's host id
-    too: it picks the slot; NUL cannot occur in a host id, so the pair is unambiguous)."""
-    if isinstance(hello, PeerHello):
-        return "ring", str(hello.rank)
-    if isinstance(hello, StatusHello):
-        return "status", ""
-    name = hello.name or ""
-    return "child", name if hello.host is None else f"{name}\0{hello.host}"
 
 
 class Accepting:
@@ -125,7 +113,7 @@ class Accepting:
         elif isinstance(msg, Proof):
             hello, theirs = self._hello, getattr(self._hello, "nonce", None)
             assert self.secret is not None and theirs is not None
-            role, name = _claim(hello)
+            role, name = claim(hello)
             if not verify(mac(self.secret, "dialer", theirs, self._nonce, role, name), msg.mac):
                 self._warnings.warning((_address(conn), "wrong secret"),
                                        "%s failed to authenticate as %s %s: wrong secret",
@@ -152,7 +140,7 @@ class Accepting:
             return
         self._hello = msg
         self._nonce = new_nonce()
-        role, name = _claim(msg)
+        role, name = claim(msg)
         conn.send(Challenge(self._nonce, mac(self.secret, "acceptor", msg.nonce, self._nonce,
                                              role, name)))
 
@@ -160,62 +148,6 @@ class Accepting:
         self._doorway.leave(conn)
         if self.open:
             self.inner.lost(conn, exc)
-
-
-class Dialed(Handler, Protocol):
-    """The link behind a ``Dialing`` guard (``links.DialedLink``)."""
-
-    def reject(self, conn: Connection, reason: str) -> None:
-        """The peer is no good: close the connection; the node dials again later."""
-
-
-class Dialing:
-    """A connection this node dialed, until the peer has authenticated (with a secret).
-    ``hello`` adds this side's nonce to the hello the dialer sends."""
-
-    def __init__(self, inner: Dialed, secret: bytes | None):
-        self.inner = inner
-        self.secret = secret
-        self.open = secret is None
-        self._hello: Hello | PeerHello | StatusHello | None = None
-
-    def hello(self, msg: Hello | PeerHello | StatusHello) -> Hello | PeerHello | StatusHello:
-        if self.secret is None:
-            return msg
-        self._hello = dataclasses.replace(msg, nonce=new_nonce())
-        return self._hello
-
-    def payload_dest(self, conn: Connection, msg: Message, nbytes: int):
-        if self.open:
-            return self.inner.payload_dest(conn, msg, nbytes)
-        raise ProtocolError(f"{msg.TYPE.name} with a payload before authentication")
-
-    def received(self, conn: Connection, msg: Message, payload) -> None:
-        if self.open:
-            self.inner.received(conn, msg, payload)
-        elif isinstance(msg, Refuse):
-            # Before the peer proved itself: anyone may have said it (say why, then dial
-            # again). After, a refusal goes to the link like any message.
-            self.inner.reject(conn, f"{conn.label} refused this node before authenticating "
-                                    f"itself: {shown(msg.reason)}")
-        elif isinstance(msg, Challenge) and self._hello is not None:
-            assert self.secret is not None and self._hello.nonce is not None
-            role, name = _claim(self._hello)
-            ours = self._hello.nonce
-            if not verify(mac(self.secret, "acceptor", ours, msg.nonce, role, name), msg.mac):
-                self.inner.reject(conn, f"{conn.label} failed to authenticate: it holds another "
-                                        "secret (--secret-file), or is not this node's peer")
-                return
-            conn.send(Proof(mac(self.secret, "dialer", ours, msg.nonce, role, name)))
-            self.open = True
-            conn.authenticated = True
-        else:
-            self.inner.reject(conn, f"{conn.label} answered {msg.TYPE.name} without "
-                                    "authenticating itself: it does not hold this cluster's "
-                                    "secret")
-
-    def lost(self, conn: Connection, exc: Exception | None) -> None:
-        self.inner.lost(conn, exc)
 
 
 def _address(conn: Connection) -> str:

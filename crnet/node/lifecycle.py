@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import __version__, defaults, kernels, logs
+from ..handshake import Dialing
+from ..peer_text import Throttle
 from ..plan import Tree
 from ..schemes import Place
 from ..schemes.chunks import largest_chunk
@@ -32,13 +34,12 @@ from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes, plural
 from ..wire import Limits
 from .client_socket import ClientSocket
-from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
+from .guard import HANDSHAKE_LIMITS, Accepting, Doorway
 from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
 from .membership import Membership
 from .metrics import MetricsServer, registry_for, server_context
 from .neighbours import Neighbours
 from .notify import Notifier, Readiness
-from .peer_text import Throttle
 from .steps import EngineSettings, StepEngine
 
 log = logging.getLogger("crnet.node")

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..dtypes import DTYPES
 from ..errors import ErrorKind, JoinRefused, ProtocolError
 from ..kernels import coded_sum
 from ..messages import (
@@ -63,13 +64,13 @@ from ..messages import (
     Watch,
     Welcome,
 )
-from ..schemes.chunks import DTYPES, ChunkLayout
+from ..peer_text import Throttle, shown, tamed
+from ..schemes.chunks import ChunkLayout
 from ..shm import SharedRegion
 from ..stats import Stats
 from ..transport import Connection
 from .broadcasts import Held
 from .membership import Membership
-from .peer_text import Throttle, shown, tamed
 from .steps import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
 
 log = logging.getLogger("crnet.node")

@@ -25,20 +25,10 @@ import logging
 from collections.abc import Callable
 from math import prod
 
+from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
-from ..messages import (
-    Assign,
-    Hello,
-    Job,
-    Joined,
-    NodeShare,
-    PeerHello,
-    PeerWelcome,
-    RingPlace,
-    Welcome,
-    pack_allocation,
-    parse_allocation,
-)
+from ..messages import Assign, Hello, Job, Joined, PeerHello, PeerWelcome, RingPlace, Welcome
+from ..peer_text import shown
 from ..plan import Tree, cut
 from ..plan import plan as make_plan
 from ..schemes import Place
@@ -47,7 +37,6 @@ from .barriers import Barriers
 from .broadcasts import Broadcasts
 from .dial import Dialer, keep_connected, supervised
 from .neighbours import ChildSlot, Neighbours
-from .peer_text import shown
 from .status import StatusService
 from .steps import StepEngine
 

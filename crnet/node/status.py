@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from ..errors import ProtocolError
 from ..messages import StatusReply, StatusRequest
 from ..plan import Tree
+from ..status_tree import DEADLINE
 from ..transport import Connection
 from .dial import supervised
 
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crnet.node")
 
-DEADLINE = 3.0          # seconds for a whole tree's answer (crnet status)
 CHILD_SHARE = 0.7       # a child gets this share of its parent's deadline
 
 

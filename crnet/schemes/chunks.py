@@ -8,17 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..defaults import CHUNK_AUTO
-
-DTYPES: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
-
-
-_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-
-def dtype_name(dtype: np.dtype) -> str:
-    """``dtype.name``, which numpy computes anew on every read, for crnet's dtypes at once."""
-    return _NAMES.get(dtype) or dtype.name
-
+from ..dtypes import dtype_name
 
 # --chunk-bytes auto (0 on the wire): a chunk size that grows with the vector. Each chunk is a
 # frame at every hop (~0.1 ms of Python per end), so large vectors want large chunks: the

@@ -41,11 +41,12 @@ import time
 
 import numpy as np
 
+from ..dtypes import dtype_name
 from ..errors import ProtocolError
 from ..messages import Chunk, Fail, FailKind, Result
 from .base import Place, Ports, Scheme, Stall
 from .buffers import fresh
-from .chunks import ChunkLayout, dtype_name
+from .chunks import ChunkLayout
 from .coded_step import ResultStep, UpStep
 
 log = logging.getLogger("crnet.schemes")

@@ -38,13 +38,13 @@ import logging
 
 import numpy as np
 
+from ...dtypes import DTYPES, dtype_name
 from ...errors import ProtocolError
 from ...messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
+from ...peer_text import Throttle, shown
 from ...schemes import Place, Ports, Scheme, Stall, driver
-from ...schemes.chunks import DTYPES, dtype_name
 from ...stats import Stats
 from ..neighbours import Neighbours
-from ..peer_text import Throttle, shown
 from ..signal import Signal
 from .deadlines import Deadlines
 from .decisions import Answer, Decisions

@@ -1,0 +1,273 @@
+"""The tree links' messages (TCP, child <-> parent): joining, the authentication
+handshake every TCP link shares (``crnet.auth``), and the pieces of a step."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from ..auth import MAC_BYTES, NONCE_BYTES
+from ..dtypes import DTYPE_NAMES, DTYPES
+from ..errors import ProtocolError
+from ..fields import MAX_HOST_ID, MAX_STEP, Fields, check_host_id
+from ..plan import SCHEMES, Tree
+from ..wire import MsgType
+from .base import Message
+
+CODE_KINDS = ("auto", "frc", "crc")
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(Message):
+    """child -> parent, first frame: the slot it wants (``name``; None: any free one)
+    and where it listens for its own children and ring predecessor (``listen``);
+    ``nonce``: its half of the authentication (``crnet.auth``), with a cluster secret;
+    ``host``: its host's stable identity: a node without ``name`` gets the slot that
+    host had before (``membership.py``)."""
+
+    TYPE = MsgType.HELLO
+    BEFORE_AUTH = True
+    name: str | None = None
+    listen: str | None = None
+    nonce: bytes | None = None
+    host: str | None = None
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Hello:
+        host = h.opt_text("host", MAX_HOST_ID)
+        if host is not None and check_host_id(host):
+            raise ProtocolError(f"HELLO: field 'host': {check_host_id(host)}")
+        return cls(h.opt_text("name"), h.opt_text("listen"), h.opt_blob("nonce", NONCE_BYTES),
+                   host)
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome(Message):
+    """parent -> child: its place in the tree and the tree's settings."""
+
+    TYPE = MsgType.WELCOME
+    name: str
+    layer: int
+    fanout: tuple[int, ...]
+    stragglers: tuple[int, ...]
+    code: str
+    chunk_bytes: int
+    scheme: str
+    tree_step: int = -1             # the newest step the master decided, as the parent knows it
+    total: int | None = None        # the tree's vector layout, once a step has a result
+    dtype: str | None = None
+    job: str = ""                   # the training job the tree runs
+
+    @property
+    def tree(self) -> Tree:
+        return Tree(self.fanout, self.stragglers)
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Welcome:
+        total = h.opt_integer("total", 1, 1 << 40)
+        dtype = None if h.h.get("dtype") is None else h.text("dtype", choices=DTYPE_NAMES)
+        if (total is None) != (dtype is None):
+            raise ProtocolError("WELCOME: fields 'total' and 'dtype' come together")
+        msg = cls(h.text("name"), h.integer("layer", 1, 16), h.integers("fanout", 1, 1 << 16),
+                  h.integers("stragglers", 0, 1 << 16), h.text("code", choices=CODE_KINDS),
+                  h.integer("chunk_bytes", 0, 1 << 31), h.text("scheme", choices=SCHEMES),
+                  h.integer("tree_step", -1), total, dtype,
+                  h.text("job", 256) if "job" in h.h else "")
+        try:
+            tree = msg.tree
+        except ValueError as e:
+            raise ProtocolError(f"WELCOME: fields 'fanout'/'stragglers': {e}") from None
+        if msg.layer > tree.layers or msg.name not in tree or tree.layer(msg.name) != msg.layer:
+            raise ProtocolError(f"WELCOME: field 'name' {msg.name!r} is not a layer-{msg.layer} "
+                                f"node of the tree {tree}")
+        return msg
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse(Message):
+    """parent -> child (or ring successor -> predecessor): why not; then it closes.
+    ``retry``: the refusal is temporary (the parent has not joined yet, ...)."""
+
+    TYPE = MsgType.REFUSE
+    reason: str
+    retry: bool = False
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Refuse:
+        return cls(h.reason(), h.flag("retry"))
+
+
+@dataclass(frozen=True, slots=True)
+class Joined(Message):
+    """child -> parent: how many workers of its subtree (itself included) have joined, and
+    the newest step the master decided that it knows (a restarted master resumes after it)."""
+
+    TYPE = MsgType.JOINED
+    workers: int
+    tree_step: int = -1
+    job: str = ""
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Joined:
+        return cls(h.integer("workers", 0, 1 << 31), h.integer("tree_step", -1),
+                   h.text("job", 256) if "job" in h.h else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Job(Message):
+    """Up: a training process of job ``name`` joined below (the master starts it). Down: the
+    tree now runs job ``name``; the previous job's steps and results are dropped."""
+
+    TYPE = MsgType.JOB
+    name: str
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Job:
+        return cls(h.text("name", 256))
+
+
+@dataclass(frozen=True, slots=True)
+class RingPlace:
+    """Part of ASSIGN (rar): a worker's rank, the ring's size, where its successor listens.
+    The ring is the N workers (ranks 0..N-1) and the master (rank N); the last worker's
+    successor is None: the master, at the address it dials as its parent."""
+
+    rank: int
+    size: int
+    successor: str | None
+
+    def header(self) -> dict[str, Any]:
+        return {"rank": self.rank, "size": self.size, "successor": self.successor}
+
+    @classmethod
+    def from_header(cls, h: Fields) -> RingPlace:
+        size = h.integer("size", 2, 1 << 16)
+        return cls(h.integer("rank", 0, size - 2), size, h.opt_text("successor"))
+
+
+@dataclass(frozen=True, slots=True)
+class Assign(Message):
+    """parent -> child: the batch size, the ring place (rar), and in the payload the
+    allocation of the child's whole subtree (``crnet.allocation``)."""
+
+    TYPE = MsgType.ASSIGN
+    PAYLOAD = True
+    samples: int
+    ring: RingPlace | None = None
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Assign:
+        ring = h.h.get("ring")
+        if ring is not None:
+            ring = RingPlace.from_header(Fields("ASSIGN ring", h.mapping("ring")))
+        return cls(h.integer("samples", 1, 1 << 40), ring)
+
+@dataclass(frozen=True, slots=True)
+class Challenge(Message):
+    """acceptor -> dialer, with a cluster secret: my nonce, and my MAC over the handshake
+    (proof that I hold the secret); answer with PROOF."""
+
+    TYPE = MsgType.CHALLENGE
+    nonce: bytes
+    mac: bytes
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Challenge:
+        return cls(h.blob("nonce", NONCE_BYTES), h.blob("mac", MAC_BYTES))
+
+
+@dataclass(frozen=True, slots=True)
+class Proof(Message):
+    """dialer -> acceptor: my MAC over the handshake; only then is my hello acted on."""
+
+    TYPE = MsgType.PROOF
+    BEFORE_AUTH = True
+    mac: bytes
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Proof:
+        return cls(h.blob("mac", MAC_BYTES))
+
+# ---------------------------------------------------------------- steps
+
+@dataclass(frozen=True, slots=True)
+class _Piece(Message):
+    """Fields every piece of a step's vector carries: which step, which chunk, and the
+    whole vector's length and dtype (so a receiver can check it against the step's)."""
+
+    step: int
+    chunk: int
+    total: int
+    dtype: str
+
+    PAYLOAD = True
+
+    def header(self) -> dict[str, Any]:   # written out: the hot path's message
+        return {"step": self.step, "chunk": self.chunk, "total": self.total, "dtype": self.dtype}
+
+    @classmethod
+    def from_header(cls, h: Fields):
+        # The hot path (every chunk of every step): the fields checked inline; anything
+        # off takes the field-by-field checks, which name what is wrong.
+        d = h.h
+        step, chunk, total, dtype = d.get("step"), d.get("chunk"), d.get("total"), d.get("dtype")
+        if (type(step) is int and type(chunk) is int and type(total) is int
+                and 0 <= step <= MAX_STEP and 0 <= chunk <= 1 << 40 and 1 <= total <= 1 << 40
+                and type(dtype) is str and dtype in DTYPES):   # (a list would not hash)
+            return cls(step, chunk, total, dtype)
+        return cls(h.integer("step"), h.integer("chunk", 0, 1 << 40), h.integer("total", 1, 1 << 40),
+                   h.text("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk(_Piece):
+    """child -> parent: chunk ``chunk`` of the child's coded message for ``step``."""
+
+    TYPE = MsgType.CHUNK
+
+
+@dataclass(frozen=True, slots=True)
+class Result(_Piece):
+    """parent -> child: chunk ``chunk`` of the step's full gradient."""
+
+    TYPE = MsgType.RESULT
+
+
+class FailKind(str, enum.Enum):
+    """Who a FAIL is about."""
+
+    TREE = "tree"           # down: the master decided it: the same StepFailed everywhere
+    LOCAL = "local"         # down: a node cut off from the master gave up on it for its subtree
+    STALL = "stall"         # up: the child cannot deliver its part (a straggler)
+    MISMATCH = "mismatch"   # down: the child's vector does not fit the tree's
+    REFUSED = "refused"     # down: the step is outside the parent's window
+    LOST = "lost"           # down: decided, but the parent no longer holds its outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Fail(Message):
+    """either way: ``step`` cannot complete, and why (``kind``, ``reason``)."""
+
+    TYPE = MsgType.FAIL
+    step: int
+    reason: str
+    kind: FailKind = FailKind.TREE
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Fail:
+        kind = h.text("kind", choices=tuple(k.value for k in FailKind))
+        return cls(h.integer("step"), h.reason(), FailKind(kind))
+
+
+@dataclass(frozen=True, slots=True)
+class Open(Message):
+    """child -> parent: ``step`` has begun in my subtree. The master's clock for a step
+    starts when it begins anywhere, so every process waiting on it is answered in time."""
+
+    TYPE = MsgType.OPEN
+    step: int
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Open:
+        return cls(h.integer("step"))
