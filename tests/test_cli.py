@@ -75,7 +75,7 @@ def test_help_lists_every_command_whole():
 
 
 def test_demo_help_explains_every_option():
-    from crnet.cli import demo
+    from crnet.cli.demo import demo
 
     undocumented = [p.name for p in demo.params if not getattr(p, "help", None)]
     assert not undocumented
@@ -95,3 +95,4 @@ def test_plan_counts_in_words():
     proc = crnet("plan", "--fanout", "2", "--layers", "1", "--samples", "1")
     assert "stragglers 1, 1 layer\n" in proc.stdout
     assert "(1.0 of 1 sample)" in proc.stdout and "receives 2 vectors per step" in proc.stdout
+
