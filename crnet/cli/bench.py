@@ -1,117 +1,23 @@
-"""``crnet bench``: every scheme and PyTorch's Gloo on an emulated cluster (root)."""
+"""``crnet bench``: moved to ``python -m benchmarks`` (the benchmarks live in the clone only).
+
+The installed ``crnet`` does not carry the ``benchmarks/`` package and does not reach
+into a clone for it; this command only says where the benchmark went.
+"""
 
 from __future__ import annotations
 
-import json
+import shlex
 
 import click
 
-from ..option_types import UnitValue
-from ..units import parse_bytes
 
-
-@click.command(short_help="Compare every scheme and Gloo on an emulated cluster (root).")
-@click.option("--preset", "presets", multiple=True, default=["stragglers"], show_default=True,
-              type=click.Choice(["stragglers", "heavy-tail", "dead", "bandwidth", "quick"]),
-              help="Scenario (repeatable).")
-@click.option("--schemes", default="cr,gc,tree,rar,gloo", show_default=True,
-              help="Comma list of cr, gc, tree, rar and gloo (PyTorch's ring allreduce).")
-@click.option("--sweep", is_flag=True,
-              help="Also sweep straggle probability x slowdown (stragglers preset; cr, rar, gloo).")
-@click.option("--persistent-stragglers", is_flag=True,
-              help="crnet's emulated workers finish every computation, as a loop that cannot "
-                   "stop mid-step would (default: they stop once the tree finished the step).")
-@click.option("--steps", type=click.IntRange(min=3), default=None, help="Override the preset's steps.")
-@click.option("--burst", type=UnitValue("SIZE", parse_bytes), default=None,
-              help="Every link's tbf bucket (default: 4 ms of the link's rate, at least 96KiB, "
-                   "which holds a whole GSO packet; smaller, tbf segments packets in software).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="bench.png",
-              show_default=True)
-@click.option("--workdir", type=click.Path(file_okay=False), default=None,
-              help="Keep daemon logs and raw results here (default: a temporary directory).")
-@click.option("--json", "as_json", is_flag=True, help="End with a summary as one JSON line.")
-def bench(presets, schemes, sweep, persistent_stragglers, steps, burst, seed, out, plot_path,
-          workdir, as_json):
-    """Every scheme and PyTorch's Gloo on an emulated cluster (root: network namespaces).
-
-    Runs from a source checkout (the benchmarks/ package next to crnet/), installed with
-    pip install -e '.[bench]'.
-    """
-    import dataclasses
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    # The benchmarks are not in the wheel: they live next to crnet/ in the source checkout.
-    try:
-        import benchmarks  # noqa: F401
-    except ModuleNotFoundError as e:
-        if e.name != "benchmarks":
-            raise
-        checkout = Path(__file__).resolve().parent.parent.parent
-        if not (checkout / "benchmarks" / "__init__.py").is_file():
-            raise click.UsageError(
-                "crnet bench runs from a source checkout (its benchmarks/ package is not part "
-                "of the installed crnet): clone the crnet repository and run "
-                "pip install -e '.[bench]' in it") from None
-        sys.path.append(str(checkout))
-    from benchmarks import report
-    from benchmarks.netns import requirements
-    from benchmarks.presets import PRESETS
-    from benchmarks.runner import run_preset, run_sweep
-
-    chosen = [s.strip() for s in schemes.split(",") if s.strip()]
-    unknown = set(chosen) - {"cr", "gc", "tree", "rar", "gloo"}
-    if unknown or "cr" not in chosen:
-        raise click.UsageError(f"--schemes must include cr and only cr, gc, tree, rar, gloo "
-                               f"(got {schemes!r})")
-    problem = requirements()
-    if problem:
-        raise click.ClickException(f"crnet bench emulates hosts with network namespaces: {problem}")
-    if "gloo" in chosen:
-        try:
-            import torch.distributed  # noqa: F401
-        except ImportError:
-            click.echo("note: torch is not installed, skipping gloo (pip install torch==2.13.0)",
-                       err=True)
-            chosen.remove("gloo")
-    tmp = None
-    if workdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="crnet-bench-")
-        workdir = tmp.name
-    try:
-        docs = []
-        for name in presets:
-            preset = PRESETS[name]
-            if steps is not None:
-                preset = dataclasses.replace(preset, steps=steps)
-            if persistent_stragglers:
-                preset = dataclasses.replace(preset, persistent=True)
-            if burst is not None:
-                preset = dataclasses.replace(preset, burst=str(int(burst)))
-            click.echo(f"{name}: {preset.about}", err=True)
-            docs.append(run_preset(preset, chosen, Path(workdir) / name, seed,
-                                   log=lambda m: click.echo(m, err=True)))
-            Path(out).write_text(json.dumps({"presets": docs, "sweep": None}, indent=1))
-        points = None
-        if sweep:
-            sweep_schemes = [s for s in ("cr", "rar", "gloo") if s in chosen]
-            points = run_sweep(PRESETS["stragglers"], sweep_schemes, Path(workdir) / "sweep", seed,
-                               log=lambda m: click.echo(m, err=True))
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-    for doc in docs:
-        click.echo(report.table(doc))
-        click.echo()
-    if points:
-        click.echo(report.sweep_table(points))
-    Path(out).write_text(json.dumps({"presets": docs, "sweep": points}, indent=1))
-    why = report.plot(docs, points, Path(plot_path))
-    click.echo(f"wrote {out}" + (f" and {plot_path}" if why is None else f" (no plot: {why})"),
-               err=True)
-    if as_json:
-        click.echo(json.dumps(report.summary(docs[-1])))
-
+@click.command(short_help="Moved: python -m benchmarks, from a crnet clone (root).",
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                 "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args):
+    """Moved: run python -m benchmarks (the same options) from the root of a crnet clone."""
+    click.echo("crnet bench moved: run python -m benchmarks"
+               + "".join(" " + shlex.quote(a) for a in args)
+               + " from the root of a crnet clone (pip install -e '.[bench]')", err=True)
+    raise SystemExit(2)
