@@ -241,13 +241,14 @@ class LocalTree:
     def stop(self, grace: float = SHUTDOWN_GRACE + 3.0) -> dict[str, int | None]:
         """Stop every daemon (SIGTERM, then SIGKILL after ``grace``: longer than a daemon's
         own bounded shutdown, so that bound is what a slow shutdown hits); returns exit
-        codes."""
+        codes. A temporary workdir is removed, unless strict daemons had ``problems``:
+        then their logs stay where those name them."""
         codes = dict(zip(self.procs, stop_processes(self.procs.values(), grace)))
         if self._lifeline is not None:
             for fd in self._lifeline:
                 os.close(fd)
             self._lifeline = None
-        if self._tmp is not None:
+        if self._tmp is not None and not (self.strict and self.problems()):
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
         return codes
@@ -260,9 +261,9 @@ class LocalTree:
             label = self.filename(name)
             log = self.log_path(name)
             if proc.returncode not in (0, None) and name not in self.killed:
-                found.append(f"crnetd {label} exited with {proc.returncode}")
+                found.append(f"crnetd {label} exited with {proc.returncode} (its log: {log})")
             if log.exists() and "Traceback" in log.read_text(errors="replace"):
-                found.append(f"crnetd {label} logged a traceback:\n"
+                found.append(f"crnetd {label} logged a traceback ({log}):\n"
                              + log.read_text(errors="replace")[-3000:])
         return found
 

@@ -55,7 +55,7 @@ def test_plan_usage_errors(args, message):
 
 def test_demo_trains_exactly_with_stragglers():
     proc = crnet("demo", "--steps", "8", "--straggle-prob", "0.3", "--compute-ms", "5", "--json",
-                 timeout=240)
+                 "--strict", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(summary) == {"steps", "mean_step_s", "max_rel_error", "stragglers_skipped",

@@ -32,8 +32,11 @@ from .shared import csv, scheme_options, tree_options
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the synthetic data and of who straggles when.")
 @click.option("--json", "as_json", is_flag=True, help="End with the summary as one JSON line.")
+@click.option("--strict", is_flag=True,
+              help="Strict daemons: an internal error stops one (exit 70) and fails the demo, "
+                   "naming the daemon and its log (the tests run this way).")
 def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, straggle_prob,
-         straggle_factor, compute_ms, timeout, seed, as_json):
+         straggle_factor, compute_ms, timeout, seed, as_json, strict):
     """Train logistic regression on a local tree of real crnetd processes, with stragglers."""
     from ..demo import DemoConfig, run_demo
 
@@ -42,7 +45,7 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
                      samples=samples,
                      features=features, straggle_prob=straggle_prob,
                      straggle_factor=straggle_factor, compute_ms=compute_ms, timeout=timeout,
-                     seed=seed)
+                     seed=seed, strict=strict)
     click.echo(f"crnet demo ({scheme}): {plural(tree.workers, 'worker')} + master (fanout "
                f"{csv(tree.fanout)}, stragglers {csv(tree.stragglers)}), "
                f"{plural(steps, 'step')} of full-batch gradient descent on "

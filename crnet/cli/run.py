@@ -30,9 +30,12 @@ from .shared import scheme_options, tree_options
               help="Daemon sockets and logs (logs/<host>.log) go here, and stay "
                    "(default: a temporary directory, removed unless the run fails).")
 @click.option("--keep-logs", is_flag=True, help="Keep the temporary directory and its logs.")
+@click.option("--strict", is_flag=True,
+              help="Strict daemons: an internal error stops one (exit 70) and fails the run "
+                   "(exit 70 if every process succeeded), naming the daemon and its log.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(scheme, workers, fanout, layers, stragglers, local_processes, samples, timeout, job,
-        workdir, keep_logs, command):
+        workdir, keep_logs, strict, command):
     """Start a local tree and one training process per host (K with --local-processes).
 
     \b
@@ -48,7 +51,7 @@ def run(scheme, workers, fanout, layers, stragglers, local_processes, samples, t
     """
     tree = tree_for_scheme(scheme, workers, fanout, layers, stragglers)
     launcher = Run(tree, command, samples=samples, local_processes=local_processes, scheme=scheme,
-                   timeout=timeout, job=job, workdir=workdir, keep_logs=keep_logs,
+                   timeout=timeout, job=job, workdir=workdir, keep_logs=keep_logs, strict=strict,
                    stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
     try:
         code = launcher.run()
