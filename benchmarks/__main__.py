@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
 import click
 
+from crnet.errors import LaunchError
 from crnet.option_types import UnitValue
 from crnet.units import parse_bytes
 
@@ -46,8 +48,11 @@ from .runner import run_preset, run_sweep
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Keep daemon logs and raw results here (default: a temporary directory).")
 @click.option("--json", "as_json", is_flag=True, help="End with a summary as one JSON line.")
+@click.option("--strict", is_flag=True,
+              help="Strict daemons: an internal error stops one (exit 70) and fails the run, "
+                   "naming the daemon and its log (kept); the tests run this way.")
 def main(presets, schemes, sweep, persistent_stragglers, steps, burst, seed, out, plot_path,
-         workdir, as_json):
+         workdir, as_json, strict):
     """Every scheme and PyTorch's Gloo on an emulated cluster (root: network namespaces).
 
     Run from the clone's root (the benchmarks/ package is not part of the installed
@@ -71,8 +76,7 @@ def main(presets, schemes, sweep, persistent_stragglers, steps, burst, seed, out
             chosen.remove("gloo")
     tmp = None
     if workdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="crnet-bench-")
-        workdir = tmp.name
+        workdir = tmp = tempfile.mkdtemp(prefix="crnet-bench-")
     try:
         docs = []
         for name in presets:
@@ -85,16 +89,19 @@ def main(presets, schemes, sweep, persistent_stragglers, steps, burst, seed, out
                 preset = dataclasses.replace(preset, burst=str(int(burst)))
             click.echo(f"{name}: {preset.about}", err=True)
             docs.append(run_preset(preset, chosen, Path(workdir) / name, seed,
-                                   log=lambda m: click.echo(m, err=True)))
+                                   log=lambda m: click.echo(m, err=True), strict=strict))
             Path(out).write_text(json.dumps({"presets": docs, "sweep": None}, indent=1))
         points = None
         if sweep:
             sweep_schemes = [s for s in ("cr", "rar", "gloo") if s in chosen]
             points = run_sweep(PRESETS["stragglers"], sweep_schemes, Path(workdir) / "sweep", seed,
-                               log=lambda m: click.echo(m, err=True))
+                               log=lambda m: click.echo(m, err=True), strict=strict)
+    except LaunchError as e:   # --strict: a daemon failed; its log stays where e names it
+        tmp = None
+        raise click.ClickException(str(e)) from None
     finally:
         if tmp is not None:
-            tmp.cleanup()
+            shutil.rmtree(tmp, ignore_errors=True)
     for doc in docs:
         click.echo(report.table(doc))
         click.echo()

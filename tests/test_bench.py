@@ -24,7 +24,8 @@ def test_quick_preset_runs_every_scheme_exactly(tmp_path):
     before = set(list_namespaces())
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--preset", "quick", "--schemes", ",".join(schemes),
-         "--out", str(out), "--plot", str(tmp_path / "bench.png"), "--json", "--burst", "1MB"],
+         "--out", str(out), "--plot", str(tmp_path / "bench.png"), "--json", "--burst", "1MB",
+         "--strict"],
         capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
