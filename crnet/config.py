@@ -8,8 +8,10 @@ turns the merged values into the ``Settings`` that ``run_node`` takes (every rul
 spans several options lives here, not in the CLI), says what it did
 (``crnetd --check-config``) and, on SIGHUP, re-reads the file's log level.
 
-The file's keys are the long option names with ``_`` for ``-`` (``client_socket``,
-``step_window``, ``code``): the spelling of the ``CRNET_*`` variables, lower case.
+The options are the table in ``crnet.options`` (``DAEMON_OPTIONS``): the file's keys are
+their ``Option.key``, the long option names with ``_`` for ``-`` (``client_socket``,
+``step_window``, ``code``): the spelling of the ``CRNET_*`` variables, lower case; which
+role refuses which option is the table's ``roles``.
 """
 
 from __future__ import annotations
