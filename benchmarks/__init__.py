@@ -1,12 +1,13 @@
 """crnet's benchmarks: they live in the source checkout and are not part of the ``crnet`` wheel.
 
-They need root (network namespaces) or plenty of memory, and ``crnet bench`` needs the
-``bench`` extra (matplotlib, torch), so install the checkout with
-``pip install -e '.[bench]'`` and run everything from the repository root:
+They need root (network namespaces) or plenty of memory, and ``python -m benchmarks`` needs
+the ``bench`` extra (matplotlib, torch), so install the checkout with
+``pip install -e '.[bench]'`` and run everything from the repository root (the installed
+``crnet`` never imports this package; ``python -m benchmarks`` only points here):
 
-``crnet bench``
+``python -m benchmarks`` (``__main__.py``)
     every scheme and PyTorch's Gloo on an emulated cluster (root), compared with the
-    run-time model: ``crnet bench --preset quick``. Built from ``presets.py`` (the
+    run-time model: ``python -m benchmarks --preset quick``. Built from ``presets.py`` (the
     scenarios), ``runner.py`` (one cluster per preset, every scheme on it), ``worker.py``
     (an emulated training process per host), ``gloo_run.py`` and ``gloo_peer.py`` (the
     PyTorch Gloo baseline) and ``report.py`` (tables, bench.json, the plot).

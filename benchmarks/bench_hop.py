@@ -83,12 +83,13 @@ class CrnetHop:
     """A running one-layer tree and its clients; ``round(steps)`` measures once."""
 
     def __init__(self, children: int, nbytes: int, chunk_bytes: int, samples: int,
-                 secret: bool = False, tls=None):
+                 secret: bool = False, tls=None, strict: bool = False):
         self.n = children
         self.dim = nbytes // 4
         self.tree = Tree.regular(children, 1, 0)
         self.lt = LocalTree(self.tree, samples, chunk_bytes=chunk_bytes, timeout=120.0,
-                            keep_results=1, log_level="warning", secret=secret, tls=tls)
+                            keep_results=1, log_level="warning", secret=secret, tls=tls,
+                            strict=strict)
         self.samples = samples
         self.step = 0
         self.clients: list[Client] = []
@@ -119,6 +120,9 @@ class CrnetHop:
             with contextlib.suppress(OSError):
                 c.close()
         self.lt.stop()
+        failed = self.lt.problems() if self.lt.strict else []
+        if failed:   # --strict: a daemon's internal error fails the benchmark, naming its log
+            raise SystemExit("bench_hop: a daemon failed (--strict):\n" + "\n".join(failed))
 
     def _steps(self, steps: int) -> list[float]:
         """``steps`` synchronized steps; returns each one's client-view wall time."""
@@ -390,6 +394,9 @@ def main() -> None:
                     help="authenticate the tree's links with a cluster secret (--secret-file)")
     ap.add_argument("--tls", action="store_true",
                     help="mutual TLS on the tree's links (a throwaway CA, benchmarks/certs.py)")
+    ap.add_argument("--strict", action="store_true",
+                    help="strict daemons: an internal error stops one (exit 70) and fails the "
+                         "run, naming the daemon and its log (the tests run this way)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny smoke run: 2 children, 4 MiB, 2 steps, 1 round")
     args = ap.parse_args()
@@ -423,7 +430,8 @@ def main() -> None:
 
         from .certs import make_cluster_certs
         tls = make_cluster_certs(tempfile.mkdtemp(prefix="crnet-certs-"))
-    hops = {c: CrnetHop(n, nbytes, c, samples, secret=args.secret, tls=tls) for c in chunks}
+    hops = {c: CrnetHop(n, nbytes, c, samples, secret=args.secret, tls=tls, strict=args.strict)
+            for c in chunks}
     base = Baseline(n, nbytes)
     rows: dict[str, list[float]] = {name: [] for name in
                                     [*CRNETS.values(), SEL, THR, ECHO, *CLIENTS.values()]}

@@ -186,12 +186,12 @@ def transfer_estimate(tree: Tree, vec_bytes: int, bandwidth: float) -> tuple[flo
 # --------------------------------------------------------------------------- the tree
 class StepBench:
     def __init__(self, tree: Tree, samples: int, chunk_bytes: int, keep_results: int,
-                 secret: bool = False, tls=None):
+                 secret: bool = False, tls=None, strict: bool = False):
         self.tree = tree
         self.names = list(tree.names())
         self.lt = LocalTree(tree, samples, chunk_bytes=chunk_bytes, timeout=120.0,
                             keep_results=keep_results, log_level="warning", secret=secret,
-                            tls=tls)
+                            tls=tls, strict=strict)
         self.samples = samples
         self.step = 0
         self.clients: dict[str, Client] = {}
@@ -208,6 +208,9 @@ class StepBench:
             with contextlib.suppress(OSError):
                 c.close()
         self.lt.stop()
+        failed = self.lt.problems() if self.lt.strict else []
+        if failed:   # --strict: a daemon's internal error fails the benchmark, naming its log
+            raise SystemExit("bench_step: a daemon failed (--strict):\n" + "\n".join(failed))
 
     def run_size(self, elems: int, steps: int, warmup: int = 1) -> dict:
         """``warmup`` unmeasured steps, then ``steps`` measured ones: times and counters."""
@@ -317,6 +320,9 @@ def main() -> None:
                     help="authenticate the tree's links with a cluster secret (--secret-file)")
     ap.add_argument("--tls", action="store_true",
                     help="mutual TLS on the tree's links (a throwaway CA, benchmarks/certs.py)")
+    ap.add_argument("--strict", action="store_true",
+                    help="strict daemons: an internal error stops one (exit 70) and fails the "
+                         "run, naming the daemon and its log (the tests run this way)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: sizes 1K and 64K, 3 steps each (well under 30 s)")
     args = ap.parse_args()
@@ -358,7 +364,8 @@ def main() -> None:
         tls = make_cluster_certs(tempfile.mkdtemp(prefix="crnet-certs-"))
     print("links: " + ("mutual TLS, " if args.tls else "")
           + ("authenticated" if args.secret else "no secret"))
-    bench = StepBench(tree, args.samples, chunk, args.keep_results, secret=args.secret, tls=tls)
+    bench = StepBench(tree, args.samples, chunk, args.keep_results, secret=args.secret, tls=tls,
+                      strict=args.strict)
     results = []
     try:
         bench.start()

@@ -1,4 +1,4 @@
-"""One PyTorch Gloo peer of ``crnet bench``: the baseline crnet's schemes are compared against.
+"""One PyTorch Gloo peer of ``python -m benchmarks``: the baseline crnet's schemes are compared against.
 
 One process per emulated host, ``world`` of them, each ``dist.all_reduce`` (SUM; Gloo's ring
 allreduce for CPU tensors) of one tensor of ``elements`` per step::
@@ -65,7 +65,7 @@ DTYPES = ("float32", "float64")
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gloo_peer",
-                                description="One Gloo all_reduce peer of crnet bench.")
+                                description="One Gloo all_reduce peer of python -m benchmarks.")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--init", required=True, help="init method, e.g. tcp://10.77.0.2:29500")

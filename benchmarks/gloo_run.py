@@ -1,4 +1,4 @@
-"""Drive one run of PyTorch's Gloo all_reduce for ``crnet bench``: W peers, one per host.
+"""Drive one run of PyTorch's Gloo all_reduce for ``python -m benchmarks``: W peers, one per host.
 
 :func:`run_gloo` starts one :mod:`benchmarks.gloo_peer` per emulated host through the
 caller's ``spawn``, waits for them, stops any that froze or hung, and turns their JSON records

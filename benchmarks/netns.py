@@ -39,7 +39,7 @@ tbf parameters (see ``tbf_args``):
   "The emulator's bucket"). The price of a large bucket at low rates is that the
   first ``burst`` bytes after an idle period go out unshaped (at 100 Mbit/s, 96 KiB
   is ~8 ms of line rate), so small messages see less than their serialization time.
-  Pass ``burst=`` (``crnet bench --burst``) to trade that off.
+  Pass ``burst=`` (``python -m benchmarks --burst``) to trade that off.
 * ``latency 20ms``: the queue holds what the link sends in 20 ms on top of the
   bucket (``limit = rate * 20 ms + burst``: 2.5 MB at 1 Gbit/s, 250 KB at
   100 Mbit/s), deep enough that a few flows converging on one port (incast) are

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from crnet import model
+from crnet.errors import LaunchError
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree, plan, scheme_tree
 from crnet.procs import stop_processes
@@ -44,15 +45,16 @@ def preset_tree(preset: Preset, scheme: str) -> Tree:
 
 
 def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Path,
-              seed: int = 0) -> dict:
-    """One crnet scheme: daemons and emulated workers on the cluster's hosts."""
+              seed: int = 0, strict: bool = False) -> dict:
+    """One crnet scheme: daemons and emulated workers on the cluster's hosts. ``strict``:
+    strict daemons, and a ``LaunchError`` naming each one that failed and its log."""
     tree = preset_tree(preset, scheme)
     names = list(tree.names())                   # master first, then workers breadth first
     host_of = {name: i for i, name in enumerate(names)}
     workdir.mkdir(parents=True, exist_ok=True)
     lt = LocalTree(tree, preset.samples, workdir=workdir, timeout=preset.timeout,
                    chunk_bytes=preset.chunk_bytes, scheme=scheme, log_level="warning",
-                   keep_results=max(8, preset.steps),
+                   keep_results=max(8, preset.steps), strict=strict,
                    addresses={n: cluster.addresses[host_of[n]] for n in names},
                    spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
     workers: list[subprocess.Popen] = []
@@ -78,6 +80,9 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
     finally:
         stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
         lt.stop()
+    failed = lt.problems() if strict else []
+    if failed:
+        raise LaunchError(f"{scheme}: a daemon failed (--strict):\n" + "\n".join(failed))
     records = [_read(workdir / f"w{i}.json") for i in range(len(names))]
     observer, rest = records[0], records[1:]
     times = observer.get("completion_times") or []
@@ -215,7 +220,7 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
 
 
 def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
-               calibrated: dict | None = None) -> dict:
+               calibrated: dict | None = None, strict: bool = False) -> dict:
     """All requested schemes of one preset on one cluster; returns the bench.json document."""
     results = {}
     preset, auto = resolve(preset, seed)
@@ -233,7 +238,8 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
             if scheme == "gloo":
                 results[scheme] = run_gloo_scheme(cluster, preset, workdir / scheme, seed)
             else:
-                results[scheme] = run_crnet(cluster, preset, scheme, workdir / scheme, seed)
+                results[scheme] = run_crnet(cluster, preset, scheme, workdir / scheme, seed,
+                                            strict)
             impl = "gloo" if scheme == "gloo" else "crnet"
             latency = calibrated.get(impl, preset.latency)
             results[scheme]["model"] = predict(replace(preset, latency=latency), scheme, seed)
@@ -282,7 +288,8 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def run_sweep(base: Preset, schemes, workdir: Path, seed: int = 0, log=print) -> list[dict]:
+def run_sweep(base: Preset, schemes, workdir: Path, seed: int = 0, log=print,
+              strict: bool = False) -> list[dict]:
     """Straggle probability x slowdown: CR's measured and modelled speedups over the ring."""
     from .presets import sweep_points
 
@@ -290,7 +297,7 @@ def run_sweep(base: Preset, schemes, workdir: Path, seed: int = 0, log=print) ->
     calibrated = None
     for k, preset in enumerate(sweep_points(base)):
         log(f"{preset.name}")
-        doc = run_preset(preset, schemes, workdir / f"sweep{k}", seed, log, calibrated)
+        doc = run_preset(preset, schemes, workdir / f"sweep{k}", seed, log, calibrated, strict)
         calibrated = doc["calibrated_latency_s"]  # the same cluster shape: calibrate once
         compute = ComputeModel.parse(preset.compute)
         points.append({"prob": compute.prob, "factor": compute.factor, "schemes": doc["schemes"]})

@@ -1,4 +1,4 @@
-"""An emulated training process for ``crnet bench`` (one per emulated host).
+"""An emulated training process for ``python -m benchmarks`` (one per emulated host).
 
 Compute is emulated: each step the worker sleeps its load x per-sample time x
 straggle factor (``crnet.workload``), so the benchmark measures aggregation, not
@@ -11,7 +11,7 @@ Compute times are independent from step to step (the paper's model): a worker
 between them, as the README's training loop does; if the tree finished the
 step without it, it stops and takes the tree's result. ``--persistent-stragglers``
 instead makes a slow worker finish its computation (a loop that cannot stop
-mid-step): it then starts the next steps late too (``crnet bench
+mid-step): it then starts the next steps late too (``python -m benchmarks
 --persistent-stragglers`` reports that mode).
 
     python -m benchmarks.worker --socket S --elements E --steps T --compute SPEC \

@@ -8,8 +8,10 @@ turns the merged values into the ``Settings`` that ``run_node`` takes (every rul
 spans several options lives here, not in the CLI), says what it did
 (``crnetd --check-config``) and, on SIGHUP, re-reads the file's log level.
 
-The file's keys are the long option names with ``_`` for ``-`` (``client_socket``,
-``step_window``, ``code``): the spelling of the ``CRNET_*`` variables, lower case.
+The options are the table in ``crnet.options`` (``DAEMON_OPTIONS``): the file's keys are
+their ``Option.key``, the long option names with ``_`` for ``-`` (``client_socket``,
+``step_window``, ``code``): the spelling of the ``CRNET_*`` variables, lower case; which
+role refuses which option is the table's ``roles``.
 """
 
 from __future__ import annotations
@@ -31,27 +33,18 @@ else:
 
 from . import defaults
 from .node import Settings
+from .option_types import IntList
+from .options import BY_NAME, DAEMON_OPTIONS, MASTER, NODE
+from .tree_options import tree_for_scheme
 
 log = logging.getLogger("crnet.config")
 
-NOT_IN_FILE = {"config", "check_config", "help"}   # options a config file cannot set
-# Options only the master uses (a node learns the tree from its parent): given to a
-# node, they would be silently ignored, so they are refused.
-MASTER_ONLY = ("fanout", "layers", "stragglers", "samples", "code_kind", "chunk_bytes", "scheme",
-               "workers")
-LIST_KEYS = {"fanout", "stragglers"}                # may be TOML lists of integers
-
-
-def key_of(param: click.Parameter) -> str:
-    """The option's key in the config file: its long name with ``_`` for ``-``."""
-    longest = max(param.opts, key=len)
-    return longest.lstrip("-").replace("-", "_")
-
 
 def file_options(command: click.Command) -> dict[str, click.Option]:
-    """Config file key -> the option it sets."""
-    return {key_of(p): p for p in command.params
-            if isinstance(p, click.Option) and p.name not in NOT_IN_FILE}
+    """Config file key -> the option it sets: every option of the table
+    (``crnet.options.DAEMON_OPTIONS``), by ``Option.key``."""
+    params = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    return {o.key: params[o.name] for o in DAEMON_OPTIONS}
 
 
 def load_toml(path: str) -> dict:
@@ -95,7 +88,7 @@ def _checked(ctx: click.Context, param: click.Option, key: str, value: object, p
         if not isinstance(value, bool):
             raise wrong("true or false")
         return value
-    if key in LIST_KEYS and isinstance(value, list):
+    if isinstance(param.type, IntList) and isinstance(value, list):   # fanout = [3, 2]
         if not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise wrong("an integer or a list of integers")
         value = ",".join(str(v) for v in value)
@@ -128,19 +121,20 @@ class Config:
 def effective_config(ctx: click.Context) -> Config:
     """The daemon's ``Settings`` from the parsed options, or a usage error (exit 2)
     naming what is wrong."""
-    from .cli import tree_for_scheme
     from .tls import TlsFiles, contexts
 
     p = ctx.params
     given = {name: _given(ctx, name) for name in p}
     shown: dict[str, tuple[object, str]] = {}   # values in effect that differ from p's
+    values = {o.name: p[o.name] for o in DAEMON_OPTIONS}   # what Settings gets, by name
     role, listen, parent = p["role"], p["listen"], p["parent"]
-    if role == "master":
+    if role == MASTER:
         missing = [o for o, v in (("--listen", listen), ("--samples", p["samples"])) if v is None]
         if missing:
             raise click.UsageError(f"--role master needs {' and '.join(missing)}")
-        if parent is not None or p["name"] is not None:
-            raise click.UsageError("--parent and --name are for --role node")
+        node_only = [o for o in DAEMON_OPTIONS if o.roles == NODE]
+        if any(p[o.name] is not None for o in node_only):
+            raise click.UsageError(f"{' and '.join(o.spelling for o in node_only)} are for --role node")
         stragglers = p["stragglers"]
         if not given["stragglers"]:   # the default (1) fits no fanout of 1: there it is 0
             fanout = p["fanout"]
@@ -148,11 +142,15 @@ def effective_config(ctx: click.Context) -> Config:
                           for i, s in enumerate(stragglers)]
             if stragglers != p["stragglers"]:
                 shown["stragglers"] = (stragglers, "default, at most the fanout - 1")
+                values["stragglers"] = stragglers
         tree = tree_for_scheme(p["scheme"], p["workers"], p["fanout"], p["layers"], stragglers)
     else:
         if parent is None:
             raise click.UsageError("--role node needs --parent HOST:PORT")
-        ignored = [f"{_spelling(ctx, n)} ({given[n]})" for n in MASTER_ONLY if given[n]]
+        # A node learns the tree from its parent: given to it, these would be silently
+        # ignored, so they are refused.
+        ignored = [f"{o.spelling} ({given[o.name]})" for o in DAEMON_OPTIONS
+                   if o.roles == MASTER and given[o.name]]
         if ignored:
             raise click.UsageError(f"{', '.join(ignored)}: only the master takes "
                                    f"{'this option' if len(ignored) == 1 else 'these options'}; "
@@ -175,7 +173,7 @@ def effective_config(ctx: click.Context) -> Config:
     tls = None
     named = [o for o in ("tls_cert", "tls_key", "tls_ca") if p[o] is not None]
     if named and len(named) < 3:
-        raise click.UsageError(f"{', '.join(_spelling(ctx, o) for o in named)} needs "
+        raise click.UsageError(f"{', '.join(BY_NAME[o].spelling for o in named)} needs "
                                "--tls-cert, --tls-key and --tls-ca")
     if named:
         tls = TlsFiles(p["tls_cert"], p["tls_key"], p["tls_ca"])
@@ -196,6 +194,7 @@ def effective_config(ctx: click.Context) -> Config:
 
         host_id = socket.gethostname()
         shown["host_id"] = (host_id, "default, this host's name")
+        values["host_id"] = host_id
     if p["chunk_bytes"] == defaults.CHUNK_AUTO:   # 0 inside; what a file says is "auto"
         shown["chunk_bytes"] = ("auto", given["chunk_bytes"] or "default")
     if p["exit_with_stdin"] and not _is_pipe(0):
@@ -207,23 +206,14 @@ def effective_config(ctx: click.Context) -> Config:
     if problem:
         raise click.BadParameter(problem, param_hint="--host-id")
     path = ctx.meta.get("crnet.config")
-    level_param = next(o for o in ctx.command.params if o.name == "log_level")
-    choices = list(getattr(level_param.type, "choices", ()))
+    choices = list(getattr(BY_NAME["log_level"].type, "choices", ()))
     source = given["log_level"]
     fixed_by = source if source is not None and not source.startswith("file ") else None
-    settings = Settings(
-        role=role, scheme=p["scheme"], listen=listen, parent=parent, name=p["name"], tree=tree,
-        samples=p["samples"], code_kind=p["code_kind"], chunk_bytes=p["chunk_bytes"],
-        client_socket=p["client_socket"], client_group=gid, timeout=p["timeout"],
-        keep_results=p["keep_results"], window=p["step_window"],
-        result_memory=int(p["result_memory"]), local_processes=p["local_processes"],
-        send_queue_bytes=None if p["max_send_queue"] is None else int(p["max_send_queue"]),
-        secret=secret, tls=tls, strict=p["strict"],
-        exit_with_stdin=p["exit_with_stdin"], resolve_timeout=p["resolve_timeout"],
-        metrics=metrics, metrics_token=metrics_token, host_id=host_id,
-        reread_log_level=lambda: reread_log_level(path, fixed_by, choices))
-    lines = [(key, *shown.get(param.name, (p[param.name], given[param.name] or "default")))
-             for key, param in file_options(ctx.command).items() if param.name in p]
+    settings = Settings(values, tree=tree, client_gid=gid, secret=secret, tls=tls,
+                        metrics_token=metrics_token,
+                        reread_log_level=lambda: reread_log_level(path, fixed_by, choices))
+    lines = [(o.key, *shown.get(o.name, (p[o.name], given[o.name] or "default")))
+             for o in DAEMON_OPTIONS]
     return Config(settings, lines)
 
 
@@ -262,10 +252,6 @@ def _given(ctx: click.Context, name: str) -> str | None:
     if source is ParameterSource.DEFAULT_MAP:
         return f"file {ctx.meta.get('crnet.config')}"
     return None
-
-
-def _spelling(ctx: click.Context, name: str) -> str:
-    return max(next(o for o in ctx.command.params if o.name == name).opts, key=len)
 
 
 def _toml(value: object) -> str:

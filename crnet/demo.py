@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .client import Client
-from .errors import LaunchError
+from .errors import CrnetError, LaunchError
 from .launch import MASTER, LocalTree
 from .plan import Tree
 
@@ -38,6 +41,7 @@ class DemoConfig:
     seed: int = 0
     timeout: float = 30.0
     scheme: str = "cr"          # the join tree above is already the scheme's (see plan.scheme_tree)
+    strict: bool = False        # strict daemons: an internal error in one fails the demo
 
 
 def synthetic_data(samples: int, features: int, seed: int):
@@ -110,26 +114,46 @@ def worker(socket_path: str, cfg: DemoConfig, index: int, everyone: int, out: mp
 
 
 def run_demo(cfg: DemoConfig, progress=sys.stderr) -> dict:
-    """Run the demo end to end; returns the summary (also what ``--json`` prints)."""
+    """Run the demo end to end; returns the summary (also what ``--json`` prints).
+
+    With ``cfg.strict`` the daemons are strict (an internal error stops one with exit code
+    70) and the demo fails, naming each daemon that failed and its log, if any did. The
+    daemons' logs are removed unless the demo failed."""
     tree = Tree(cfg.fanout, cfg.stragglers)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     workers = []
     names = [n for n in tree.names() if n != MASTER]
-    with LocalTree(tree, cfg.samples, timeout=cfg.timeout, scheme=cfg.scheme) as local:
-        try:
-            for i, name in enumerate(names):
-                p = ctx.Process(target=worker, daemon=True,
-                                args=(local.socket_path(name), cfg, i, len(names) + 1, out))
-                p.start()
-                workers.append(p)
-            summary = _observe(local, tree, cfg, out, len(workers), progress)
-        finally:
-            for p in workers:
-                if p.is_alive():
-                    p.terminate()
-            for p in workers:
-                p.join(5)
+    workdir = Path(tempfile.mkdtemp(prefix="crnet-demo-"))
+    local = LocalTree(tree, cfg.samples, workdir=workdir, timeout=cfg.timeout, scheme=cfg.scheme,
+                      strict=cfg.strict)
+    error: Exception | None = None
+    try:
+        with local:
+            try:
+                for i, name in enumerate(names):
+                    p = ctx.Process(target=worker, daemon=True,
+                                    args=(local.socket_path(name), cfg, i, len(names) + 1, out))
+                    p.start()
+                    workers.append(p)
+                summary = _observe(local, tree, cfg, out, len(workers), progress)
+            finally:
+                for p in workers:
+                    if p.is_alive():
+                        p.terminate()
+                for p in workers:
+                    p.join(5)
+    except (CrnetError, OSError) as e:
+        error = e
+    finally:
+        problems = local.problems() if cfg.strict else []
+        if error is None and not problems:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if problems:
+        raise LaunchError("\n".join([*([str(error)] if error else []),
+                                      "a daemon failed (--strict):", *problems]))
+    if error is not None:
+        raise LaunchError(f"{error} (daemon logs in {workdir / 'logs'})") from error
     return summary
 
 

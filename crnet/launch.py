@@ -14,6 +14,7 @@ import contextlib
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,10 +23,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .auth import is_loopback
-from .defaults import CHUNK_BYTES, KEEP_RESULTS, SHUTDOWN_GRACE, TIMEOUT
+from .defaults import SHUTDOWN_GRACE
 from .errors import CrnetTimeout, LaunchError
+from .options import BY_NAME, argv
 from .plan import Tree
 from .procs import stop_processes
 from .tls import TlsFiles
@@ -83,60 +86,66 @@ def _popen(name: str, argv: list, kwargs: dict) -> subprocess.Popen:
 
 
 class LocalTree:
-    """A tree of crnetd processes on this machine (127.0.0.1 unless ``addresses``)."""
+    """A tree of crnetd processes on this machine (127.0.0.1 unless ``addresses``).
 
-    def __init__(self, tree: Tree, samples: int, workdir: str | os.PathLike | None = None,
-                 timeout: float = TIMEOUT, chunk_bytes: int = CHUNK_BYTES, code_kind: str = "auto",
-                 log_level: str = "info", keep_results: int = KEEP_RESULTS, scheme: str = "cr",
+    ``options`` are crnetd's (``crnet.options.DAEMON_OPTIONS``, by name: ``timeout=5``,
+    ``step_window=8``, ``strict=True``), given to every daemon that takes them (the
+    master-only ones to the master); None leaves an option at crnetd's default. The ones
+    the tree's layout decides (``SETS``) are LocalTree's own.
+    """
+
+    # What LocalTree gives each daemon itself (its place in the tree and its files).
+    SETS = frozenset({"role", "listen", "parent", "name", "client_socket", "samples", "fanout",
+                      "layers", "stragglers", "exit_with_stdin"})
+
+    def __init__(self, tree: Tree, samples: int, workdir: str | os.PathLike | None = None, *,
                  addresses: dict[str, str] | None = None, spawn: SpawnFn = _popen,
-                 port: int = 7070, strict: bool = False, send_queue_bytes: int | None = None,
-                 window: int | None = None, result_memory: int | None = None,
-                 local_processes: int = 1, secret: bool | None = None,
-                 tls: TlsFiles | None = None):
+                 port: int = 7070, secret: bool | None = None, tls: TlsFiles | None = None,
+                 config: str | os.PathLike | None = None, **options: Any):
         """``secret``: authenticate every tree link with a cluster secret written into
         ``workdir`` (default: when the daemons listen beyond loopback, which crnetd
-        refuses to do without one). ``tls``: mutual TLS on every tree link."""
+        refuses to do without one). ``tls``: mutual TLS on every tree link. ``config``: a
+        crnetd --config file every daemon reads (the options given here win over it)."""
+        unknown = sorted(set(options) - set(BY_NAME))
+        if unknown:
+            raise TypeError(f"LocalTree: no crnetd option {', '.join(unknown)}")
+        own = sorted(set(options) & self.SETS)
+        if own:
+            raise TypeError(f"LocalTree: {', '.join(own)} follow from the tree; not an argument")
         self.tree = tree
-        self.scheme = scheme
+        self.scheme = options.get("scheme") or "cr"
         self.samples = samples
-        self._tmp = None
+        self._tmp: Path | None = None     # a directory of our own, removed by stop()
         if workdir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="crnet-")
-            workdir = self._tmp.name
+            workdir = self._tmp = Path(tempfile.mkdtemp(prefix="crnet-"))
         self.workdir = Path(workdir)
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         # One address per node: its own namespace's (then every node can use one
         # fixed port), or 127.0.0.1 for all (then each listener needs its own port).
         self.addresses = addresses or {name: "127.0.0.1" for name in tree.names()}
         self.spawn = spawn
-        self.options: dict[str, object] = {"--timeout": timeout, "--log-level": log_level,
-                                           "--keep-results": keep_results}
-        if send_queue_bytes is not None:
-            self.options["--max-send-queue"] = send_queue_bytes
-        if window is not None:
-            self.options["--step-window"] = window
-        if result_memory is not None:
-            self.options["--result-memory"] = result_memory
-        if local_processes != 1:
-            self.options["--local-processes"] = local_processes
+        self.config = config
+        self.options: dict[str, Any] = dict(options)   # crnetd's options, by name
         if secret is None:
-            secret = not all(is_loopback(a) for a in self.addresses.values())
+            secret = ("secret_file" not in options
+                      and not all(is_loopback(a) for a in self.addresses.values()))
         if secret:
-            self.options["--secret-file"] = self._write_secret()
+            self.options["secret_file"] = self._write_secret()
         if tls is not None:
-            self.options.update({"--tls-cert": tls.cert, "--tls-key": tls.key, "--tls-ca": tls.ca})
-        self.strict = strict
-        self.master_options: dict[str, object] = {
-            "--chunk-bytes": chunk_bytes or "auto", "--code": code_kind, "--scheme": scheme}
+            self.options.update(tls_cert=tls.cert, tls_key=tls.key, tls_ca=tls.ca)
         # Parents listen for children; in a ring every worker listens for its predecessor.
         self.ports = {name: port if addresses else free_port() for name in tree.names()
-                      if tree.children(name) or scheme == "rar"}
+                      if tree.children(name) or self.scheme == "rar"}
         self.procs: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()   # daemons stopped on purpose (signal()): any exit code
         # Every daemon's standard input is the read end of this pipe, and only this process
         # holds the write end: if it dies, even by SIGKILL, the daemons see end of file and
         # stop (--exit-with-stdin) rather than run on as orphans holding their ports.
         self._lifeline: tuple[int, int] | None = None
+
+    @property
+    def strict(self) -> bool:
+        return bool(self.options.get("strict"))
 
     def _write_secret(self) -> Path:
         path = self.workdir / "secret"
@@ -156,27 +165,21 @@ class LocalTree:
         return self.workdir / "logs" / f"{self.filename(name)}.log"
 
     def command(self, name: str) -> list[str]:
-        cmd = crnet_argv("daemon", "--client-socket", self.socket_path(name))
+        values = dict(self.options, client_socket=self.socket_path(name), exit_with_stdin=True)
         if name == MASTER:
             t = self.tree
-            cmd += ["--role", "master", "--samples", str(self.samples), "--layers", str(t.layers),
-                    "--fanout", ",".join(map(str, t.fanout)),
-                    "--stragglers", ",".join(map(str, t.stragglers))]
-            for k, v in self.master_options.items():
-                cmd += [k, str(v)]
+            role = "master"
+            values.update(samples=self.samples, layers=t.layers, fanout=list(t.fanout),
+                          stragglers=list(t.stragglers))
         else:
             parent = self.tree.parent(name)
             assert parent is not None
-            cmd += ["--role", "node", "--name", name,
-                    "--parent", f"{self.addresses[parent]}:{self.ports[parent]}"]
+            role = "node"
+            values.update(name=name, parent=(self.addresses[parent], self.ports[parent]))
         if name in self.ports:
-            cmd += ["--listen", f"{self.addresses[name]}:{self.ports[name]}"]
-        for k, v in self.options.items():
-            cmd += [k, str(v)]
-        if self.strict:
-            cmd.append("--strict")
-        cmd.append("--exit-with-stdin")
-        return cmd
+            values["listen"] = (self.addresses[name], self.ports[name])
+        config = [] if self.config is None else ["--config", str(self.config)]
+        return crnet_argv("daemon", *config, *argv(dict(values, role=role), role))
 
     def start_node(self, name: str) -> subprocess.Popen:
         with contextlib.suppress(FileNotFoundError):
@@ -238,14 +241,15 @@ class LocalTree:
     def stop(self, grace: float = SHUTDOWN_GRACE + 3.0) -> dict[str, int | None]:
         """Stop every daemon (SIGTERM, then SIGKILL after ``grace``: longer than a daemon's
         own bounded shutdown, so that bound is what a slow shutdown hits); returns exit
-        codes."""
+        codes. A temporary workdir is removed, unless strict daemons had ``problems``:
+        then their logs stay where those name them."""
         codes = dict(zip(self.procs, stop_processes(self.procs.values(), grace)))
         if self._lifeline is not None:
             for fd in self._lifeline:
                 os.close(fd)
             self._lifeline = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        if self._tmp is not None and not (self.strict and self.problems()):
+            shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
         return codes
 
@@ -255,11 +259,11 @@ class LocalTree:
         found = []
         for name, proc in self.procs.items():
             label = self.filename(name)
-            if proc.returncode not in (0, None) and name not in self.killed:
-                found.append(f"crnetd {label} exited with {proc.returncode}")
             log = self.log_path(name)
+            if proc.returncode not in (0, None) and name not in self.killed:
+                found.append(f"crnetd {label} exited with {proc.returncode} (its log: {log})")
             if log.exists() and "Traceback" in log.read_text(errors="replace"):
-                found.append(f"crnetd {label} logged a traceback:\n"
+                found.append(f"crnetd {label} logged a traceback ({log}):\n"
                              + log.read_text(errors="replace")[-3000:])
         return found
 

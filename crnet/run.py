@@ -39,6 +39,8 @@ STOP_GRACE = 5.0         # seconds between a stopping signal (SIGTERM, or one fo
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL = 0.05              # seconds between looks at the processes
 READERS_GRACE = 2.0      # seconds the last output lines may take to come through at the end
+DAEMON_FAILED = 70       # --strict: a daemon failed though every training process succeeded
+                         # (EX_SOFTWARE, the code a strict daemon exits with)
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,10 @@ class Run:
       ``stop_grace`` seconds;
     - SIGINT, SIGTERM and SIGHUP are forwarded to every training process group; what is
       left after ``stop_grace`` seconds (or at a second such signal) is SIGKILLed;
-    - the daemons are stopped last (``LocalTree.stop``).
+    - the daemons are stopped last (``LocalTree.stop``);
+    - with ``strict``, every daemon is strict (an internal error stops it with exit code
+      70): a daemon that exits fails the run like a training process that does, and at the
+      end every daemon that failed or logged a traceback is named with its log.
 
     Daemon logs go to ``<workdir>/logs``. Without ``workdir`` it is a fresh temporary
     directory, removed at the end unless ``keep_logs`` or the exit code is not 0 (then
@@ -152,7 +157,8 @@ class Run:
                  local_processes: int = 1, scheme: str = "cr", timeout: float = TIMEOUT,
                  job: str | None = None, workdir: str | os.PathLike | None = None,
                  keep_logs: bool = False, failure_grace: float = FAILURE_GRACE,
-                 stop_grace: float = STOP_GRACE, stdout: BinaryIO, stderr: BinaryIO):
+                 stop_grace: float = STOP_GRACE, strict: bool = False, stdout: BinaryIO,
+                 stderr: BinaryIO):
         if not command:
             raise ValueError("crnet run needs a command to start")
         self.tree = tree
@@ -166,6 +172,7 @@ class Run:
         self.keep_logs = keep_logs or workdir is not None
         self.failure_grace = failure_grace
         self.stop_grace = stop_grace
+        self.strict = strict
         self.lines = _Lines(stdout, stderr)
         self.seats = seats(tree, local_processes)
         self.procs: dict[Seat, subprocess.Popen] = {}
@@ -189,7 +196,8 @@ class Run:
             if workdir is None:
                 workdir = Path(tempfile.mkdtemp(prefix="crnet-run-"))
             self.lt = LocalTree(self.tree, self.samples, workdir=workdir, timeout=self.timeout,
-                                scheme=self.scheme, local_processes=self.local_processes)
+                                scheme=self.scheme, local_processes=self.local_processes,
+                                strict=self.strict)
             self.lines.say(f"{len(self.seats)} training processes on a tree of "
                            f"{self.tree.workers + 1} crnetd (scheme {self.scheme}, "
                            f"{self.samples} samples per step), job {self.job}, daemon logs in "
@@ -207,6 +215,8 @@ class Run:
             finally:
                 if self.lt is not None:
                     self.lt.stop()
+                    if self.strict:
+                        code = self._daemon_problems(code)
                 # The pipes close when the processes are gone (or a helper that left its
                 # group still holds one: then its output is not waited for).
                 deadline = time.monotonic() + READERS_GRACE
@@ -273,7 +283,11 @@ class Run:
                     term_at = now + self.failure_grace
             if len(self.codes) == len(self.procs):
                 return
-            self._report_daemons(daemons_down)
+            if self._report_daemons(daemons_down) and self.strict and not stopping:
+                stopping = True          # a strict daemon's internal error fails the run
+                self.lines.say(f"a daemon failed (--strict); the training processes get "
+                               f"{self.failure_grace:g} s, then SIGTERM")
+                term_at = now + self.failure_grace
             for sig in self._signals[handled:]:
                 handled += 1
                 if handled == 1:
@@ -302,14 +316,28 @@ class Run:
                 _signal_group(proc, signal.SIGCONT)   # a stopped process cannot act on sig
                 _signal_group(proc, sig)
 
-    def _report_daemons(self, down: set[str]) -> None:
-        """Say once on stderr that a daemon exited (its processes will see errors, not hang)."""
+    def _report_daemons(self, down: set[str]) -> bool:
+        """Say once on stderr that a daemon exited (its processes will see errors, not hang);
+        True if one did since the last look."""
         assert self.lt is not None
+        exited = False
         for name, proc in self.lt.procs.items():
             if name not in down and proc.poll() is not None:
                 down.add(name)
+                exited = True
                 self.lines.say(f"crnetd {LocalTree.filename(name)} exited with code "
                                f"{proc.returncode}; its log: {self.lt.log_path(name)}")
+        return exited
+
+    def _daemon_problems(self, code: int) -> int:
+        """--strict, once the daemons are stopped: name every daemon that failed or logged a
+        traceback (and its log); a run whose processes all succeeded then exits with
+        ``DAEMON_FAILED``."""
+        assert self.lt is not None
+        problems = self.lt.problems()
+        for problem in problems:
+            self.lines.say(problem)
+        return DAEMON_FAILED if problems and code == 0 else code
 
     def _exit_code(self) -> int:
         for code in self.codes.values():

@@ -66,8 +66,10 @@ class Handler(Protocol):
 class Connection(asyncio.BufferedProtocol):
     """Frames over one stream transport (TCP or Unix)."""
 
-    def __init__(self, handler: Handler, limits: Limits = DEFAULT_LIMITS, label: str = "peer"):
+    def __init__(self, handler: Handler, limits: Limits = DEFAULT_LIMITS, label: str = "peer",
+                 link_timeout: float = defaults.LINK_TIMEOUT):
         self.handler = handler
+        self.link_timeout = link_timeout   # a TCP link silent this long is dropped (crnetd --link-timeout)
         self.label = label
         self.authenticated = False   # the peer proved it holds the cluster secret (node/guard.py)
         self.transport: asyncio.Transport | None = None
@@ -99,7 +101,7 @@ class Connection(asyncio.BufferedProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Chunks are whole messages: don't let Nagle hold the last segment back.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            silence_limits(sock, defaults.LINK_TIMEOUT)
+            silence_limits(sock, self.link_timeout)
             # Under TLS the socket's bytes are records, some already read and buffered in
             # the TLS layer: a mark counted in payload bytes could wait for bytes that
             # never come. Only plain TCP gets one.

@@ -1,4 +1,4 @@
-"""`crnet bench --preset quick` end to end on an emulated cluster (root and iproute2 needed)."""
+"""`python -m benchmarks --preset quick` end to end on an emulated cluster (root and iproute2 needed)."""
 
 import json
 import subprocess
@@ -23,8 +23,9 @@ def test_quick_preset_runs_every_scheme_exactly(tmp_path):
     out = tmp_path / "bench.json"
     before = set(list_namespaces())
     proc = subprocess.run(
-        [sys.executable, "-m", "crnet", "bench", "--preset", "quick", "--schemes", ",".join(schemes),
-         "--out", str(out), "--plot", str(tmp_path / "bench.png"), "--json", "--burst", "1MB"],
+        [sys.executable, "-m", "benchmarks", "--preset", "quick", "--schemes", ",".join(schemes),
+         "--out", str(out), "--plot", str(tmp_path / "bench.png"), "--json", "--burst", "1MB",
+         "--strict"],
         capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

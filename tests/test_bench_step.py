@@ -1,4 +1,4 @@
-"""`python -m benchmarks.bench_step`, two small sizes: it runs a real 13-daemon tree, every client's
+"""`python -m benchmarks.bench_step --strict`, two small sizes: it runs a real 13-daemon tree, every client's
 result is exact (the script checks each against the sum and fails otherwise), and its CPU
 table has every process's time per step."""
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_bench_step_quick_reports_each_processes_cpu_per_step():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_step", "--sizes", "1K", "16K",
-                           "--steps", "60"],
+                           "--steps", "60", "--strict"],
                           capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()

@@ -55,7 +55,7 @@ def test_plan_usage_errors(args, message):
 
 def test_demo_trains_exactly_with_stragglers():
     proc = crnet("demo", "--steps", "8", "--straggle-prob", "0.3", "--compute-ms", "5", "--json",
-                 timeout=240)
+                 "--strict", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(summary) == {"steps", "mean_step_s", "max_rel_error", "stragglers_skipped",
@@ -75,7 +75,7 @@ def test_help_lists_every_command_whole():
 
 
 def test_demo_help_explains_every_option():
-    from crnet.cli import demo
+    from crnet.cli.demo import demo
 
     undocumented = [p.name for p in demo.params if not getattr(p, "help", None)]
     assert not undocumented
@@ -95,3 +95,14 @@ def test_plan_counts_in_words():
     proc = crnet("plan", "--fanout", "2", "--layers", "1", "--samples", "1")
     assert "stragglers 1, 1 layer\n" in proc.stdout
     assert "(1.0 of 1 sample)" in proc.stdout and "receives 2 vectors per step" in proc.stdout
+
+
+def test_crnet_bench_points_to_the_benchmarks_in_the_clone():
+    """The installed CLI neither imports benchmarks/ nor edits sys.path for it."""
+    proc = crnet("bench", "--preset", "quick", "--json")
+    assert proc.returncode == 2
+    assert proc.stderr == ("crnet bench moved: run python -m benchmarks --preset quick --json from "
+                           "the root of a crnet clone (pip install -e '.[bench]')\n")
+    probe = ("import sys; before = list(sys.path); import crnet.cli, crnet.cli.bench; "
+             "assert sys.path == before; assert 'benchmarks' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", probe], timeout=60).returncode == 0

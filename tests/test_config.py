@@ -209,9 +209,8 @@ async def test_sighup_rereads_the_log_level_of_a_running_daemon(tmp_path):
     "step N done" lines); after the file says debug and a SIGHUP, they appear."""
     config = tmp_path / "crnetd.toml"
     config.write_text('log_level = "info"\n')
-    lt = LocalTree(Tree((1,), (0,)), 4, workdir=tmp_path / "tree", strict=True)
-    del lt.options["--log-level"]               # a flag would win over the file
-    lt.options["--config"] = str(config)
+    # No log_level option: a flag would win over the file.
+    lt = LocalTree(Tree((1,), (0,)), 4, workdir=tmp_path / "tree", strict=True, config=config)
     lt.start()
     try:
         async def steps(first):
@@ -270,3 +269,117 @@ def test_chunk_bytes_auto_is_shown_as_auto_and_read_back(tmp_path):
     assert code == 0 and entry(out, "chunk_bytes") == ('"auto"', f"file {config}"), out
     code, out = check([*MASTER_ARGS, "--chunk-bytes", "4MiB"])
     assert code == 0 and entry(out, "chunk_bytes") == ("4194304", "flag"), out
+
+
+# ---- every option declared once (crnet/options.py): the two timeouts as the example
+def test_link_and_connect_timeouts_are_options_with_help_defaults_and_a_file(tmp_path):
+    help_text = CliRunner().invoke(crnetd, ["--help"]).output
+    assert "--link-timeout" in help_text and "[default: 8.0; x>=1]" in help_text
+    assert "--connect-timeout" in help_text and "[default: 4.0; x>=0.1]" in help_text
+    code, out = check(MASTER_ARGS)
+    assert code == 0, out
+    assert entry(out, "link_timeout") == (str(defaults.LINK_TIMEOUT), "default")
+    assert entry(out, "connect_timeout") == (str(defaults.CONNECT_TIMEOUT), "default")
+    config = tmp_path / "crnetd.toml"
+    config.write_text("link_timeout = 3\nconnect_timeout = 1.5\n")
+    code, out = check(["--config", str(config), *MASTER_ARGS])
+    assert code == 0, out
+    assert entry(out, "link_timeout") == ("3.0", f"file {config}")
+    assert entry(out, "connect_timeout") == ("1.5", f"file {config}")
+    code, out = check(["--config", str(config), *MASTER_ARGS, "--connect-timeout", "2"],
+                      {"CRNET_LINK_TIMEOUT": "5"})
+    assert entry(out, "link_timeout") == ("5.0", "env CRNET_LINK_TIMEOUT")
+    assert entry(out, "connect_timeout") == ("2.0", "flag")
+    settings = effective_config(crnetd.make_context(
+        "crnetd", ["--config", str(config), *MASTER_ARGS])).settings
+    assert (settings.link_timeout, settings.connect_timeout) == (3.0, 1.5)
+
+
+@pytest.mark.parametrize("args, text, message", [
+    (["--link-timeout", "0.5"], "", "Invalid value for '--link-timeout': 0.5 is not in the range x>=1"),
+    (["--connect-timeout", "soon"], "", "Invalid value for '--connect-timeout': 'soon' is not a valid float"),
+    ([], "link_timeout = 0", "link_timeout: 0.0 is not in the range x>=1"),
+    ([], "connect_timeout = 'x'", "connect_timeout: 'x' is not a valid float"),
+    ([], "connect_timeout = true", "connect_timeout must be a string or a number, not true"),
+])
+def test_a_bad_timeout_is_a_usage_error(tmp_path, args, text, message):
+    config = tmp_path / "crnetd.toml"
+    config.write_text(text + "\n")
+    code, out = check(["--config", str(config), *MASTER_ARGS, *args])
+    assert code == 2, out
+    assert message in out and "Traceback" not in out, out
+
+
+async def test_the_timeouts_reach_the_links_and_the_engine_its_options(tmp_path, monkeypatch):
+    """A daemon (in this process) with --link-timeout 2: a connection to its listener gets
+    2 s silence limits; its engine has the table's engine options by keyword."""
+    import asyncio
+
+    from crnet import transport
+    from crnet.node import Node, Settings
+
+    limits = []
+    monkeypatch.setattr(transport, "silence_limits", lambda sock, seconds: limits.append(seconds))
+    node = Node(Settings.of("master", tree=Tree((1,), (0,)), samples=4,
+                            listen=("127.0.0.1", 0), client_socket=str(tmp_path / "m.sock"),
+                            link_timeout=2.0, connect_timeout=1.5, step_window=5,
+                            max_send_queue=1 << 20, result_memory=1 << 20))
+    await node.start()
+    try:
+        host, _, port = str(node.membership.listen_address).rpartition(":")
+        _, writer = await asyncio.open_connection(host, int(port))
+        await wait_until(lambda: limits, "the daemon to accept the connection")
+        writer.close()
+    finally:
+        await node.shutdown()
+    assert limits == [2.0]
+    assert node.settings.connect_timeout == 1.5
+    engine = node.engine.settings
+    assert (engine.window, engine.send_queue_bytes, engine.result_memory) == (5, 1 << 20, 1 << 20)
+    assert (engine.timeout, engine.keep_results) == (defaults.TIMEOUT, defaults.KEEP_RESULTS)
+
+
+# Values for the options whose default is None (LocalTree gives every other one its default).
+SAMPLES = {"workers": 2, "layers": 1, "client_group": "nogroup", "max_send_queue": 1 << 20,
+           "secret_file": "secret", "tls_cert": __file__, "tls_key": __file__, "tls_ca": __file__,
+           "metrics": ("127.0.0.1", 9464), "metrics_token_file": "token", "host_id": "h1"}
+
+
+def test_every_option_of_the_table_is_a_flag_a_file_key_and_a_launcher_argument(tmp_path):
+    """Derived, so nothing can drift: each entry of DAEMON_OPTIONS is a click option of
+    crnetd, a config file key, and either set by LocalTree itself or a keyword of it that
+    reaches the daemons that take it, by flag, as the value given."""
+    from click.core import ParameterSource
+
+    from crnet.config import file_options
+    from crnet.options import DAEMON_OPTIONS
+
+    params = {p.name for p in crnetd.params}
+    keys = file_options(crnetd)
+    given = {}
+    for o in DAEMON_OPTIONS:
+        assert o.name in params, o.name
+        assert keys[o.key].name == o.name, o.key
+        if o.name in LocalTree.SETS:
+            continue
+        default = o.parse(o.default)
+        given[o.name] = (True if o.is_flag else SAMPLES[o.name] if default is None
+                         else default)
+    lt = LocalTree(Tree((2,), (1,)), 4, workdir=tmp_path, **given)
+    for name, role in ((MASTER, "master"), ("0", "node")):
+        argv = lt.command(name)
+        ctx = crnetd.make_context("crnetd", argv[argv.index("daemon") + 1:])
+        for o in DAEMON_OPTIONS:
+            source = ctx.get_parameter_source(o.name)
+            if o.name in LocalTree.SETS:
+                continue
+            if not o.takes(role):
+                assert source is ParameterSource.DEFAULT, (role, o.name)
+                continue
+            assert source is ParameterSource.COMMANDLINE, (role, o.name)
+            assert ctx.params[o.name] == o.parse(given[o.name]), (role, o.name)
+        assert ctx.params["role"] == role
+    with pytest.raises(TypeError, match="no crnetd option window"):
+        LocalTree(Tree((2,), (1,)), 4, workdir=tmp_path, window=3)
+    with pytest.raises(TypeError, match="role follow from the tree"):
+        LocalTree(Tree((2,), (1,)), 4, workdir=tmp_path, role="node")

@@ -175,7 +175,7 @@ async def _successor_up(client):
 async def test_a_child_that_stops_reading_is_cut_off_and_the_tree_goes_on(local_tree):
     tree = Tree.regular(3, 1, 1)         # s = 1: the master decodes from children 0 and 1
     dim = 128 * 1024                     # 1 MiB float64 vectors, one RESULT chunk each step
-    lt = local_tree(tree, 3, send_queue_bytes=1 << 20)
+    lt = local_tree(tree, 3, max_send_queue=1 << 20)
     grads = np.random.default_rng(11).standard_normal((3, dim))
     want = grads.sum(axis=0)
     clients = await connect_all(lt, ["0", "1"])     # returns once the whole tree joined

@@ -153,7 +153,7 @@ async def test_a_far_future_step_is_refused_to_its_process_only(local_tree):
     tree = Tree.regular(3, 1, 1)
     grads = grads_for(30, 5, 3)
     want = grads.sum(axis=0)
-    lt = local_tree(tree, 30, timeout=TIMEOUT, window=8)
+    lt = local_tree(tree, 30, timeout=TIMEOUT, step_window=8)
     clients = await connect_all(lt, workers(tree))
     try:
         for t in range(2):

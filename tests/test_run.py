@@ -123,7 +123,7 @@ class Launches:
         self.procs: list[subprocess.Popen] = []
 
     def argv(self, *options: str, mode: str) -> list[str]:
-        return [sys.executable, "-m", "crnet", "run", *options, "--",
+        return [sys.executable, "-m", "crnet", "run", "--strict", *options, "--",
                 sys.executable, str(self.script), mode, str(self.pids)]
 
     def start(self, *options: str, mode: str) -> subprocess.Popen:
@@ -279,7 +279,7 @@ def test_an_exception_in_the_launcher_stops_everything(tmp_path, monkeypatch):
     monkeypatch.setattr(Run, "_supervise", supervise_then_fail)
     out, err = io.BytesIO(), io.BytesIO()
     run = Run(Tree((2,), (1,)), [sys.executable, str(launches.script), "wait", str(launches.pids)],
-              samples=12, workdir=tmp_path / "w", stdout=out, stderr=err)
+              samples=12, workdir=tmp_path / "w", strict=True, stdout=out, stderr=err)
     try:
         with pytest.raises(RuntimeError, match="a bug in the launcher"):
             run.run()
@@ -311,3 +311,23 @@ def test_a_command_that_does_not_exist_is_an_error_not_a_traceback(tmp_path):
     assert proc.returncode == 1
     assert "no-such-command-x: command not found" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_with_strict_a_daemon_that_dies_fails_the_run_naming_it_and_its_log(launches):
+    """--strict (every test here runs so): a daemon that exits while the processes run (here
+    SIGKILLed, as one whose handler raised exits 70) fails the run like a training process
+    that does, and the end names the daemon and its log, though its tree routes around it."""
+    workdir = launches.tmp / "w"
+    proc = launches.start(*SMALL, "--samples", "12", "--workdir", str(workdir), mode="wait")
+    wait_for(lambda: launches.recorded().keys() >= {"rank0", "rank1", "rank2", "helper"},
+             "every process to start")
+    log = workdir / "logs" / "0.log"
+    leaf = next(pid for pid in daemons_under(workdir)
+                if b"0.sock" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    os.kill(leaf, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, out + err
+    assert f"crnet run: crnetd 0 exited with code -9; its log: {log}" in err, err
+    assert "crnet run: a daemon failed (--strict)" in err, err
+    assert f"crnet run: crnetd 0 exited with -9 (its log: {log})" in err, err
+    assert daemons_under(workdir) == []

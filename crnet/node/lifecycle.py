@@ -21,9 +21,11 @@ import ssl
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .. import __version__, defaults, kernels, logs
 from ..handshake import Dialing
+from ..options import defaults_of, engine_values
 from ..peer_text import Throttle
 from ..plan import Tree
 from ..schemes import Place
@@ -50,32 +52,28 @@ EXIT_BUG = 70   # EX_SOFTWARE: strict mode caught an internal error
 
 @dataclass
 class Settings:
-    role: str                                  # "master" or "node"
-    scheme: str = "cr"                         # master only: cr, gc, tree or rar
-    listen: tuple[str, int] | None = None
-    parent: tuple[str, int] | None = None
-    name: str | None = None                    # node: the slot to ask the parent for
-    tree: Tree | None = None                   # master only
-    samples: int | None = None                 # master only
-    code_kind: str = "auto"                    # master only
-    chunk_bytes: int = defaults.CHUNK_BYTES    # master only: the tree uses the master's
-    client_socket: str | None = None
-    client_group: int | None = None            # gid whose members may also connect to it
-    timeout: float = defaults.TIMEOUT
-    keep_results: int = defaults.KEEP_RESULTS
-    result_memory: int = defaults.RESULT_MEMORY  # results kept for processes catching up
-    local_processes: int = 1                   # training processes on this host
-    window: int = defaults.STEP_WINDOW         # steps ahead of the tree's newest result
-    send_queue_bytes: int | None = None        # None: max(64 MiB, 4 vectors)
+    """What one daemon runs with: every option of ``crnet.options.DAEMON_OPTIONS`` by its
+    name (``settings.timeout``, ``settings.link_timeout``: read through to ``values``), and
+    what ``crnet/config.py`` made of several of them."""
+
+    values: dict[str, Any]                     # option name -> its value
+    tree: Tree | None = None                   # master only: from scheme, fanout, layers, ...
+    client_gid: int | None = None              # --client-group's gid: its members may connect
     secret: bytes | None = None                # the cluster secret: every tree link authenticated
     tls: TlsFiles | None = None                # mutual TLS on every tree link (crnet/tls.py)
-    strict: bool = False                       # an internal error stops the daemon (tests)
-    exit_with_stdin: bool = False              # stop when standard input closes (launchers)
-    resolve_timeout: float = defaults.RESOLVE_TIMEOUT  # node: the parent's name must resolve
+    metrics_token: bytes | None = None         # scrapers of --metrics send this bearer token
     reread_log_level: Callable[[], None] | None = None  # SIGHUP (crnet/config.py)
-    metrics: tuple[str, int] | None = None     # serve Prometheus metrics here (node/metrics.py)
-    metrics_token: bytes | None = None         # ... to scrapers with this bearer token only
-    host_id: str | None = None                 # this host's stable identity (HELLO; the slot's key)
+
+    @classmethod
+    def of(cls, role: str, tree: Tree | None = None, **values: Any) -> Settings:
+        """Settings of the option defaults but ``values`` (by option name), e.g. for tests."""
+        return cls(defaults_of(role=role, **values), tree=tree)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(f"no daemon option {name!r}") from None
 
     @property
     def is_master(self) -> bool:
@@ -87,9 +85,7 @@ class Node:
         self.settings = settings
         self.stats = Stats()
         self.neighbours = Neighbours()
-        self.engine = StepEngine(EngineSettings(settings.timeout, settings.keep_results,
-                                                settings.window, settings.send_queue_bytes,
-                                                settings.result_memory),
+        self.engine = StepEngine(EngineSettings(**engine_values(settings.values)),
                                  self.stats, self.neighbours, lend=self._lend)
         place = None
         if settings.is_master:
@@ -162,7 +158,7 @@ class Node:
             log.info("metrics on %s://%s:%d/metrics (%s)", "https" if tls else "http",
                      *self.metrics.bound, "bearer token" if s.metrics_token else "no token")
         if s.client_socket:
-            self.client_socket = ClientSocket(s.client_socket, self._client, s.client_group)
+            self.client_socket = ClientSocket(s.client_socket, self._client, s.client_gid)
             await self.client_socket.start()
             log.info("training processes connect to %s", s.client_socket)
         self.readiness.start()
@@ -213,7 +209,7 @@ class Node:
     def _connection(self, handler: Handler, limits: Limits | None = None,
                     label: str = "peer") -> Connection:
         """Every connection this node makes or accepts: tracked until it closes."""
-        conn = Connection(handler, limits or self._limits(), label)
+        conn = Connection(handler, limits or self._limits(), label, self.settings.link_timeout)
         self._conns.add(conn)
         return conn
 
@@ -235,7 +231,7 @@ class Node:
             # doubling retries (a minute or two), so a healed link is used at once.
             _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self._connection(guard, label=f"parent {host}:{port}"), host, port,
-                ssl=self._tls_dial), defaults.CONNECT_TIMEOUT)
+                ssl=self._tls_dial), self.settings.connect_timeout)
         except socket.gaierror as e:   # say which name (dial.py gives up on it in time)
             raise socket.gaierror(e.errno, f"the host name {host!r} does not resolve "
                                            f"({e.strerror})") from None
@@ -256,7 +252,7 @@ class Node:
             guard = Dialing(link, self.settings.secret)
             _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self._connection(guard, Limits(max_payload=0), f"ring {address}"),
-                host.strip("[]"), int(port), ssl=self._tls_dial), defaults.CONNECT_TIMEOUT)
+                host.strip("[]"), int(port), ssl=self._tls_dial), self.settings.connect_timeout)
             conn.send(guard.hello(hello))
             return conn, link.welcome
         return dial

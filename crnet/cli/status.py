@@ -1,0 +1,86 @@
+"""``crnet status``: the tree under a node, as its status service tells it."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..errors import CrnetError
+from ..option_types import Address
+
+
+@click.command("status", short_help="Show the tree under a node: who is joined, slow or missing.")
+@click.argument("address", type=Address())
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              envvar="CRNET_SECRET_FILE", help="The cluster secret, as crnetd's.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), default=None,
+              envvar="CRNET_TLS_CERT", help="As crnetd's, if the tree uses TLS.")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None,
+              envvar="CRNET_TLS_KEY")
+@click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), default=None,
+              envvar="CRNET_TLS_CA")
+@click.option("--json", "as_json", is_flag=True, help="Print the tree as one JSON object.")
+@click.option("--watch", type=click.FloatRange(min=0.5), is_flag=False, flag_value=2.0,
+              default=None, help="Refresh every SECONDS (2 if not given) until Ctrl-C.")
+def status_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, watch):
+    """Show the tree under a node (ask the master for all of it): every node's name, host,
+    address, state, last step time and how often it straggled, and who is missing.
+
+    \b
+    crnet status master-host:7070 --secret-file /etc/crnet/secret
+    """
+    from ..auth import load_secret
+    from ..status import StatusClient
+    from ..tls import TlsFiles
+
+    secret = None
+    if secret_file is not None:
+        try:
+            secret = load_secret(secret_file)
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint="--secret-file") from None
+    given = [v for v in (tls_cert, tls_key, tls_ca) if v is not None]
+    if given and len(given) < 3:
+        raise click.UsageError("--tls-cert, --tls-key and --tls-ca come together")
+    tls = TlsFiles(tls_cert, tls_key, tls_ca) if given else None
+
+    async def ask() -> None:
+        client = await StatusClient.connect(address[0], address[1], secret=secret, tls=tls)
+        try:
+            tree = client.first
+            while True:
+                assert tree is not None
+                click.echo(json.dumps(tree) if as_json else _status_text(tree))
+                if watch is None:
+                    return
+                await asyncio.sleep(watch)
+                tree = await client.refresh()
+        finally:
+            client.close()
+
+    import asyncio
+
+    try:
+        asyncio.run(ask())
+    except KeyboardInterrupt:
+        pass
+    except (OSError, CrnetError, asyncio.TimeoutError) as e:
+        raise click.ClickException(f"{address[0]}:{address[1]}: {e or 'no answer'}") from None
+
+
+def _status_text(tree: dict) -> str:
+    from ..status import missing, rows
+
+    lines = [f"{'NODE':<14} {'HOST':<20} {'ADDRESS':<22} {'STATE':<13} {'STEP':>7} "
+             f"{'LAST STEP':>10} {'STRAGGLED':>10}"]
+    for r in rows(tree):
+        last = "-" if r.last_step_seconds is None else f"{1e3 * r.last_step_seconds:.1f} ms"
+        straggled = "-" if r.recent is None else f"{r.straggled}/{r.recent}"
+        lines.append(f"{'  ' * r.depth + r.name:<14} {r.host or '-':<20} {r.address or '-':<22} "
+                     f"{r.state:<13} {r.tree_step:>7} {last:>10} {straggled:>10}")
+    gone = missing(tree)
+    lines.append("missing now: " + (", ".join(f"{r.name} ({r.host or 'host unknown'})"
+                                              for r in gone) if gone else "none"))
+    return "\n".join(lines)
+

@@ -1,0 +1,42 @@
+"""The tree a command's --scheme/--workers/--fanout/--layers/--stragglers describe.
+
+The options themselves are records in ``crnet.options`` (crnetd's master takes them, and
+so do ``crnet plan``, ``demo``, ``run`` and ``model``); here they become a ``Tree``, or a
+usage error (exit 2) saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .plan import Tree, scheme_tree
+
+
+def resolve_layers(fanout: list[int], layers: int | None, stragglers: list[int]) -> int:
+    """--layers, or the length of the longer list, else 2."""
+    if layers is None:
+        longest = max(len(fanout), len(stragglers))
+        layers = longest if longest > 1 else 2
+    return layers
+
+
+def tree_from_options(fanout, layers, stragglers) -> Tree:
+    """The tree the options describe, or a usage error saying what is wrong."""
+    try:
+        return Tree.from_options(fanout, stragglers, layers)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def tree_for_scheme(scheme, workers, fanout, layers, stragglers) -> Tree:
+    """The tree ``plan.scheme_tree`` gives for the options, or a usage error."""
+    tree = None
+    if scheme in ("cr", "tree") or workers is None:
+        s = stragglers if scheme != "tree" else [0]
+        tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), s)
+    if scheme == "cr" and tree is not None and workers not in (None, tree.workers):
+        raise click.UsageError(f"--workers {workers} but the cr tree has {tree.workers} workers")
+    try:
+        return scheme_tree(scheme, tree=tree, workers=workers, stragglers=stragglers[0])
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
