@@ -58,7 +58,7 @@ class Option:
     is_flag: bool = False
     required: bool = False
     envvar: str | None = None          # if not CRNET_<NAME>
-    engine: str = ""                   # the EngineSettings field it fills (crnet/node/engine.py)
+    engine: str = ""                   # the EngineSettings field it fills (node/steps/settings.py)
     text: Callable[[Any], str] = _text  # a value -> the flag's argument (launchers)
 
     @property
