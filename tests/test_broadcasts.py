@@ -131,7 +131,7 @@ def test_state_requests_go_up_and_the_masters_comes_down_to_everyone():
     b.want_state(5)
     assert n.parent.messages(WantState) == [WantState(5)]
     told = []
-    b.on_state_request.append(told.append)
+    b.on_state_request.connect(told.append)
     b.state_requested(5)
     assert told == [5] and b.state_request == 5
     assert all(slot.link.messages(WantState) == [WantState(5)] for slot in n.slots)

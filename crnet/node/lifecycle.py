@@ -22,6 +22,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import __version__, defaults, kernels, logs
 from ..plan import Tree
 from ..schemes import Place
@@ -34,12 +36,14 @@ from ..wire import Limits
 from .client_socket import ClientSocket
 from .engine import EngineSettings, StepEngine
 from .guard import HANDSHAKE_LIMITS, Accepting, Dialing, Doorway
-from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
+from .links import ChildLink, ClientLink, ParentLink, SuccessorLink
+from .local import LocalProcesses, Seat
 from .membership import Membership
-from .metrics import MetricsServer, registry_for, server_context
+from .metrics import MetricsServer, NodeView, registry_for, server_context
 from .neighbours import Neighbours
 from .notify import Notifier, Readiness
 from .peer_text import Throttle
+from .rooms import Rooms
 
 log = logging.getLogger("crnet.node")
 
@@ -89,7 +93,7 @@ class Node:
         self.engine = StepEngine(EngineSettings(settings.timeout, settings.keep_results,
                                                 settings.window, settings.send_queue_bytes,
                                                 settings.result_memory),
-                                 self.stats, self.neighbours)
+                                 self.stats, self.neighbours, lend=self._lend)
         place = None
         if settings.is_master:
             assert settings.tree is not None and settings.samples is not None
@@ -101,6 +105,7 @@ class Node:
             dial_successor=self._dialer, resolve_timeout=settings.resolve_timeout,
             host_id=settings.host_id)
         self.local = LocalProcesses(settings.local_processes, self.engine)
+        self.rooms = Rooms.beside(self.membership)   # broadcasts, barriers, crnet status
         self.readiness = Readiness(Notifier(), self.membership, self.engine, self.stats)  # systemd
         self.stopping = asyncio.Event()
         self.exit_code = 0
@@ -139,8 +144,8 @@ class Node:
         if s.listen is not None:
             server = await loop.create_server(
                 lambda: self._connection(
-                    Accepting(ChildLink(self.membership, self.engine, self.warnings), s.secret,
-                              self.doorway, self._limits, self.warnings), HANDSHAKE_LIMITS),
+                    Accepting(self._child_link(), s.secret, self.doorway, self._limits,
+                              self.warnings), HANDSHAKE_LIMITS),
                 *s.listen,
                 ssl=self._tls_accept)
             self._servers.append(server)
@@ -151,7 +156,8 @@ class Node:
                      ", TLS" if s.tls else "")
         if s.metrics is not None:   # before the client socket: that one says "up"
             tls = None if s.tls is None else server_context(s.tls.cert, s.tls.key)
-            self.metrics = MetricsServer(registry_for(self), s.metrics, s.metrics_token, tls)
+            self.metrics = MetricsServer(registry_for(self._scraped()), s.metrics,
+                                         s.metrics_token, tls)
             await self.metrics.start()
             assert self.metrics.bound is not None
             log.info("metrics on %s://%s:%d/metrics (%s)", "https" if tls else "http",
@@ -199,6 +205,26 @@ class Node:
         if self.settings.strict:
             self.stop(EXIT_BUG)
 
+    # -- the rooms' wiring ------------------------------------------------------------
+    def _lend(self, step: int, total: int, dtype: np.dtype) -> tuple[Seat, np.ndarray] | None:
+        """The engine's ``Lend``: a local training process's output (built after it)."""
+        return self.local.lend(step, total, dtype)
+
+    def _scraped(self) -> NodeView:
+        """What a metrics scrape reads of this node."""
+        m, engine, s = self.membership, self.engine, self.settings
+        return NodeView(
+            role=s.role, host_id=s.host_id, parent=s.parent, stats=self.stats,
+            neighbours=self.neighbours, place=lambda: m.place, join_state=lambda: m.state,
+            tree_step=lambda: engine.tree_step,
+            kept_bytes=lambda: engine.bookkeeping()["kept_bytes"],
+            clients=lambda: [None if seat is None else seat.conn for seat in self.local.seats])
+
+    def _child_link(self) -> ChildLink:
+        r = self.rooms
+        return ChildLink(self.membership, self.engine, r.broadcasts, r.barriers, r.status,
+                         self.warnings)
+
     # -- connections -----------------------------------------------------------------
     def _limits(self) -> Limits:
         place = self.membership.place
@@ -214,7 +240,8 @@ class Node:
 
     async def _client(self, sock) -> None:
         """A training process's control connection (node/client_socket.py checked who)."""
-        link = ClientLink(self.local, self.membership, self.engine, self.stats)
+        link = ClientLink(self.local, self.membership, self.engine, self.stats,
+                          self.rooms.broadcasts, self.rooms.barriers)
         assert self.client_socket is not None
         self.client_socket.links[link.token] = link
         await asyncio.get_running_loop().connect_accepted_socket(
@@ -223,7 +250,8 @@ class Node:
     async def _dial_parent(self, hello):
         assert self.settings.parent is not None
         host, port = self.settings.parent
-        link = ParentLink(self.membership, self.engine)
+        r = self.rooms
+        link = ParentLink(self.membership, self.engine, r.broadcasts, r.barriers, r.status)
         guard = Dialing(link, self.settings.secret)
         try:
             # A partition swallows the SYN: try again soon rather than after TCP's
