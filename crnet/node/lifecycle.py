@@ -1,7 +1,10 @@
 """The lifecycle of one crnetd: listeners, signals, and an orderly, time-limited shutdown.
 
-``Node`` builds the rooms (``Neighbours``, ``StepEngine``, ``Membership``), opens
-the listeners whose connections get the right link (``links.py``), and on stop
+``Node`` builds the rooms (``Neighbours``, ``StepEngine``, ``Membership``, this
+host's ``LocalProcesses``, and beside membership its broadcasts, barriers and status:
+``rooms.py``) and wires them: the engine lends the local processes' outputs through
+``Node._lend``, each link gets the rooms it hands messages to, metrics a read-only
+``NodeView``. It opens the listeners whose connections get the right link (``links/``), and on stop
 (a signal, or a fatal join error) shuts down in order, as aiohttp's runner does:
 stop accepting, stop dialing, close every link, wait at most ``SHUTDOWN_GRACE``.
 
