@@ -40,7 +40,15 @@ from crnet.messages import (
     pack_allocation,
 )
 from crnet.node.engine import EngineSettings, Failed, Refused
-from crnet.node.links import ChildLink, ChildState, ClientLink, ParentLink
+from crnet.node.links import (
+    ChildLink,
+    ChildState,
+    ClientLink,
+    ClientState,
+    DialedState,
+    ParentLink,
+    SuccessorLink,
+)
 from crnet.node.local import LocalProcesses
 from crnet.node.peer_text import SHOWN, Throttle, shown, tamed
 from crnet.plan import Tree, plan
@@ -72,6 +80,14 @@ def child_link(m, warnings=None):
 def parent_link(m):
     r = rooms(m)
     return ParentLink(m, m.engine, r.broadcasts, r.barriers, r.status)
+
+
+@pytest.mark.parametrize("link, states", [(ChildLink, ChildState), (ParentLink, DialedState),
+                                          (SuccessorLink, DialedState), (ClientLink, ClientState)])
+def test_every_state_of_a_link_has_its_table(link, states):
+    """What a peer may send is read off one table per state (links/machine.py)."""
+    assert set(link.RECEIVE) == set(states)
+    assert set(link.PAYLOAD) <= set(states)
 
 
 # ---------------------------------------------------------------- ChildLink

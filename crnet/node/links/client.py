@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ...errors import ErrorKind, ProtocolError
+from ...errors import ErrorKind
 from ...messages import (
     Attached,
     Barrier,
@@ -95,10 +95,9 @@ class ClientLink(StateMachine):
         self.group = ClientGroup(self, broadcasts, barriers)
         self._disconnect: list[Callable[[], None]] = []   # from membership's and the engine's
 
-    def payload_dest(self, conn, msg, nbytes):
-        raise ProtocolError("the client link carries no payloads")
-
     def unexpected(self, msg: Message, payload: bool) -> str:
+        if payload:   # no state has a PAYLOAD table: vectors are in shared memory
+            return "the client link carries no payloads"
         if self.state is ClientState.HELLO:
             return f"{msg.TYPE.name} before CLIENT_HELLO"
         return f"unexpected {msg.TYPE.name} from the training process"
