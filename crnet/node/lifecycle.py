@@ -4,9 +4,10 @@
 host's ``LocalProcesses``, and beside membership its broadcasts, barriers and status:
 ``rooms.py``) and wires them: the engine lends the local processes' outputs through
 ``Node._lend``, each link gets the rooms it hands messages to, metrics a read-only
-``NodeView``. It opens the listeners whose connections get the right link (``links/``), and on stop
-(a signal, or a fatal join error) shuts down in order, as aiohttp's runner does:
-stop accepting, stop dialing, close every link, wait at most ``SHUTDOWN_GRACE``.
+``NodeView``. It opens the listeners whose connections get the right link
+(``links/``), and on stop (a signal, or a fatal join error) shuts down in order,
+as aiohttp's runner does: stop accepting, stop dialing, close every link, wait at
+most ``SHUTDOWN_GRACE``.
 
 Anything unexpected (a handler that raised, a task that died) reaches the event
 loop's exception handler: it is logged with its traceback, and in strict mode

@@ -15,7 +15,8 @@ rar``: the workers and the master) also keeps a link to its ring successor the s
 The state is explicit (``JoinState``); the step engine is told when the node has
 its share (``engine.start``) and when children or the parent come and go. Everyone
 else (broadcasts, barriers, the training processes' links, systemd) hears of it
-through membership's signals (``Signal``), connected by ``lifecycle.Node``.
+through membership's signals (``Signal``): ``rooms.py`` connects broadcasts and
+barriers, each training process's link connects itself (and disconnects when it goes).
 """
 
 from __future__ import annotations
