@@ -3,6 +3,7 @@
 import asyncio
 import logging
 import signal
+import weakref
 
 import numpy as np
 import pytest
@@ -96,6 +97,20 @@ def membership():
     for m in made:
         m.engine.close()
         m.close()
+
+
+_ROOMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def rooms(m):
+    """The broadcasts, barriers and status beside membership ``m`` (``node/rooms.py``),
+    built once, as ``lifecycle.Node`` builds them."""
+    from crnet.node.rooms import Rooms
+
+    made = _ROOMS.get(m)
+    if made is None:
+        made = _ROOMS[m] = Rooms.beside(m)
+    return made
 
 
 def local_gradient(assignment, grads: np.ndarray) -> np.ndarray:

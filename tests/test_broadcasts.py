@@ -85,6 +85,19 @@ def test_a_node_relays_each_piece_from_the_parent_to_its_children_and_keeps_the_
     assert late == [held]
 
 
+def test_a_receiver_that_gives_up_is_not_called():
+    b, _ = node("0")
+    gave_up, stayed = [], []
+    cancel = b.receive("k", gave_up.append)
+    b.receive("k", stayed.append)
+    cancel()
+    b.receive("other", gave_up.append)()          # asked and given up at once
+    from_parent(b, "k", np.arange(10.0))
+    assert gave_up == [] and len(stayed) == 1
+    from_parent(b, "other", np.arange(10.0), origin=8)
+    assert gave_up == []
+
+
 def test_the_master_sends_the_first_complete_copy_down_and_keeps_a_few():
     b, n = node("")
     vector = np.arange(10, dtype=np.float32)
@@ -131,7 +144,7 @@ def test_state_requests_go_up_and_the_masters_comes_down_to_everyone():
     b.want_state(5)
     assert n.parent.messages(WantState) == [WantState(5)]
     told = []
-    b.on_state_request.append(told.append)
+    b.on_state_request.connect(told.append)
     b.state_requested(5)
     assert told == [5] and b.state_request == 5
     assert all(slot.link.messages(WantState) == [WantState(5)] for slot in n.slots)

@@ -20,7 +20,8 @@ import pytest
 from crnet import AsyncClient, CrnetTimeout, StepFailed, StepLost
 from crnet.launch import MASTER
 from crnet.messages import Attached, Done, Result, Submit
-from crnet.node.links import ClientLink, LocalProcesses
+from crnet.node.links import ClientLink, ClientState
+from crnet.node.local import LocalProcesses
 from crnet.node.membership import Membership
 from crnet.node.neighbours import Neighbours
 from crnet.node.steps import EngineSettings, Lost, StepEngine
@@ -30,7 +31,7 @@ from crnet.schemes.chunks import ChunkLayout
 from crnet.shm import SharedRegion
 from crnet.stats import Stats
 
-from .conftest import gather_or_cancel, rel_error, wait_until
+from .conftest import gather_or_cancel, rel_error, rooms, wait_until
 from .fake_links import FakeLink
 
 pytestmark = pytest.mark.asyncio(loop_factories=["asyncio"])   # the daemons run uvloop anyway
@@ -321,14 +322,17 @@ def leaf():
     def make(**settings):
         neighbours = Neighbours()
         neighbours.parent = parent = FakeLink("parent")
+        # The engine lends the process's output through LocalProcesses, as lifecycle.Node wires it.
         engine = StepEngine(EngineSettings(**settings), Stats(), neighbours,
                             lend=lambda *asked: local.lend(*asked))
         engine.start(LEAF)
         m = Membership(engine, neighbours, stop=lambda code: None)
         made.append(m)
         local = LocalProcesses(1, engine)
-        link = ClientLink(local, m, engine, engine.stats)
+        r = rooms(m)
+        link = ClientLink(local, m, engine, engine.stats, r.broadcasts, r.barriers)
         link.conn, link.region, link.index = FakeLink("process"), region(), 0
+        link.state = ClientState.ATTACHED      # as after its hello, without the welcome
         local.seats[0] = link
         return engine, parent, link
 

@@ -30,7 +30,6 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "crnet"
 MAX_LINES = 500
-IN_PROGRESS = pytest.mark.xfail(strict=False, reason="issue 23 in progress")
 
 
 @dataclass(frozen=True)
@@ -255,14 +254,12 @@ def describe(chain: list[str], graph: dict[str, dict[str, Use]], modules: dict[s
 
 # ------------------------------------------------------------------ crnet itself
 
-@IN_PROGRESS
 def test_no_import_circle_in_crnet():
     modules, graph = import_graph(SRC)
     circles = cycles(graph)
     assert not circles, "import circles:\n" + "\n".join(describe(c, graph, modules) for c in circles)
 
 
-@IN_PROGRESS
 def test_no_module_uses_another_modules_underscore_names():
     modules = find_modules(SRC)
     uses = [use for m in modules.values() for use in underscore_uses(m, parse(m), modules)]
@@ -270,7 +267,6 @@ def test_no_module_uses_another_modules_underscore_names():
         f"{use.at(modules)}: {use.target}" for use in uses)
 
 
-@IN_PROGRESS
 def test_no_module_is_longer_than_500_lines():
     long = {m.file: n for m in find_modules(SRC).values()
             if (n := len(m.path.read_text().splitlines())) > MAX_LINES}

@@ -38,7 +38,16 @@ from crnet.messages import (
     Submit,
     Welcome,
 )
-from crnet.node.links import ChildLink, ClientLink, LocalProcesses, ParentLink
+from crnet.node.links import (
+    ChildLink,
+    ChildState,
+    ClientLink,
+    ClientState,
+    DialedState,
+    ParentLink,
+    SuccessorLink,
+)
+from crnet.node.local import LocalProcesses
 from crnet.node.steps import EngineSettings, Failed, Refused
 from crnet.peer_text import SHOWN, Throttle, shown, tamed
 from crnet.plan import Tree, plan
@@ -46,7 +55,7 @@ from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
 from crnet.shm import SharedRegion
 
-from .conftest import not_held
+from .conftest import not_held, rooms
 from .fake_links import FakeLink
 
 pytestmark = pytest.mark.timeout(30)
@@ -62,8 +71,22 @@ def master(membership):
     return membership(Place("", 0, TREE, "cr", "auto", 32), samples=10)
 
 
-def child_link(m):
-    return ChildLink(m, m.engine)
+def child_link(m, warnings=None):
+    r = rooms(m)
+    return ChildLink(m, m.engine, r.broadcasts, r.barriers, r.status, warnings)
+
+
+def parent_link(m):
+    r = rooms(m)
+    return ParentLink(m, m.engine, r.broadcasts, r.barriers, r.status)
+
+
+@pytest.mark.parametrize("link, states", [(ChildLink, ChildState), (ParentLink, DialedState),
+                                          (SuccessorLink, DialedState), (ClientLink, ClientState)])
+def test_every_state_of_a_link_has_its_table(link, states):
+    """What a peer may send is read off one table per state (links/machine.py)."""
+    assert set(link.RECEIVE) == set(states)
+    assert set(link.PAYLOAD) <= set(states)
 
 
 # ---------------------------------------------------------------- ChildLink
@@ -101,7 +124,7 @@ def test_refusals_show_a_peers_name_quoted_and_short_and_log_a_line_per_address(
     warnings = Throttle(logging.getLogger("crnet.node"))     # the node's, for every connection
     with caplog.at_level("WARNING", logger="crnet.node"):
         for port in range(3):
-            link, conn = ChildLink(master, master.engine, warnings), FakeLink(f"10.0.0.5:{port}")
+            link, conn = child_link(master, warnings), FakeLink(f"10.0.0.5:{port}")
             link.received(conn, Hello("x\n" * 128), None)
             [refused] = conn.messages()
             assert refused.reason.startswith(repr("x\n" * 100) + "... (56 more characters) is "
@@ -221,7 +244,7 @@ def test_a_wrong_ring_predecessor_is_refused(membership):
     link, conn = child_link(ring_member(membership, 1)), FakeLink()
     link.received(conn, PeerHello(2), None)
     assert conn.messages() == [Refuse("rank 2 is not the ring predecessor of rank 1", False)]
-    assert conn.closed and not link.peer
+    assert conn.closed and link.state is not ChildState.PREDECESSOR
 
 
 def test_a_node_outside_a_ring_asks_a_predecessor_to_retry(master):
@@ -233,7 +256,7 @@ def test_a_node_outside_a_ring_asks_a_predecessor_to_retry(master):
 # ---------------------------------------------------------------- ParentLink
 
 async def test_the_parent_must_welcome_first(membership):
-    link = ParentLink(membership(), None)
+    link = parent_link(membership())
     with pytest.raises(ProtocolError, match=r"^RESULT from the parent before WELCOME$"):
         link.received(FakeLink(), Result(0, 0, 4, "float64"), None)
     with pytest.raises(ProtocolError, match=r"^unexpected RESULT from the parent$"):
@@ -241,7 +264,7 @@ async def test_the_parent_must_welcome_first(membership):
 
 
 async def test_a_parents_refusal_fails_the_welcome(membership):
-    link = ParentLink(membership(), None)
+    link = parent_link(membership())
     link.received(FakeLink(), Refuse("master has all 2 child slots taken", False), None)
     with pytest.raises(JoinRefused) as e:
         await link.welcome
@@ -252,7 +275,7 @@ async def test_a_welcome_the_node_cannot_take_drops_the_link_but_is_no_refusal(m
     """It may come from anyone at the parent's address: the node dials again (dial.py)
     rather than stop for good, and takes no place."""
     m = membership()                              # no --listen: it cannot be an inner node
-    link, conn = ParentLink(m, m.engine), FakeLink("parent")
+    link, conn = parent_link(m), FakeLink("parent")
     link.received(conn, Welcome("0", 1, (2, 2), (1, 1), "auto", 32, "cr"), None)
     with pytest.raises(ProtocolError, match=r"^a WELCOME this node cannot take: node 0 is at layer "
                                             r"1 of 2 and must accept children: start it with "
@@ -264,7 +287,7 @@ async def test_a_welcome_the_node_cannot_take_drops_the_link_but_is_no_refusal(m
 
 async def test_a_parents_fail_reason_goes_on_printable(membership):
     m = membership()
-    link, conn = ParentLink(m, m.engine), FakeLink("parent")
+    link, conn = parent_link(m), FakeLink("parent")
     link.received(conn, Welcome("0", 1, (2,), (1,), "auto", 32, "cr"), None)
     await link.welcome
     link.received(conn, Fail(3, "gone\n2001-01-01 FORGED\x1b[2J", FailKind.LOCAL), None)
@@ -273,7 +296,7 @@ async def test_a_parents_fail_reason_goes_on_printable(membership):
 
 async def test_a_welcome_tells_the_node_where_the_tree_is_and_then_fail_decides(membership):
     m = membership()
-    link, conn = ParentLink(m, m.engine), FakeLink("parent")
+    link, conn = parent_link(m), FakeLink("parent")
     link.received(conn, Welcome("0", 1, (2,), (1,), "auto", 32, "cr", 7, 4, "float64"), None)
     await link.welcome
     assert m.engine.tree_step == 7 and m.engine.tree_vector == (4, "float64")
@@ -285,7 +308,7 @@ async def test_a_welcome_tells_the_node_where_the_tree_is_and_then_fail_decides(
 
 
 async def test_a_parent_that_hangs_up_before_welcome_fails_the_welcome(membership):
-    link = ParentLink(membership(), None)
+    link = parent_link(membership())
     link.lost(FakeLink(), None)
     with pytest.raises(ConnectionResetError):
         await link.welcome
@@ -294,7 +317,9 @@ async def test_a_parent_that_hangs_up_before_welcome_fails_the_welcome(membershi
 # ---------------------------------------------------------------- ClientLink
 
 def client_link(m, local=None):
-    return ClientLink(local or LocalProcesses(1, m.engine), m, m.engine, m.engine.stats)
+    r = rooms(m)
+    return ClientLink(local or LocalProcesses(1, m.engine), m, m.engine, m.engine.stats,
+                      r.broadcasts, r.barriers)
 
 
 def assign_everyone(master):
@@ -330,10 +355,10 @@ def test_a_training_process_is_welcomed_once_its_host_is_assigned(master):
     assert conn.messages() == [ClientWelcome({"name": "", "layer": 0, "samples": 10,
                                               "workers": 2, "process": 0, "processes": 1,
                                               "ranges": ()}, -1, answer_within, link.token)]
-    master.on_assigned[0]()                  # assigned again, the same share: not told again
+    master.on_assigned.emit(None)            # assigned again, the same share: not told again
     assert len(conn.messages()) == 1
     link.lost(conn, None)
-    assert master.on_assigned == []
+    assert len(master.on_assigned) == 0
 
 
 def test_a_changed_assignment_welcomes_the_training_process_again(membership):

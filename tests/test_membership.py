@@ -186,7 +186,7 @@ def test_a_node_bounds_its_childrens_counts_by_their_subtrees(membership):
 
 def test_once_all_workers_joined_each_child_is_assigned_its_subtree_once(master):
     assigned = []
-    master.on_assigned.append(lambda: assigned.append(master.state))
+    master.on_assigned.connect(lambda _: assigned.append(master.state))
     a, b = FakeLink(), FakeLink()
     master.child_hello(a, Hello())
     master.child_hello(b, Hello())

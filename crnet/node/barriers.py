@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ..messages import Barrier
 from ..schemes.base import Place
 from .neighbours import Neighbours
+from .signal import Signal
 
 log = logging.getLogger("crnet.node")
 
@@ -33,7 +34,7 @@ class _Open:
     processes: int
     local: int = 0
     children: dict[int, int] = field(default_factory=dict)   # slot -> count reported
-    waiters: list[Callable[[], None]] = field(default_factory=list)
+    waiters: Signal[None] = field(default_factory=Signal)   # this host's, released together
     reported: int = -1
 
     @property
@@ -47,12 +48,25 @@ class Barriers:
         self._place = place
         self._open: OrderedDict[str, _Open] = OrderedDict()
 
-    def arrive(self, key: str, processes: int, release: Callable[[], None]) -> None:
-        """A process of this host is at barrier ``key``; ``release()`` once all are."""
+    def arrive(self, key: str, processes: int, release: Callable[[], None]) -> Callable[[], None]:
+        """A process of this host is at barrier ``key``; ``release()`` once all are. The
+        function returned says it left while it waited: it no longer counts (if it comes
+        back, it arrives again); once released, or its job over, it does nothing."""
         b = self._get(key, processes)
         b.local += 1
-        b.waiters.append(release)
+        stop = b.waiters.connect(lambda _: release())
         self._update(key, b)
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if left or self._open.get(key) is not b:
+                return
+            left = True
+            stop()
+            b.local -= 1
+            self._update(key, b)
+        return leave
 
     def from_child(self, k: int, msg: Barrier) -> None:
         b = self._get(msg.key, msg.processes)
@@ -74,15 +88,6 @@ class Barriers:
         for key, b in list(self._open.items()):
             b.reported = -1
             self._update(key, b)
-
-    def cancel(self, release: Callable[[], None]) -> None:
-        """A process left while it waited: it no longer counts (if it comes back, it
-        arrives again)."""
-        for key, b in list(self._open.items()):
-            if release in b.waiters:
-                b.waiters.remove(release)
-                b.local -= 1
-                self._update(key, b)
 
     def new_job(self) -> None:
         self._open.clear()
@@ -112,5 +117,5 @@ class Barriers:
         for slot in self.neighbours.slots:
             if slot.link is not None:
                 slot.link.send(msg)
-        for release in [] if b is None else b.waiters:
-            release()
+        if b is not None:
+            b.waiters.emit(None)

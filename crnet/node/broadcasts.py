@@ -34,6 +34,7 @@ from ..messages import Bcast, WantState, state_key
 from ..schemes.base import Place
 from ..schemes.chunks import chunk_bytes_for
 from .neighbours import Neighbours
+from .signal import Signal
 
 log = logging.getLogger("crnet.node")
 
@@ -79,6 +80,10 @@ class _Assembly:
 Waiter = Callable[[Held], None]
 
 
+def _nothing() -> None:
+    """Stops waiting for a broadcast that was there at once."""
+
+
 class Broadcasts:
     def __init__(self, neighbours: Neighbours, place: Callable[[], Place | None]):
         self.neighbours = neighbours
@@ -87,9 +92,9 @@ class Broadcasts:
         self._up: OrderedDict[str, _Assembly] = OrderedDict()     # toward the master
         self._down: OrderedDict[str, _Assembly] = OrderedDict()   # from the master
         self._relayed: OrderedDict[str, None] = OrderedDict()     # keys sent up in full
-        self._waiters: dict[str, list[Waiter]] = {}
+        self._waiters: dict[str, Signal[Held]] = {}                # key -> who waits for it
         self.state_request = 0                                    # the newest one (nonce)
-        self.on_state_request: list[Callable[[int], None]] = []
+        self.on_state_request: Signal[int] = Signal()             # this host's processes
 
     # ------------------------------------------------------------ from this host's processes
     def publish(self, key: str, step: int, vector: np.ndarray) -> str | None:
@@ -113,21 +118,21 @@ class Broadcasts:
         self._remember_relayed(key)
         return None
 
-    def receive(self, key: str, waiter: Waiter) -> None:
-        """``waiter(held)`` once broadcast ``key`` is here (now, if it is)."""
+    def receive(self, key: str, waiter: Waiter) -> Callable[[], None]:
+        """``waiter(held)`` once broadcast ``key`` is here (now, if it is). The function
+        returned stops waiting (the process gave up, or left)."""
         held = self.held.get(key)
         if held is not None:
             waiter(held)
-        else:
-            self._waiters.setdefault(key, []).append(waiter)
+            return _nothing
+        waiters = self._waiters.setdefault(key, Signal())
+        disconnect = waiters.connect(waiter)
 
-    def cancel(self, waiter: Waiter) -> None:
-        for key in list(self._waiters):
-            waiters = [w for w in self._waiters[key] if w != waiter]
-            if waiters:
-                self._waiters[key] = waiters
-            else:
+        def cancel() -> None:
+            disconnect()
+            if not len(waiters) and self._waiters.get(key) is waiters:
                 del self._waiters[key]
+        return cancel
 
     def want_state(self, nonce: int) -> None:
         """A process here or below wants a peer's state: the master asks everyone."""
@@ -144,8 +149,7 @@ class Broadcasts:
         for slot in self.neighbours.slots:
             if slot.link is not None:
                 slot.link.send(msg)
-        for listener in list(self.on_state_request):
-            listener(nonce)
+        self.on_state_request.emit(nonce)
 
     # ------------------------------------------------------------ pieces from the tree
     def child_dest(self, k: int, msg: Bcast, nbytes: int) -> memoryview | None:
@@ -268,8 +272,9 @@ class Broadcasts:
             # only the newest request they see).
             keys += [k for k in self._waiters if k.startswith(STATE) and k != key]
         for k in keys:
-            for waiter in self._waiters.pop(k, []):
-                waiter(held)
+            waiters = self._waiters.pop(k, None)
+            if waiters is not None:
+                waiters.emit(held)
 
     def _remember_relayed(self, key: str) -> None:
         self._relayed[key] = None

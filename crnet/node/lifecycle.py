@@ -1,9 +1,13 @@
 """The lifecycle of one crnetd: listeners, signals, and an orderly, time-limited shutdown.
 
-``Node`` builds the rooms (``Neighbours``, ``StepEngine``, ``Membership``), opens
-the listeners whose connections get the right link (``links.py``), and on stop
-(a signal, or a fatal join error) shuts down in order, as aiohttp's runner does:
-stop accepting, stop dialing, close every link, wait at most ``SHUTDOWN_GRACE``.
+``Node`` builds the rooms (``Neighbours``, ``StepEngine``, ``Membership``, this
+host's ``LocalProcesses``, and beside membership its broadcasts, barriers and status:
+``rooms.py``) and wires them: the engine lends the local processes' outputs through
+``Node._lend``, each link gets the rooms it hands messages to, metrics a read-only
+``NodeView``. It opens the listeners whose connections get the right link
+(``links/``), and on stop (a signal, or a fatal join error) shuts down in order,
+as aiohttp's runner does: stop accepting, stop dialing, close every link, wait at
+most ``SHUTDOWN_GRACE``.
 
 Anything unexpected (a handler that raised, a task that died) reaches the event
 loop's exception handler: it is logged with its traceback, and in strict mode
@@ -23,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import __version__, defaults, kernels, logs
 from ..handshake import Dialing
 from ..options import defaults_of, engine_values
@@ -37,11 +43,13 @@ from ..units import format_bytes, plural
 from ..wire import Limits
 from .client_socket import ClientSocket
 from .guard import HANDSHAKE_LIMITS, Accepting, Doorway
-from .links import ChildLink, ClientLink, LocalProcesses, ParentLink, SuccessorLink
+from .links import ChildLink, ClientLink, ParentLink, SuccessorLink
+from .local import LocalProcesses, Seat
 from .membership import Membership
-from .metrics import MetricsServer, registry_for, server_context
+from .metrics import MetricsServer, NodeView, registry_for, server_context
 from .neighbours import Neighbours
 from .notify import Notifier, Readiness
+from .rooms import Rooms
 from .steps import EngineSettings, StepEngine
 
 log = logging.getLogger("crnet.node")
@@ -98,6 +106,7 @@ class Node:
             dial_successor=self._dialer, resolve_timeout=settings.resolve_timeout,
             host_id=settings.host_id)
         self.local = LocalProcesses(settings.local_processes, self.engine)
+        self.rooms = Rooms.beside(self.membership)   # broadcasts, barriers, crnet status
         self.readiness = Readiness(Notifier(), self.membership, self.engine, self.stats)  # systemd
         self.stopping = asyncio.Event()
         self.exit_code = 0
@@ -113,10 +122,6 @@ class Node:
         # Every connection made or accepted (weak: a dial that failed leaves a protocol
         # object that never connected, and it must not pile up while a parent is away).
         self._conns: weakref.WeakSet[Connection] = weakref.WeakSet()
-
-    def _lend(self, step: int, total: int, dtype):
-        """Where a step's result may be received: a local process's shared output."""
-        return self.local.lend(step, total, dtype)
 
     async def serve(self) -> int:
         """Run until stopped; then shut down in order. Returns the exit code."""
@@ -140,8 +145,8 @@ class Node:
         if s.listen is not None:
             server = await loop.create_server(
                 lambda: self._connection(
-                    Accepting(ChildLink(self.membership, self.engine, self.warnings), s.secret,
-                              self.doorway, self._limits, self.warnings), HANDSHAKE_LIMITS),
+                    Accepting(self._child_link(), s.secret, self.doorway, self._limits,
+                              self.warnings), HANDSHAKE_LIMITS),
                 *s.listen,
                 ssl=self._tls_accept)
             self._servers.append(server)
@@ -152,7 +157,8 @@ class Node:
                      ", TLS" if s.tls else "")
         if s.metrics is not None:   # before the client socket: that one says "up"
             tls = None if s.tls is None else server_context(s.tls.cert, s.tls.key)
-            self.metrics = MetricsServer(registry_for(self), s.metrics, s.metrics_token, tls)
+            self.metrics = MetricsServer(registry_for(self._scraped()), s.metrics,
+                                         s.metrics_token, tls)
             await self.metrics.start()
             assert self.metrics.bound is not None
             log.info("metrics on %s://%s:%d/metrics (%s)", "https" if tls else "http",
@@ -200,6 +206,26 @@ class Node:
         if self.settings.strict:
             self.stop(EXIT_BUG)
 
+    # -- the rooms' wiring ------------------------------------------------------------
+    def _lend(self, step: int, total: int, dtype: np.dtype) -> tuple[Seat, np.ndarray] | None:
+        """The engine's ``Lend``: a local training process's output (built after it)."""
+        return self.local.lend(step, total, dtype)
+
+    def _scraped(self) -> NodeView:
+        """What a metrics scrape reads of this node."""
+        m, engine, s = self.membership, self.engine, self.settings
+        return NodeView(
+            role=s.role, host_id=s.host_id, parent=s.parent, stats=self.stats,
+            neighbours=self.neighbours, place=lambda: m.place, join_state=lambda: m.state,
+            tree_step=lambda: engine.tree_step,
+            kept_bytes=lambda: engine.bookkeeping()["kept_bytes"],
+            clients=lambda: [None if seat is None else seat.conn for seat in self.local.seats])
+
+    def _child_link(self) -> ChildLink:
+        r = self.rooms
+        return ChildLink(self.membership, self.engine, r.broadcasts, r.barriers, r.status,
+                         self.warnings)
+
     # -- connections -----------------------------------------------------------------
     def _limits(self) -> Limits:
         place = self.membership.place
@@ -215,7 +241,8 @@ class Node:
 
     async def _client(self, sock) -> None:
         """A training process's control connection (node/client_socket.py checked who)."""
-        link = ClientLink(self.local, self.membership, self.engine, self.stats)
+        link = ClientLink(self.local, self.membership, self.engine, self.stats,
+                          self.rooms.broadcasts, self.rooms.barriers)
         assert self.client_socket is not None
         self.client_socket.links[link.token] = link
         await asyncio.get_running_loop().connect_accepted_socket(
@@ -224,7 +251,8 @@ class Node:
     async def _dial_parent(self, hello):
         assert self.settings.parent is not None
         host, port = self.settings.parent
-        link = ParentLink(self.membership, self.engine)
+        r = self.rooms
+        link = ParentLink(self.membership, self.engine, r.broadcasts, r.barriers, r.status)
         guard = Dialing(link, self.settings.secret)
         try:
             # A partition swallows the SYN: try again soon rather than after TCP's

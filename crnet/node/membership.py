@@ -13,7 +13,10 @@ with backoff (``dial.py``) until the parent is back. A ring member (``--scheme
 rar``: the workers and the master) also keeps a link to its ring successor the same way.
 
 The state is explicit (``JoinState``); the step engine is told when the node has
-its share (``engine.start``) and when children or the parent come and go.
+its share (``engine.start``) and when children or the parent come and go. Everyone
+else (broadcasts, barriers, the training processes' links, systemd) hears of it
+through membership's signals (``Signal``): ``rooms.py`` connects broadcasts and
+barriers, each training process's link connects itself (and disconnects when it goes).
 """
 
 from __future__ import annotations
@@ -33,11 +36,9 @@ from ..plan import Tree, cut
 from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
-from .barriers import Barriers
-from .broadcasts import Broadcasts
 from .dial import Dialer, keep_connected, supervised
 from .neighbours import ChildSlot, Neighbours
-from .status import StatusService
+from .signal import Signal
 from .steps import StepEngine
 
 log = logging.getLogger("crnet.node")
@@ -68,14 +69,16 @@ class Membership:
         self.state = JoinState.WELCOMED if place is not None else JoinState.JOINING
         self.allocation: dict[str, NodeShare] | None = None   # this subtree's shares
         self.listen_address: str | None = None                 # where this node accepts children
-        self.on_assigned: list[Callable[[], None]] = []       # e.g. the training process's link
-        self.on_change: list[Callable[[], None]] = []         # the join moved (notify.py's STATUS)
         self.job = ""                                          # the training job the tree runs
         self._wanted_job = ""                                  # asked of the master, not run yet
-        self.on_job: list[Callable[[], None]] = []            # told when that changes
-        self.broadcasts = Broadcasts(neighbours, lambda: self.place)
-        self.barriers = Barriers(neighbours, lambda: self.place)
-        self.status = StatusService(self)                     # crnet status (node/status.py)
+        # Who hears what (lifecycle.Node connects them; each listener keeps its disconnect):
+        self.on_assigned: Signal[None] = Signal()   # this node holds its share (again)
+        self.on_change: Signal[None] = Signal()     # the join moved (notify.py's STATUS)
+        self.on_job: Signal[str] = Signal()         # the tree runs another job now
+        self.on_job_reset: Signal[str] = Signal()   # ... and the previous one's state is moot
+        self.on_child_lost: Signal[int] = Signal()  # child slot k is empty again
+        self.on_parent_up: Signal[Connection] = Signal()
+        self.on_parent_down: Signal[str] = Signal()   # why (the parent, or the master, lost)
         self._stop = stop
         self._name = name
         self.host_id = host_id
@@ -130,13 +133,11 @@ class Membership:
         self.job = name
         if not fresh:   # fresh daemons (no job, no step decided) have nothing to drop: steps
             self.engine.new_job(name)     # under way there belong to processes that
-            self.broadcasts.new_job()     # joined whatever job runs, i.e. this one
-            self.barriers.new_job()
+            self.on_job_reset.emit(name)  # joined whatever job runs, i.e. this one
         for slot in self.neighbours.slots:
             if slot.link is not None:
                 slot.link.send(Job(name))
-        for callback in list(self.on_job):
-            callback()
+        self.on_job.emit(name)
 
     async def wait_closed(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -235,8 +236,7 @@ class Membership:
         if slot.link is not conn:
             return
         self.neighbours.slots[k] = ChildSlot(address=slot.address, host=slot.host, peer=slot.peer)
-        self.broadcasts.child_lost(k)
-        self.barriers.child_lost(k)
+        self.on_child_lost.emit(k)
         assert self.place is not None
         if not self._closing:   # at shutdown this node closes its links itself
             log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
@@ -290,8 +290,7 @@ class Membership:
         for k, slot in enumerate(self.neighbours.slots):
             if slot.link is not None and slot.workers and not slot.assigned:
                 self._assign_child(k)
-        for callback in self.on_assigned:
-            callback()
+        self.on_assigned.emit(None)
 
     def _assign_child(self, k: int) -> None:
         assert self.place is not None and self.allocation is not None and self.samples is not None
@@ -333,20 +332,19 @@ class Membership:
         self.neighbours.parent = conn
         self._joined_reported = -1
         self._report_joined()
-        self.barriers.parent_up()
+        self.on_parent_up.emit(conn)
         if self._wanted_job and self._wanted_job != self.job:
             conn.send(Job(self._wanted_job))
 
     def _parent_down(self, what: str) -> None:
         self.neighbours.parent = None
         self.engine.parent_lost(f"lost the connection to its {what}")
-        self.broadcasts.parent_lost()
+        self.on_parent_down.emit(what)
         log.warning("%s lost its %s; reconnecting", self.label, what)
         self._changed()
 
     def _changed(self) -> None:
-        for callback in self.on_change:
-            callback()
+        self.on_change.emit(None)
 
     def _refused(self, e: JoinRefused) -> None:
         """The parent refused this node for good (with a cluster secret, only a parent that

@@ -30,8 +30,8 @@ import asyncio
 import hmac
 import logging
 import ssl
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -42,11 +42,11 @@ from prometheus_client.core import (
 )
 
 from .. import __version__, defaults
-from ..stats import Histogram
+from ..schemes.base import Place
+from ..stats import Histogram, Stats
+from ..transport import Connection
 from .membership import JoinState
-
-if TYPE_CHECKING:
-    from .lifecycle import Node
+from .neighbours import Neighbours
 
 log = logging.getLogger("crnet.node")
 
@@ -55,29 +55,46 @@ MAX_CONNECTIONS = 16                         # scrapers served at once
 REQUEST_DEADLINE = defaults.HANDSHAKE_DEADLINE   # seconds to send the request / take the answer
 
 
+@dataclass(frozen=True)
+class NodeView:
+    """What a scrape reads of the node (``lifecycle.Node`` builds it): read-only."""
+
+    role: str
+    host_id: str | None
+    parent: tuple[str, int] | None              # the address it dials (None: the master)
+    stats: Stats
+    neighbours: Neighbours
+    place: Callable[[], Place | None]
+    join_state: Callable[[], JoinState]
+    tree_step: Callable[[], int]
+    kept_bytes: Callable[[], int]               # results held for those catching up
+    clients: Callable[[], list[Connection | None]]   # this host's training processes, by seat
+
+
 class NodeCollector:
     """Every ``crnet_*`` metric, read from the node when Prometheus asks."""
 
-    def __init__(self, node: Node):
+    def __init__(self, node: NodeView):
         self.node = node
 
     def collect(self) -> Iterator[Metric]:
         node = self.node
-        stats, engine, membership = node.stats, node.engine, node.membership
-        place = membership.place
+        stats = node.stats
+        place = node.place()
         name = "" if place is None else place.name
         info = GaugeMetricFamily("crnet_node", "This daemon: its slot (master: empty), role, "
                                  "host id and version", labels=["name", "role", "host", "version"])
-        info.add_metric([name, node.settings.role, node.settings.host_id or "", __version__], 1)
+        info.add_metric([name, node.role, node.host_id or "", __version__], 1)
         yield info
         state = GaugeMetricFamily("crnet_join_state", "1 for the node's join state: joining "
                                   "(no place yet), welcomed (placed, no share yet), assigned",
                                   labels=["state"])
+        joined = node.join_state()
         for s in JoinState:
-            state.add_metric([s.value], 1 if membership.state is s else 0)
+            state.add_metric([s.value], 1 if joined is s else 0)
         yield state
         yield GaugeMetricFamily("crnet_tree_step", "The newest step the master decided, as "
-                                "this node knows it", value=engine.tree_step)
+                                "this node knows it", value=node.tree_step())
         yield CounterMetricFamily("crnet_steps_done", "Steps resolved here (a full result)",
                                   value=stats.steps_done)
         failed = CounterMetricFamily("crnet_steps_failed", "Steps failed here: scope tree (the "
@@ -101,7 +118,7 @@ class NodeCollector:
                                   value=stats.decode_seconds)
         yield GaugeMetricFamily("crnet_result_memory_bytes", "Bytes of results held for "
                                 "children and training processes catching up",
-                                value=engine.bookkeeping()["kept_bytes"])
+                                value=node.kept_bytes())
         children = [] if place is None else place.tree.children(place.name)
         records = [(children[k], r) for k, r in sorted(stats.times.children.items())
                    if k < len(children)]
@@ -121,18 +138,17 @@ class NodeCollector:
                                        "current connection", labels=["link", "peer"])
         sent = CounterMetricFamily("crnet_link_sent_bytes", "Bytes sent on the link's current "
                                    "connection", labels=["link", "peer"])
-        for labels, conn in self._links(children):
+        for labels, conn in self._links(place, children):
             up.add_metric(labels, 0 if conn is None or conn.is_closing else 1)
             if conn is not None:
                 received.add_metric(labels, conn.bytes_in)
                 sent.add_metric(labels, conn.bytes_out)
         yield from (up, received, sent)
 
-    def _links(self, children: list[str]):
+    def _links(self, place: Place | None, children: list[str]):
         """([link kind, peer], connection or None) for every link this node has or should have."""
         nb = self.node.neighbours
-        place = self.node.membership.place
-        parent = self.node.settings.parent
+        parent = self.node.parent
         if parent is not None:
             yield ["parent", f"{parent[0]}:{parent[1]}"], nb.parent
         for k, slot in enumerate(nb.slots):
@@ -140,8 +156,8 @@ class NodeCollector:
         if place is not None and place.ring is not None:
             yield ["successor", ""], nb.successor
             yield ["predecessor", ""], nb.predecessor
-        for i, seat in enumerate(self.node.local.seats):
-            yield ["client", str(i)], None if seat is None else seat.conn
+        for i, conn in enumerate(self.node.clients()):
+            yield ["client", str(i)], conn
 
 
 def _histogram(name: str, documentation: str, labels: list[str],
@@ -154,7 +170,7 @@ def _histogram(name: str, documentation: str, labels: list[str],
     return family
 
 
-def registry_for(node: Node) -> CollectorRegistry:
+def registry_for(node: NodeView) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(node))
     return registry

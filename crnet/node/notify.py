@@ -96,8 +96,8 @@ class Readiness:
         self._skipped = stats.children_skipped  # at the previous step: the difference straggled
         self._stragglers = 0
         if notifier.enabled:
-            membership.on_assigned.append(self.assigned)
-            membership.on_change.append(self.changed)
+            membership.on_assigned.connect(lambda _: self.assigned())
+            membership.on_change.connect(lambda _: self.changed())
             engine.decided.connect(self.decided)
 
     def start(self) -> None:

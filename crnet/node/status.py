@@ -20,26 +20,42 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..errors import ProtocolError
 from ..messages import StatusReply, StatusRequest
 from ..plan import Tree
+from ..schemes.base import Place
+from ..stats import Stats
 from ..status_tree import DEADLINE
 from ..transport import Connection
 from .dial import supervised
-
-if TYPE_CHECKING:
-    from .membership import Membership
+from .neighbours import ChildSlot
 
 log = logging.getLogger("crnet.node")
 
 CHILD_SHARE = 0.7       # a child gets this share of its parent's deadline
 
 
+@dataclass(frozen=True)
+class StatusView:
+    """What the answer reads of this node, at the moment it is asked (``lifecycle.Node``
+    builds it from membership, the engine and the neighbours): read-only."""
+
+    place: Callable[[], Place | None]
+    assigned: Callable[[], bool]                 # it holds its share (JoinState.ASSIGNED)
+    listen_address: Callable[[], str | None]
+    parent_up: Callable[[], bool]
+    slots: Callable[[], list[ChildSlot]]
+    tree_step: Callable[[], int]
+    stats: Stats
+    host_id: str | None = None
+
+
 class StatusService:
-    def __init__(self, membership: Membership):
-        self.membership = membership
+    def __init__(self, view: StatusView):
+        self.view = view
         self._ids = itertools.count(1)
         self._pending: dict[tuple[int, int], asyncio.Future[dict]] = {}   # (id, slot)
         self._busy: set[Connection] = set()   # connections whose question is being answered
@@ -63,7 +79,7 @@ class StatusService:
         waiting = self._pending.get((msg.id, k))
         if waiting is None or waiting.done():
             return                               # late, or never asked: moot
-        place = self.membership.place
+        place = self.view.place()
         assert place is not None
         child = place.tree.children(place.name)[k]
         check_subtree(place.tree, child, msg.node)   # ProtocolError: that link closes
@@ -72,25 +88,25 @@ class StatusService:
     # ---------------------------------------------------------------- the answer
     def own(self) -> dict:
         """This node's entry, without its children."""
-        m = self.membership
-        engine = m.engine
-        if m.place is None or m.state.value != "assigned":
+        v = self.view
+        place = v.place()
+        if place is None or not v.assigned():
             state = "joining"
-        elif not m.place.is_master and m.neighbours.parent is None:
+        elif not place.is_master and not v.parent_up():
             state = "reconnecting"
         else:
             state = "joined"
-        return {"name": "" if m.place is None else m.place.name, "host": m.host_id,
-                "address": m.listen_address, "state": state, "tree_step": engine.tree_step,
-                "steps_done": engine.stats.steps_done,
-                "last_step_seconds": engine.stats.times.step_seconds.last,
+        return {"name": "" if place is None else place.name, "host": v.host_id,
+                "address": v.listen_address(), "state": state, "tree_step": v.tree_step(),
+                "steps_done": v.stats.steps_done,
+                "last_step_seconds": v.stats.times.step_seconds.last,
                 "straggled": None, "recent": None, "children": []}
 
     async def subtree(self, deadline: float) -> dict:
         """This node's entry with every child slot's (asked within ``deadline``)."""
         entry = self.own()
-        place = self.membership.place
-        slots = self.membership.neighbours.slots
+        place = self.view.place()
+        slots = self.view.slots()
         if place is None or not slots:
             return entry
         names = place.tree.children(place.name)
@@ -107,7 +123,7 @@ class StatusService:
         finally:
             for k in asked:
                 self._pending.pop((request_id, k), None)
-        stats = self.membership.engine.stats
+        stats = self.view.stats
         for k, slot in enumerate(slots):
             got = asked.get(k)
             if got is not None and got.done() and not got.cancelled():

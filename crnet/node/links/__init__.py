@@ -1,0 +1,25 @@
+"""A node's links: what each kind of peer may send, in which state, and who handles it.
+
+Each link is a ``transport.Handler`` and a state machine (``machine.py``): the
+connection gives it typed, validated messages (``crnet.messages``); its state's table
+says which it may get now and which method hands each to membership (joining), the
+step engine (steps), broadcasts, barriers or status. Any other is a ``ProtocolError``:
+that connection closes.
+
+- ``child.py``   ``ChildLink``: accepted on ``--listen``: a child, the ring predecessor
+  (rar) or ``crnet status``.
+- ``parent.py``  ``ParentLink``: dialed to the parent.
+- ``ring.py``    ``SuccessorLink``: dialed to the ring successor; this node only sends on it.
+- ``client.py``  ``ClientLink``: the local training process on the Unix socket, with
+  ``client_steps.py`` (its steps: requests, answers, progress) and ``client_group.py``
+  (broadcasts and barriers with the rest of its job).
+"""
+
+from .child import ChildLink, ChildState
+from .client import ClientLink, ClientState
+from .dialed import DialedLink, DialedState
+from .parent import ParentLink
+from .ring import SuccessorLink
+
+__all__ = ["ChildLink", "ChildState", "ClientLink", "ClientState", "DialedLink", "DialedState",
+           "ParentLink", "SuccessorLink"]

@@ -1,0 +1,200 @@
+"""``ChildLink``: a connection accepted on ``--listen``.
+
+It starts with HELLO (a child joining), PEER_HELLO (the ring predecessor, rar) or
+STATUS_HELLO (``crnet status``), and what it may send from then on follows from which:
+
+==============  ==============================================================
+state           may send
+==============  ==============================================================
+NEW             HELLO, PEER_HELLO, STATUS_HELLO
+CHILD           CHUNK, JOINED, FAIL, OPEN, JOB, BCAST, WANT_STATE, BARRIER,
+                STATUS_REPLY
+PREDECESSOR     SEGMENT
+STATUS          STATUS (it may ask again: ``crnet status --watch``)
+REFUSED         anything: REFUSE was sent, what it sent before reading it is moot
+==============  ==============================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from typing import ClassVar
+
+from ...errors import JoinRefused
+from ...messages import (
+    Barrier,
+    Bcast,
+    Chunk,
+    Fail,
+    Hello,
+    Job,
+    Joined,
+    Message,
+    Open,
+    PeerHello,
+    Refuse,
+    Segment,
+    StatusHello,
+    StatusReply,
+    StatusRequest,
+    WantState,
+)
+from ...peer_text import Throttle, tamed
+from ...transport import Connection
+from ..barriers import Barriers
+from ..broadcasts import Broadcasts
+from ..membership import Membership
+from ..status import StatusService
+from ..steps import StepEngine
+from .machine import Payloads, Receives, StateMachine, drop, ignore
+
+log = logging.getLogger("crnet.node")
+
+RECENT_FAILS = 64   # the steps a child's FAILs are remembered for (each step is reported once)
+
+
+class ChildState(enum.Enum):
+    NEW = "a peer before HELLO"
+    CHILD = "a child"
+    PREDECESSOR = "the ring predecessor"
+    STATUS = "crnet status"
+    REFUSED = "a refused peer"
+
+
+class ChildLink(StateMachine):
+    """A child, the ring predecessor or ``crnet status``: each said so first."""
+
+    def __init__(self, membership: Membership, engine: StepEngine, broadcasts: Broadcasts,
+                 barriers: Barriers, status: StatusService, warnings: Throttle | None = None):
+        self.membership = membership
+        self.engine = engine
+        self.broadcasts = broadcasts
+        self.barriers = barriers
+        self.status = status
+        self.warnings = warnings or Throttle(log)   # the node's: shared by every connection
+        self.state = ChildState.NEW
+        self.slot: int | None = None     # the child's slot, once it said HELLO
+        self._failed: dict[tuple[str, int], None] = {}   # (job, step) of its latest FAILs
+
+    def unexpected(self, msg: Message, payload: bool) -> str:
+        return f"unexpected {msg.TYPE.name} from {self.state.value}"
+
+    def lost(self, conn, exc):
+        if self.state is ChildState.PREDECESSOR:
+            log.warning("ring predecessor disconnected")
+        elif self.slot is not None:
+            self.membership.child_lost(self.slot, conn)
+
+    # ---------------------------------------------------------------- NEW
+    def _hello(self, conn: Connection, msg: Hello, payload) -> None:
+        try:
+            self.slot = self.membership.child_hello(conn, msg)
+        except JoinRefused as e:
+            self._refuse(conn, e)
+            return
+        self.state = ChildState.CHILD
+
+    def _peer_hello(self, conn: Connection, msg: PeerHello, payload) -> None:
+        try:
+            self.membership.peer_hello(conn, msg)
+        except JoinRefused as e:
+            self._refuse(conn, e)
+            return
+        self.state = ChildState.PREDECESSOR
+
+    def _status_hello(self, conn: Connection, msg: StatusHello, payload) -> None:
+        self.state = ChildState.STATUS       # answered at once; it may ask again (--watch)
+        self.status.asked(conn, 0)
+
+    def _refuse(self, conn: Connection, e: JoinRefused) -> None:
+        self.state = ChildState.REFUSED
+        # One line per peer address every few seconds: a peer may try again and again.
+        self.warnings.warning((conn.label.rpartition(":")[0], "refused"), "refusing %s: %s",
+                              conn.label, e.reason)
+        conn.send(Refuse(e.reason, e.retry))
+        conn.close()
+
+    # ---------------------------------------------------------------- CHILD
+    def _chunk_dest(self, conn: Connection, msg: Chunk, nbytes: int):
+        assert self.slot is not None
+        return self.engine.child_chunk_dest(self.slot, msg, nbytes)
+
+    def _bcast_dest(self, conn: Connection, msg: Bcast, nbytes: int):
+        assert self.slot is not None
+        return self.broadcasts.child_dest(self.slot, msg, nbytes)
+
+    def _chunk(self, conn: Connection, msg: Chunk, payload) -> None:
+        assert self.slot is not None
+        self.engine.child_chunk(self.slot, msg)
+
+    def _joined(self, conn: Connection, msg: Joined, payload) -> None:
+        assert self.slot is not None
+        self.membership.child_joined(self.slot, msg)
+
+    def _fail(self, conn: Connection, msg: Fail, payload) -> None:
+        """A child reports each step's failure once: a repeat would change nothing but
+        the log (a flood of them, or one reason forged into many lines). Its reason goes
+        on, printable, into the step's failure reason."""
+        k = self.slot
+        assert k is not None
+        key = (self.membership.job, msg.step)
+        if key in self._failed:
+            self.warnings.warning((conn.label, "FAIL again"),
+                                  "%s (child slot %d) reported step %d's failure again; ignored",
+                                  conn.label, k, msg.step)
+            return
+        self._failed[key] = None
+        if len(self._failed) > RECENT_FAILS:
+            del self._failed[next(iter(self._failed))]
+        self.engine.child_failed(k, dataclasses.replace(msg, reason=tamed(msg.reason)))
+
+    def _open(self, conn: Connection, msg: Open, payload) -> None:
+        assert self.slot is not None
+        self.engine.child_opened(self.slot, msg)
+
+    def _job(self, conn: Connection, msg: Job, payload) -> None:
+        self.membership.join_job(msg.name)
+
+    def _bcast(self, conn: Connection, msg: Bcast, payload) -> None:
+        assert self.slot is not None
+        self.broadcasts.from_child(self.slot, msg, payload)
+
+    def _want_state(self, conn: Connection, msg: WantState, payload) -> None:
+        self.broadcasts.want_state(msg.nonce)
+
+    def _barrier(self, conn: Connection, msg: Barrier, payload) -> None:
+        assert self.slot is not None
+        self.barriers.from_child(self.slot, msg)
+
+    def _status_reply(self, conn: Connection, msg: StatusReply, payload) -> None:
+        assert self.slot is not None
+        self.status.child_reply(self.slot, msg)
+
+    # ---------------------------------------------------------------- PREDECESSOR, STATUS
+    def _segment_dest(self, conn: Connection, msg: Segment, nbytes: int):
+        return self.engine.segment_dest(msg, nbytes)
+
+    def _segment(self, conn: Connection, msg: Segment, payload) -> None:
+        if payload is None and self.engine.segment_dest(msg, 0) is None:
+            return    # an empty segment (checked like any other): nothing was received
+        self.engine.segment(msg)
+
+    def _status_request(self, conn: Connection, msg: StatusRequest, payload) -> None:
+        self.status.asked(conn, msg.id, msg.deadline)
+
+    RECEIVE: ClassVar[Receives] = {
+        ChildState.NEW: {Hello: _hello, PeerHello: _peer_hello, StatusHello: _status_hello},
+        ChildState.CHILD: {Chunk: _chunk, Joined: _joined, Fail: _fail, Open: _open, Job: _job,
+                           Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
+                           StatusReply: _status_reply},
+        ChildState.PREDECESSOR: {Segment: _segment},
+        ChildState.STATUS: {StatusRequest: _status_request},
+        ChildState.REFUSED: {Message: ignore},
+    }
+    PAYLOAD: ClassVar[Payloads] = {
+        ChildState.CHILD: {Chunk: _chunk_dest, Bcast: _bcast_dest},
+        ChildState.PREDECESSOR: {Segment: _segment_dest},
+        ChildState.REFUSED: {Message: drop},
+    }

@@ -1,0 +1,116 @@
+"""``ParentLink``: this node's connection to its parent.
+
+============  ===========================================================================
+state         the parent may send
+============  ===========================================================================
+WAITING       WELCOME, REFUSE
+WELCOMED      RESULT, FAIL, ASSIGN, JOB, BCAST, WANT_STATE, BARRIER, STATUS
+REFUSED       nothing (the dialer closes the link)
+============  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ...errors import ProtocolError
+from ...messages import (
+    Assign,
+    Barrier,
+    Bcast,
+    Fail,
+    Job,
+    Message,
+    Refuse,
+    Result,
+    StatusRequest,
+    WantState,
+    Welcome,
+)
+from ...peer_text import tamed
+from ...transport import Connection
+from ..barriers import Barriers
+from ..broadcasts import Broadcasts
+from ..membership import Membership
+from ..status import StatusService
+from ..steps import StepEngine
+from .dialed import DialedLink, DialedState
+from .machine import Payloads, Receives
+
+
+class ParentLink(DialedLink):
+    """The parent: this node's place and share, the steps' results, and what it relays
+    down (jobs, broadcasts, barriers, status questions)."""
+
+    def __init__(self, membership: Membership, engine: StepEngine, broadcasts: Broadcasts,
+                 barriers: Barriers, status: StatusService):
+        super().__init__()
+        self.membership = membership
+        self.engine = engine
+        self.broadcasts = broadcasts
+        self.barriers = barriers
+        self.status = status
+
+    def unexpected(self, msg: Message, payload: bool) -> str:
+        if self.state is DialedState.WAITING and not payload:
+            return f"{msg.TYPE.name} from the parent before WELCOME"
+        return f"unexpected {msg.TYPE.name} from the parent"
+
+    def lost(self, conn, exc):
+        self.hung_up("the parent closed the connection")
+
+    # ---------------------------------------------------------------- WAITING
+    def _welcome(self, conn: Connection, msg: Welcome, payload) -> None:
+        try:
+            self.membership.welcomed(msg)
+        except ProtocolError as e:
+            self.reject(conn, f"a WELCOME this node cannot take: {e}")
+            return
+        self.welcomed()
+
+    # ---------------------------------------------------------------- WELCOMED
+    def _result_dest(self, conn: Connection, msg: Result, nbytes: int):
+        return self.engine.parent_result_dest(msg, nbytes)
+
+    def _bcast_dest(self, conn: Connection, msg: Bcast, nbytes: int):
+        return self.broadcasts.parent_dest(msg, nbytes)
+
+    def _assign_dest(self, conn: Connection, msg: Assign, nbytes: int):
+        return memoryview(bytearray(nbytes))  # Limits capped it at MAX_CONTROL_PAYLOAD
+
+    def _result(self, conn: Connection, msg: Result, payload) -> None:
+        self.engine.parent_result(msg)
+
+    def _fail(self, conn: Connection, msg: Fail, payload) -> None:
+        # Its reason goes on to this subtree's processes.
+        self.engine.parent_failed(dataclasses.replace(msg, reason=tamed(msg.reason)))
+
+    def _assign(self, conn: Connection, msg: Assign, payload) -> None:
+        self.membership.assigned(msg, payload)
+
+    def _job(self, conn: Connection, msg: Job, payload) -> None:
+        self.membership.run_job(msg.name)
+
+    def _bcast(self, conn: Connection, msg: Bcast, payload) -> None:
+        self.broadcasts.from_parent(msg, payload)
+
+    def _want_state(self, conn: Connection, msg: WantState, payload) -> None:
+        self.broadcasts.state_requested(msg.nonce)
+
+    def _barrier(self, conn: Connection, msg: Barrier, payload) -> None:
+        self.barriers.released(msg)
+
+    def _status_request(self, conn: Connection, msg: StatusRequest, payload) -> None:
+        self.status.asked(conn, msg.id, msg.deadline)
+
+    RECEIVE: ClassVar[Receives] = {
+        DialedState.WAITING: {Welcome: _welcome, Refuse: DialedLink.refused},
+        DialedState.WELCOMED: {Result: _result, Fail: _fail, Assign: _assign, Job: _job,
+                               Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
+                               StatusRequest: _status_request},
+        DialedState.REFUSED: {},
+    }
+    PAYLOAD: ClassVar[Payloads] = {
+        DialedState.WELCOMED: {Result: _result_dest, Bcast: _bcast_dest, Assign: _assign_dest},
+    }

@@ -1,0 +1,43 @@
+"""The rooms beside membership: broadcasts, barriers and ``crnet status``.
+
+``lifecycle.Node`` builds them here (as the tests do): each from what it reads, and
+each told of the join through membership's signals (a child gone, the parent up or
+down, a new job), never through membership itself. The links get the rooms they
+hand messages to; nothing holds all of them but the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .barriers import Barriers
+from .broadcasts import Broadcasts
+from .membership import JoinState, Membership
+from .status import StatusService, StatusView
+
+
+@dataclass(frozen=True)
+class Rooms:
+    broadcasts: Broadcasts
+    barriers: Barriers
+    status: StatusService
+
+    @classmethod
+    def beside(cls, membership: Membership) -> Rooms:
+        m = membership
+        nb, engine = m.neighbours, m.engine
+        broadcasts = Broadcasts(nb, lambda: m.place)
+        barriers = Barriers(nb, lambda: m.place)
+        status = StatusService(StatusView(
+            place=lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,
+            listen_address=lambda: m.listen_address, parent_up=lambda: nb.parent is not None,
+            slots=lambda: nb.slots, tree_step=lambda: engine.tree_step, stats=engine.stats,
+            host_id=m.host_id))
+        # In the order membership did it before it knew none of them: broadcasts first.
+        m.on_child_lost.connect(broadcasts.child_lost)
+        m.on_child_lost.connect(barriers.child_lost)
+        m.on_job_reset.connect(lambda _: broadcasts.new_job())
+        m.on_job_reset.connect(lambda _: barriers.new_job())
+        m.on_parent_up.connect(lambda _: barriers.parent_up())
+        m.on_parent_down.connect(lambda _: broadcasts.parent_lost())
+        return cls(broadcasts, barriers, status)
