@@ -111,7 +111,9 @@ class Steps(Protocol):
         instead of at its deadline."""
 
     def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
-        """``vector`` is the step's full result at this node; it is never written again."""
+        """``vector`` is the step's full result at this node; it is never written again.
+        The scheme has dropped its own state of the step (``Scheme.forget`` is not called
+        for it)."""
 
     def refuse_local(self, step: int, reason: str) -> None:
         """The local process's vector for ``step`` does not fit: it gets MismatchError;
@@ -192,4 +194,5 @@ class Scheme:
         raise NotImplementedError
 
     def forget(self, step: int, resolved: bool) -> None:
-        """``step`` is decided (``resolved``: with a result): drop its state."""
+        """``step`` is decided (``resolved``: with a result) other than by this scheme's
+        ``Steps.resolved``: drop its state."""

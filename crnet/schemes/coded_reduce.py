@@ -403,7 +403,7 @@ class CodedReduce(Scheme):
         self.ports.send.to_children(Result(result.step, c, layout.total, layout.dtype_name),
                                result.chunk(c))
         if result.complete:
-            del self.down[result.step]
+            self.forget(result.step, resolved=True)
             self.ports.steps.resolved(result.step, layout, result.vector)
 
     def forget(self, step: int, resolved: bool) -> None:

@@ -31,12 +31,10 @@ FailFn = Callable[[int, str, bool], None]     # (step, reason, tree_wide): decis
 
 class Deadlines:
     def __init__(self, settings: EngineSettings, window: StepWindow, neighbours: Neighbours, *,
-                 opened: Callable[[int], None], stalled: Callable[[int], Stall | None],
-                 fail: FailFn):
+                 stalled: Callable[[int], Stall | None], fail: FailFn):
         self.settings = settings
         self.window = window
         self.neighbours = neighbours
-        self._opened = opened                   # the scheme hears a step began here
         self._stalled = stalled                 # the scheme says what a step lacks
         self._fail = fail
         self.place: Place | None = None
@@ -61,10 +59,11 @@ class Deadlines:
     def is_open(self, step: int) -> bool:
         return step in self._open
 
-    def open(self, step: int, announce: bool) -> None:
-        """``step`` began here: its deadline runs from now (once per step)."""
+    def open(self, step: int, announce: bool) -> bool:
+        """``step`` began here: its deadline runs from now. True the first time (not if it
+        is open or decided already)."""
         if self.window.is_decided(step) or step in self._open:
-            return
+            return False
         self.window.seen(step)
         loop = asyncio.get_running_loop()
         handles = [loop.call_later(self.settings.timeout, self._deadline, step)]
@@ -74,7 +73,7 @@ class Deadlines:
             handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
         self._open[step] = handles
         self._began[step] = loop.time()
-        self._opened(step)
+        return True
 
     def sent_up(self, step: int) -> None:
         """A chunk of ``step`` went to the parent: it knows the step began here."""

@@ -69,7 +69,8 @@ class Decisions:
         self.deadlines.stall(step, reason, here)
 
     def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
-        if self.decide(step, Resolved(step, layout, vector)):
+        """The scheme's result for ``step``; it has dropped its own state of the step."""
+        if self.decide(step, Resolved(step, layout, vector), by_scheme=True):
             self.stats.steps_done += 1
             log.debug("step %d done", step, extra={"step": step})
 
@@ -100,9 +101,10 @@ class Decisions:
                           f"{self.window.tree_step}: reload the parameters (e.g. the newest "
                           "checkpoint) and go on after it")
 
-    def decide(self, step: int, outcome: Decision) -> bool:
+    def decide(self, step: int, outcome: Decision, by_scheme: bool = False) -> bool:
         """``step`` is decided here: stop its clocks, tell the subtree, drop the scheme's
-        state, answer whoever waits. False if it already was."""
+        state (unless the scheme decided it: ``by_scheme``, it did that itself), answer
+        whoever waits. False if it already was."""
         window = self.window
         if step in window.decided or (window.is_decided(step) and not self.deadlines.is_open(step)
                                       and step not in self.waiters):
@@ -128,7 +130,8 @@ class Decisions:
                                   "training process's shared memory, where it was delivered; "
                                   "this daemon does not keep it")
             self.kept.put(step, kept)
-        self._forget(step, isinstance(outcome, Resolved))
+        if not by_scheme:
+            self._forget(step, isinstance(outcome, Resolved))
         self.neighbours.forget(step)
         by_master = isinstance(outcome, Resolved) or (isinstance(outcome, Failed)
                                                       and outcome.tree_wide)

@@ -73,8 +73,8 @@ class StepEngine:
         # ask for (links.ClientLink): results they have not taken are kept.
         self.consumers: Signal[None] = Signal()
         self.window = StepWindow(settings.window, settings.behind)
-        self.deadlines = Deadlines(settings, self.window, neighbours, opened=self._opened,
-                                   stalled=self._stalled, fail=self._fail)
+        self.deadlines = Deadlines(settings, self.window, neighbours, stalled=self._stalled,
+                                   fail=self._fail)
         self.lending = Lending(neighbours, self.deadlines.is_open, lend)
         self.decisions = Decisions(
             settings, stats, self.window, self.deadlines,
@@ -193,10 +193,6 @@ class StepEngine:
         self.deadlines.close_all()
 
     # -- what the rooms ask of the scheme
-    def _opened(self, step: int) -> None:
-        if self.scheme is not None:
-            self.scheme.opened(step)
-
     def _stalled(self, step: int) -> Stall | None:
         return None if self.scheme is None else self.scheme.stalled(step)
 
@@ -208,9 +204,10 @@ class StepEngine:
             self.scheme.forget(step, resolved)
 
     def _open(self, step: int, announce: bool) -> bool:
-        """Open ``step`` before the scheme sees a piece of it; False if that decided it
-        (too many children were out of it already)."""
-        self.deadlines.open(step, announce)
+        """Open ``step`` (its deadline runs) before the scheme sees a piece of it, and tell
+        the scheme it began; False if that decided it (too many children were out of it)."""
+        if self.deadlines.open(step, announce) and self.scheme is not None:
+            self.scheme.opened(step)
         return not self.is_decided(step)
 
     @property
@@ -253,7 +250,7 @@ class StepEngine:
                 answer(Mismatched(step, problem))
                 return
             contributed[step] = (vector.size, vector.dtype)
-        self.deadlines.open(step, announce=True)
+        self._open(step, announce=True)
         if self.is_decided(step):   # at once: children out of it before it opened here
             answer(self.outcome(step))
             return
@@ -273,7 +270,7 @@ class StepEngine:
 
     def child_opened(self, k: int, msg: Open) -> None:
         if self._admit_child(k, msg.step):
-            self.deadlines.open(msg.step, announce=True)
+            self._open(msg.step, announce=True)
 
     def child_failed(self, k: int, msg: Fail) -> None:
         # A child's text, and a child may report a failure of every step of the window:
