@@ -26,6 +26,7 @@ Dest = Callable[[Any, Connection, Any, int], Any]
 Receives = Mapping[enum.Enum, Mapping[type[Message], Handler]]   # a link's RECEIVE
 Payloads = Mapping[enum.Enum, Mapping[type[Message], Dest]]      # a link's PAYLOAD
 
+
 class StateMachine:
     """A ``transport.Handler`` that dispatches on (state, message class)."""
 
@@ -53,12 +54,15 @@ class StateMachine:
         """Why ``msg`` is out of place (``payload``: asked where its payload goes)."""
         return f"unexpected {msg.TYPE.name}"
 
+
 def ignore(link: Any, conn: Connection, msg: Message, payload: Any) -> None:
     """A table's handler for a message that is read and dropped."""
+
 
 def drop(link: Any, conn: Connection, msg: Message, nbytes: int) -> None:
     """A table's destination for a payload that is read and dropped."""
     return None
+
 
 def _lookup(table: Mapping[type[Message], Any], msg: Message) -> Any:
     found = table.get(type(msg))
