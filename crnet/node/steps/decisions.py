@@ -48,7 +48,7 @@ class Decisions:
         self.neighbours = neighbours
         self._forget = forget                   # the scheme drops a decided step's state
         # Told of every decision, and of a tree_step learned from a peer (step None):
-        # the training processes' shared progress (links.ClientLink).
+        # the training processes' shared progress (links/client_steps.py).
         self.decided: Signal[int | None] = Signal()
         self.waiters: dict[int, list[Answer]] = {}
         # Undecided steps this host's vector went into: its length and dtype.

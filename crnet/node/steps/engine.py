@@ -69,17 +69,13 @@ class StepEngine:
         self.neighbours = neighbours
         self.place: Place | None = None
         self.scheme: Scheme | None = None
-        # Polled (emit(None)) for the oldest step each local training process may still
-        # ask for (links.ClientLink): results they have not taken are kept.
-        self.consumers: Signal[None] = Signal()
         self.window = StepWindow(settings.window, settings.behind)
         self.deadlines = Deadlines(settings, self.window, neighbours, stalled=self._stalled,
                                    fail=self._fail)
         self.lending = Lending(neighbours, self.deadlines.is_open, lend)
         self.decisions = Decisions(
             settings, stats, self.window, self.deadlines,
-            Kept(settings.keep_results, settings.result_memory,
-                 lambda: min(self.consumers.emit(None), default=None)),
+            Kept(settings.keep_results, settings.result_memory),
             self.lending, neighbours, self._forget)
         self.sends = TreeSends(neighbours, settings.send_queue_bytes, self.deadlines.sent_up)
         self._peer_lines = Throttle(log)        # lines about what children sent
@@ -97,6 +93,12 @@ class StepEngine:
     def decided(self) -> Signal[int | None]:
         """Every decision (its step), and a tree_step learned from a peer (None)."""
         return self.decisions.decided
+
+    @property
+    def consumers(self) -> Signal[None]:
+        """Polled for the oldest step each local training process may still ask for
+        (``links.client_steps``): results they have not taken are kept."""
+        return self.decisions.kept.consumers
 
     @property
     def tree_step(self) -> int:

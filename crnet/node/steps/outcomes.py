@@ -8,13 +8,13 @@ bookkeeping: no clocks, no sockets.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...messages import Fail, FailKind
 from ...schemes.chunks import ChunkLayout
+from ..signal import Signal
 
 __all__ = ["Failed", "Kept", "Lost", "Mismatched", "Outcome", "Refused", "Resolved", "fail_of"]
 
@@ -73,13 +73,13 @@ def fail_of(outcome: Failed | Refused | Lost | Mismatched) -> Fail:
 
 class Kept:
     """The decisions kept, oldest first: the last ``keep`` of them, and every result a
-    local training process has not taken yet (``floor()``: the oldest step one may still
-    ask for) while the results fit ``memory`` bytes."""
+    local training process has not taken yet while the results fit ``memory`` bytes.
+    ``consumers`` is polled for the oldest step each process may still ask for."""
 
-    def __init__(self, keep: int, memory: int, floor: Callable[[], int | None]):
+    def __init__(self, keep: int, memory: int):
         self.keep = keep
         self.memory = memory
-        self._floor = floor
+        self.consumers: Signal[None] = Signal()
         self._outcomes: collections.OrderedDict[int, Decision] = collections.OrderedDict()
         self.held = 0                          # bytes of the results kept
 
@@ -100,7 +100,7 @@ class Kept:
         self.held = 0
 
     def _trim(self) -> None:
-        floor = self._floor()
+        floor = min(self.consumers.emit(None), default=None)
         while len(self._outcomes) > self.keep:
             step, oldest = next(iter(self._outcomes.items()))
             if floor is not None and step >= floor and self.held <= self.memory:
