@@ -154,7 +154,7 @@ async def test_each_open_step_fails_at_its_own_deadline(engine_at):
     assert one == Failed(1, "master did not get 2 of 3 children (got 0) within 0.2 s", True)
     assert two == Failed(2, "master did not get 2 of 3 children (got 0) within 0.2 s", True)
     assert engine.open_steps == [] and engine.is_decided(1) and engine.is_decided(2)
-    assert engine.tree_step == 2           # the master decided both: the tree is at step 2
+    assert engine.window.tree_step == 2           # the master decided both: the tree is at step 2
     assert engine.stats.steps_failed == 2
     for link in children:    # every child hears of both failures, decided for the whole tree
         assert link.messages() == [Fail(1, one.reason, FailKind.TREE),
@@ -176,7 +176,7 @@ async def test_the_master_fails_a_step_at_once_when_more_than_s_children_are_gon
               "(child 1: disconnected; child 2: disconnected)")
     assert answer.got == [Failed(4, reason, True)]
     assert child0.messages() == [Fail(4, reason, FailKind.TREE)]
-    assert engine.tree_step == 4 and engine.open_steps == [] and engine.is_decided(4)
+    assert engine.window.tree_step == 4 and engine.open_steps == [] and engine.is_decided(4)
 
 
 async def test_losing_children_during_a_step_fails_it_when_the_quorum_is_gone(engine_at):
@@ -236,14 +236,14 @@ async def test_failing_a_newer_step_does_not_decide_an_older_open_one(engine_at)
     # Step 1 is not decided by it: still open, nobody answered it.
     assert one.got == [] and engine.open_steps == [1]
     assert engine.is_decided(2) and not engine.is_decided(1)
-    assert engine.tree_step == 2             # the newest step the master decided
+    assert engine.window.tree_step == 2             # the newest step the master decided
     # Step 1 goes on and resolves exactly from children 1 and 2 (and 0, for chunk 0).
     for k in (1, 2):
         assert all(send_vector(engine, k, 1, messages[k]))
     [outcome] = one.got
     assert isinstance(outcome, Resolved) and outcome.step == 1
     np.testing.assert_allclose(outcome.vector, want, rtol=1e-12, atol=1e-12)
-    assert engine.tree_step == 2             # it only moves forward
+    assert engine.window.tree_step == 2             # it only moves forward
     assert engine.outcome(2) == two.got[0]   # step 2's failure stands
     assert engine.stats.steps_done == 1 and engine.stats.steps_failed == 1
 
@@ -257,7 +257,7 @@ async def test_a_later_result_does_not_decide_an_older_open_step(engine_at):
     assert send_chunk(engine, 0, 1, 0, messages[0])
     for k in (1, 2):
         assert all(send_vector(engine, k, 2, messages[k]))
-    assert engine.tree_step == 2 and engine.is_decided(2)
+    assert engine.window.tree_step == 2 and engine.is_decided(2)
     assert one.got == [] and engine.open_steps == [1] and not engine.is_decided(1)
     assert all(link.messages(Fail) == [] for link in links)   # nothing said about step 1
 
@@ -292,7 +292,7 @@ async def test_a_node_tells_its_parent_once_per_step(engine_at, first):
     assert answer.got == [Failed(5, "master did not get 2 of 3 children", tree_wide=True)]
     assert child0.messages() == [Fail(5, "master did not get 2 of 3 children", FailKind.TREE)]
     assert parent.messages(Fail) == [fail]
-    assert engine.open_steps == [] and engine.tree_step == 5   # the master decided it
+    assert engine.open_steps == [] and engine.window.tree_step == 5   # the master decided it
 
 
 async def test_a_node_reports_a_stall_at_timeout_and_gives_up_locally_after_grace(engine_at):
@@ -320,7 +320,7 @@ async def test_a_node_reports_a_stall_at_timeout_and_gives_up_locally_after_grac
     for link in children:
         assert link.messages() == [Fail(5, outcome.reason, FailKind.LOCAL)]
     assert parent.messages(Fail) == [stall]   # one STALL; giving up says nothing up
-    assert engine.open_steps == [] and engine.tree_step == -1   # local: not the tree's
+    assert engine.open_steps == [] and engine.window.tree_step == -1   # local: not the tree's
     assert engine.stats.steps_failed == 1
 
     # The master's decision, arriving after all, changes nothing here.
@@ -396,7 +396,7 @@ async def test_the_parents_fail_decides_the_step_and_goes_down(engine_at, kind, 
     engine.request(5, np.zeros(8), answer)
     engine.parent_failed(Fail(5, WHY, kind))
     assert answer.got == [outcome]
-    assert engine.is_decided(5) and engine.open_steps == [] and engine.tree_step == tree_step
+    assert engine.is_decided(5) and engine.open_steps == [] and engine.window.tree_step == tree_step
     for link in children:
         assert link.messages() == [Fail(5, WHY, down)]
     later = recorder()
@@ -428,7 +428,7 @@ async def test_the_parents_mismatch_answers_the_request_and_the_step_goes_on(eng
     np.testing.assert_array_equal(resolved.vector, result)
     for link in children:
         np.testing.assert_array_equal(link.vector(Result, 5), result)
-    assert engine.tree_step == 5
+    assert engine.window.tree_step == 5
 
 
 async def test_a_stall_from_the_parent_decides_nothing(engine_at):
@@ -460,12 +460,12 @@ async def test_a_request_beyond_the_window_is_refused_at_once_and_opens_nothing(
     parent = FakeLink("parent")
     engine = engine_at(node("0.1"), [], parent, window=4)
     send_result(engine, 0, np.arange(4.0))
-    assert engine.tree_step == 0
+    assert engine.window.tree_step == 0
     far = recorder()
     engine.request(5, np.ones(4), far)
     assert far.got == [Refused(5, "step 5 is more than 4 steps ahead of the tree, which is at "
                                   "step 0")]
-    assert engine.open_steps == [] and not engine.is_decided(5) and engine.newest_step == 0
+    assert engine.open_steps == [] and not engine.is_decided(5) and engine.window.newest_step == 0
     assert parent.messages() == []               # no chunk, no OPEN
     fetch = recorder()
     engine.request(5, None, fetch)               # nor for a fetch
@@ -481,7 +481,7 @@ async def test_a_childs_pieces_beyond_the_window_get_one_refusal(engine_at):
     engine = engine_at(master(), links, window=4)
     for k in (0, 1):
         assert all(send_vector(engine, k, 0, np.ones(10)))
-    assert engine.tree_step == 0
+    assert engine.window.tree_step == 0
     refusal = Fail(5, "step 5 is more than 4 steps ahead of the tree, which is at step 0",
                    FailKind.REFUSED)
     assert send_vector(engine, 2, 5, np.ones(10)) == [False, False, False]   # three chunks...
@@ -490,7 +490,7 @@ async def test_a_childs_pieces_beyond_the_window_get_one_refusal(engine_at):
     engine.child_failed(2, Fail(5, "node 2 stalled", FailKind.STALL))
     assert links[2].messages(Fail) == [refusal]
     assert links[0].messages(Fail) == links[1].messages(Fail) == []   # only the sender is told
-    assert engine.open_steps == [] and not engine.is_decided(5) and engine.newest_step == 0
+    assert engine.open_steps == [] and not engine.is_decided(5) and engine.window.newest_step == 0
     engine.child_opened(1, Open(5))              # another child is refused too, once
     assert links[1].messages(Fail) == [refusal]
 
@@ -504,7 +504,7 @@ async def test_the_window_holds_before_the_trees_first_step(engine_at):
     nothing, so no peer can make the tree jump (step-counter poisoning)."""
     links = [FakeLink() for _ in range(3)]
     engine = engine_at(master(), links, window=4)
-    assert engine.tree_step == -1
+    assert engine.window.tree_step == -1
     why = (f"step {FAR} is more than 4 steps ahead of the tree, which has not decided a step "
            "yet (steps count from 0)")
     far = recorder()
@@ -516,7 +516,7 @@ async def test_the_window_holds_before_the_trees_first_step(engine_at):
     assert links[1].messages() == [Fail(FAR, why, FailKind.REFUSED)]     # once
     assert links[2].messages() == [Fail(FAR, why, FailKind.REFUSED)]
     assert links[0].messages() == []
-    assert engine.open_steps == [] and engine.newest_step == -1 and engine.tree_step == -1
+    assert engine.open_steps == [] and engine.window.newest_step == -1 and engine.window.tree_step == -1
     edge = recorder()
     engine.request(4, None, edge)        # the window's last step is taken
     assert edge.got == [] and engine.open_steps == [4]
@@ -534,19 +534,19 @@ async def test_a_childs_fail_opens_no_step_but_counts_once_it_opens(engine_at):
     engine = engine_at(master(), links, timeout=30)
     for k in (1, 2):
         engine.child_failed(k, Fail(3, f"node {k} stalled", FailKind.STALL))
-    assert engine.open_steps == [] and not engine.is_decided(3) and engine.tree_step == -1
+    assert engine.open_steps == [] and not engine.is_decided(3) and engine.window.tree_step == -1
     assert all(link.messages() == [] for link in links)
     answer = recorder()
     engine.request(3, None, answer)      # the step opens: more than s children are out
     reason = ("master did not get 2 of 3 children: 2 of them are gone or failed "
               "(child 1: node 1 stalled; child 2: node 2 stalled)")
     assert answer.got == [Failed(3, reason)]
-    assert engine.tree_step == 3 and engine.open_steps == []
+    assert engine.window.tree_step == 3 and engine.open_steps == []
     engine.child_failed(1, Fail(5, "node 1 stalled", FailKind.STALL))
     engine.child_opened(2, Open(5))      # one out of step 5: s = 1, it goes on
     assert engine.open_steps == [5] and not engine.is_decided(5)
     engine.child_failed(0, Fail(5, "node 0 stalled", FailKind.STALL))   # open: at once
-    assert engine.is_decided(5) and engine.tree_step == 5
+    assert engine.is_decided(5) and engine.window.tree_step == 5
     assert engine.scheme._ahead == {}
 
 
@@ -555,7 +555,7 @@ async def test_a_childs_refusals_of_far_steps_leave_one_entry(engine_at):
     engine = engine_at(master(), links, window=4)
     for k in (0, 1):
         assert all(send_vector(engine, k, 0, np.ones(4)))
-    assert engine.tree_step == 0
+    assert engine.window.tree_step == 0
     for i in range(500):
         engine.child_opened(2, Open(10**9 + i))
     engine.child_opened(2, Open(10**9 + 499))   # the newest refusal is remembered: told once
@@ -604,7 +604,7 @@ async def test_a_lone_childs_layout_loses_to_the_n_minus_s_that_agree(engine_at,
     [outcome] = answer.got
     assert isinstance(outcome, Resolved)
     np.testing.assert_allclose(outcome.vector, want, rtol=1e-12, atol=1e-12)
-    assert engine.tree_vector == (10, "float64")
+    assert engine.window.tree_vector == (10, "float64")
     [refused] = links[2].messages(Fail)
     assert refused.kind is FailKind.MISMATCH and "10 x float32" in refused.reason
     assert links[0].messages(Fail) == links[1].messages(Fail) == []
@@ -676,10 +676,10 @@ async def test_a_step_left_open_is_lost_when_the_tree_passes_it_by(engine_at):
     for step in range(2, 2 + behind):
         for k in (1, 2):
             send_chunk(engine, k, step, 0, np.ones(4))
-        assert engine.tree_step == step
+        assert engine.window.tree_step == step
         if step - 1 < behind:
             assert stuck.got == [] and engine.open_steps == [1] and not engine.is_decided(1)
-    assert engine.tree_step == 1 + behind
+    assert engine.window.tree_step == 1 + behind
     assert stuck.got == [Lost(1, reason)]
     assert engine.open_steps == [] and engine.is_decided(1)
     for link in links:
@@ -766,9 +766,10 @@ async def test_a_restarted_node_learns_where_the_tree_is(engine_at):
     parent = FakeLink("parent")
     engine = engine_at(node("0.1"), [], parent)
     engine.learn(40, (8, "float64"))
-    assert (engine.tree_step, engine.tree_vector, engine.newest_step) == (40, (8, "float64"), 40)
+    w = engine.window
+    assert (w.tree_step, w.tree_vector, w.newest_step) == (40, (8, "float64"), 40)
     engine.learn(30, (4, "float32"))   # older news: nothing changes
-    assert (engine.tree_step, engine.tree_vector) == (40, (8, "float64"))
+    assert (engine.window.tree_step, engine.window.tree_vector) == (40, (8, "float64"))
     behind, window = engine.settings.behind, engine.settings.window
 
     old = recorder()
@@ -805,9 +806,9 @@ async def test_a_local_vector_that_began_a_step_wrong_is_refused_when_a_fitting_
         engine_at):
     parent, children = FakeLink("parent"), [FakeLink() for _ in range(3)]
     engine = engine_at(node("0"), children, parent)
-    assert engine.tree_vector is None
+    assert engine.window.tree_vector is None
     send_result(engine, 0, np.arange(10.0))           # the tree's first result sets its vector
-    assert engine.tree_vector == (10, "float64")
+    assert engine.window.tree_vector == (10, "float64")
     bad = recorder()
     engine.request(1, np.zeros(12), bad)              # first here: nothing to tell it by yet
     assert bad.got == []
@@ -834,7 +835,7 @@ async def test_a_childs_chunk_that_does_not_fit_the_trees_vector_silences_it_for
     engine = engine_at(master(), links)
     for k in (0, 1):
         assert all(send_vector(engine, k, 0, np.ones(10)))
-    assert engine.tree_vector == (10, "float64")
+    assert engine.window.tree_vector == (10, "float64")
     answer = recorder()
     engine.request(1, None, answer)
     assert send_chunk(engine, 0, 1, 0, np.ones(12))       # first: nothing to tell it by yet
@@ -868,7 +869,7 @@ def test_requesting_a_decided_step_answers_at_once_from_the_last_keep_results(en
             engine.decisions.fail(2, "child 1: disconnected")
         else:
             engine.decisions.resolved(s, layout, vectors[s])
-    assert engine.tree_step == 3
+    assert engine.window.tree_step == 3
     got = {}
     for s in range(4):
         engine.request(s, None, lambda outcome, s=s: got.setdefault(s, outcome))
@@ -939,7 +940,7 @@ async def test_the_masters_bookkeeping_stays_bounded_over_a_long_run(engine_at):
         assert [type(o) for o in answer.got] == [Resolved]
         assert not send_chunk(engine, 1, step, 0, vector)   # late: it gets the result again
         peak_of(peaks, engine)
-    assert engine.tree_step == STEPS - 1 and engine.stats.steps_done == STEPS
+    assert engine.window.tree_step == STEPS - 1 and engine.stats.steps_done == STEPS
     peaks.pop("kept_bytes")
     assert dict(peaks) == {"open": 1, "decided": s.behind, "kept": s.keep_results,
                            "waiting": 1, "told": s.behind}
@@ -991,8 +992,8 @@ async def test_a_run_of_failed_steps_keeps_the_bookkeeping_bounded(engine_at):
         engine.child_opened(1, Open(step))
         assert engine.is_decided(step)
         peak_of(peaks, engine)
-    assert engine.tree_step == STEPS - 1 and engine.stats.steps_failed == STEPS
-    assert engine.tree_vector is None
+    assert engine.window.tree_step == STEPS - 1 and engine.stats.steps_failed == STEPS
+    assert engine.window.tree_vector is None
     assert dict(peaks) == {"open": 0, "decided": s.behind, "kept": s.keep_results,
                            "kept_bytes": 0, "waiting": 0, "told": 0}
     assert engine.scheme._ahead == {} and engine.scheme.ups == {}
@@ -1008,7 +1009,7 @@ async def test_the_window_moves_on_tree_wide_failures(engine_at):
         engine.child_opened(1, Open(step))
         engine.child_failed(1, Fail(step, "node 1 stalled", FailKind.STALL))
         engine.child_failed(2, Fail(step, "node 2 stalled", FailKind.STALL))
-    assert engine.tree_step == 4 and engine.stats.steps_failed == 4
+    assert engine.window.tree_step == 4 and engine.stats.steps_failed == 4
     answer = recorder()
     engine.request(4 + 4, None, answer)  # the window runs from the newest decision, not result
     assert answer.got == [] and engine.open_steps == [8]
@@ -1021,7 +1022,7 @@ async def test_the_window_moves_on_tree_wide_failures(engine_at):
     [outcome] = answer.got
     assert isinstance(outcome, Resolved)
     np.testing.assert_allclose(outcome.vector, want, rtol=1e-12, atol=1e-12)
-    assert engine.tree_step == 8
+    assert engine.window.tree_step == 8
 
 
 async def test_a_local_failure_does_not_move_the_tree(engine_at):
@@ -1029,7 +1030,7 @@ async def test_a_local_failure_does_not_move_the_tree(engine_at):
     send_result(engine, 0, np.arange(8.0))
     for step in range(1, 5):             # cut off from the master: failed here only
         engine.decisions.fail(step, "node 0 has no parent", tree_wide=False)
-    assert engine.tree_step == 0
+    assert engine.window.tree_step == 0
     refused = recorder()
     engine.request(5, np.zeros(8), refused)
     assert [type(o) for o in refused.got] == [Refused]
@@ -1059,8 +1060,8 @@ async def test_the_master_decodes_the_exact_sum_from_the_fastest_children(engine
     np.testing.assert_allclose(outcome.vector, want, rtol=tolerance, atol=tolerance)
     for link in links:    # every child gets the result, the slow ones too
         np.testing.assert_array_equal(link.vector(Result, step), outcome.vector)
-    assert engine.tree_step == step and engine.stats.steps_done == 1
-    assert engine.tree_vector == (dim, "float64")
+    assert engine.window.tree_step == step and engine.stats.steps_done == 1
+    assert engine.window.tree_vector == (dim, "float64")
 
 
 async def test_a_child_that_stopped_reading_is_cut_off_and_the_others_get_the_result(engine_at):

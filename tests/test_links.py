@@ -299,7 +299,7 @@ async def test_a_welcome_tells_the_node_where_the_tree_is_and_then_fail_decides(
     link, conn = parent_link(m), FakeLink("parent")
     link.received(conn, Welcome("0", 1, (2,), (1,), "auto", 32, "cr", 7, 4, "float64"), None)
     await link.welcome
-    assert m.engine.tree_step == 7 and m.engine.tree_vector == (4, "float64")
+    assert m.engine.window.tree_step == 7 and m.engine.window.tree_vector == (4, "float64")
     link.received(conn, Fail(9, "node 0's parent gave up", FailKind.LOCAL), None)
     assert m.engine.is_decided(9)
     assert m.engine.outcome(9) == Failed(9, "node 0's parent gave up", tree_wide=False)

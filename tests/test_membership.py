@@ -168,7 +168,7 @@ def test_a_joined_count_beyond_the_childs_subtree_is_a_protocol_error(master):
         master.child_joined(1, Joined(6, 99, "other job"))
     assert [s.workers for s in master.neighbours.slots] == [3, 0]
     assert master.allocation is None and master.state is JoinState.WELCOMED
-    assert master.engine.tree_step == -1 and master.job == ""      # nothing else taken from it
+    assert master.engine.window.tree_step == -1 and master.job == ""      # nothing else taken from it
     master.child_joined(1, Joined(3))       # the honest count plans the tree as before
     assert master.state is JoinState.ASSIGNED
 
@@ -348,13 +348,13 @@ def test_a_welcomed_node_learns_where_the_tree_is(membership):
     m = membership()
     m.listen_address = "10.0.0.1:7000"
     m.welcomed(welcome("0", tree_step=40, total=10, dtype="float64"))
-    assert m.engine.tree_step == 40 and m.engine.tree_vector == (10, "float64")
+    assert m.engine.window.tree_step == 40 and m.engine.window.tree_vector == (10, "float64")
     outcomes = []                           # a step behind the window is decided here now
     behind = m.engine.settings.behind
     m.engine.request(40 - behind, None, outcomes.append)
     assert [type(o) for o in outcomes] == [Lost]
     m.welcomed(welcome("0", tree_step=3))   # a parent that knows less moves nothing back
-    assert m.engine.tree_step == 40 and m.engine.tree_vector == (10, "float64")
+    assert m.engine.window.tree_step == 40 and m.engine.window.tree_vector == (10, "float64")
 
 
 def test_joined_carries_the_newest_result_up(membership):
@@ -372,10 +372,10 @@ def test_a_restarted_master_resumes_where_its_children_are(master):
     a, b = FakeLink(), FakeLink()
     master.child_hello(a, Hello())
     master.child_joined(0, Joined(3, 57))   # its children knew step 57's result
-    assert master.engine.tree_step == 57
+    assert master.engine.window.tree_step == 57
     master.child_hello(b, Hello())
     master.child_joined(1, Joined(3, 50))   # an older count changes nothing
-    assert master.engine.tree_step == 57
+    assert master.engine.window.tree_step == 57
     assert b.messages()[0] == welcome("1", tree_step=57)
 
 

@@ -129,7 +129,7 @@ class Membership:
         job's steps, tell the subtree, and the processes waiting for it."""
         if name == self.job:
             return
-        fresh = not self.job and self.engine.tree_step < 0
+        fresh = not self.job and self.engine.window.tree_step < 0
         self.job = name
         if not fresh:   # fresh daemons (no job, no step decided) have nothing to drop: steps
             self.engine.new_job(name)     # under way there belong to processes that
@@ -183,12 +183,12 @@ class Membership:
         if listen is not None and listen.startswith("0.0.0.0:"):
             # It listens everywhere: reach it at the address it connected from.
             listen = f"{conn.label.rpartition(':')[0]}:{listen.rpartition(':')[2]}"
-        slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.newest_step,
+        slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.window.newest_step,
                              host=hello.host, peer=conn.label)
-        total, dtype = self.engine.tree_vector or (None, None)
+        total, dtype = self.engine.window.tree_vector or (None, None)
         conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
                           place.code_kind, place.chunk_bytes, place.scheme,
-                          self.engine.tree_step, total, dtype, self.job))
+                          self.engine.window.tree_step, total, dtype, self.job))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
 
@@ -224,7 +224,7 @@ class Membership:
                                 f"subtree holds {most}")
         slot = self.neighbours.slots[k]
         slot.workers = msg.workers
-        if msg.job and not self.job and self.engine.tree_step < 0:
+        if msg.job and not self.job and self.engine.window.tree_step < 0:
             self.job = msg.job             # a restarted master: the job its children run
         self.engine.learn(msg.tree_step)   # a restarted master resumes where its children are
         self._report_joined()
@@ -265,7 +265,7 @@ class Membership:
         self._joined_reported = count
         self._changed()
         if not place.is_master:
-            self.neighbours.to_parent(Joined(count, self.engine.tree_step, self.job))
+            self.neighbours.to_parent(Joined(count, self.engine.window.tree_step, self.job))
             return
         log.info("%d/%d workers joined", count, place.tree.workers)
         if count == place.tree.workers and self.allocation is None:
@@ -381,7 +381,7 @@ class Membership:
         vector = None if msg.total is None or msg.dtype is None else (msg.total, msg.dtype)
         self.engine.learn(msg.tree_step, vector)
         log.info("joined as %s (layer %d of %d); the tree is at step %d", place.name, place.layer,
-                 tree.layers, self.engine.tree_step)
+                 tree.layers, self.engine.window.tree_step)
         self._changed()
 
     def assigned(self, msg: Assign, payload: memoryview) -> None:

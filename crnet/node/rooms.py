@@ -31,7 +31,7 @@ class Rooms:
         status = StatusService(StatusView(
             place=lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,
             listen_address=lambda: m.listen_address, parent_up=lambda: nb.parent is not None,
-            slots=lambda: nb.slots, tree_step=lambda: engine.tree_step, stats=engine.stats,
+            slots=lambda: nb.slots, tree_step=lambda: engine.window.tree_step, stats=engine.stats,
             host_id=m.host_id))
         # In the order membership did it before it knew none of them: broadcasts first.
         m.on_child_lost.connect(broadcasts.child_lost)

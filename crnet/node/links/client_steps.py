@@ -32,13 +32,13 @@ class ClientSteps:
 
     def start(self) -> list[Callable[[], None]]:
         """The process is attached: it hears of decisions from now on. The disconnects."""
-        self.taken = self.engine.tree_step
+        self.taken = self.engine.window.tree_step
         return [self.engine.decided.connect(self.progress),
                 self.engine.consumers.connect(lambda _: self.next_step())]
 
     def caught_up(self) -> None:
         """It was told where the tree is: it asks for nothing older."""
-        self.taken = max(self.taken, self.engine.tree_step)
+        self.taken = max(self.taken, self.engine.window.tree_step)
 
     # ---------------------------------------------------------------- requests
     def submit(self, msg: Submit) -> None:
@@ -62,7 +62,7 @@ class ClientSteps:
     def _decided(self, step: int) -> None:
         conn = self.process.conn
         if conn is not None:
-            conn.send(Decided(step, self.engine.tree_step))
+            conn.send(Decided(step, self.engine.window.tree_step))
 
     # ---------------------------------------------------------------- answers
     def answer(self, outcome: Outcome) -> None:
@@ -87,7 +87,7 @@ class ClientSteps:
             else:   # the pool's, another process's output, or a region it handed over since
                 np.copyto(out, outcome.vector)
             self.waiting = None
-            conn.send(Done(step, self.engine.tree_step))
+            conn.send(Done(step, self.engine.window.tree_step))
         elif isinstance(outcome, Failed):
             error(outcome.reason, ErrorKind.FAILED, step, outcome.tree_wide)
         elif isinstance(outcome, Mismatched):
@@ -112,8 +112,8 @@ class ClientSteps:
         if step is None:
             self.progress_from_scratch()
         else:
-            e = self.engine
-            region.progress.decided(step, e.tree_step, e.newest_decided)
+            w = self.engine.window
+            region.progress.decided(step, w.tree_step, w.newest_decided)
 
     def progress_from_scratch(self) -> None:
         """All of it again (new shared memory)."""
@@ -121,6 +121,6 @@ class ClientSteps:
         progress = self.process.region.progress
         progress.reset()
         for step in self.engine.decided_steps():
-            progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
-        progress.decided(None, self.engine.tree_step, self.engine.newest_decided)
+            progress.decided(step, self.engine.window.tree_step, self.engine.window.newest_decided)
+        progress.decided(None, self.engine.window.tree_step, self.engine.window.newest_decided)
         progress.state_request = self.state_request()

@@ -101,22 +101,6 @@ class StepEngine:
         return self.decisions.kept.consumers
 
     @property
-    def tree_step(self) -> int:
-        return self.window.tree_step
-
-    @property
-    def tree_vector(self) -> tuple[int, str] | None:
-        return self.window.tree_vector
-
-    @property
-    def newest_step(self) -> int:
-        return self.window.newest_step
-
-    @property
-    def newest_decided(self) -> int:
-        return self.window.newest_decided
-
-    @property
     def open_steps(self) -> list[int]:
         return self.deadlines.steps
 
