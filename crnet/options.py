@@ -82,8 +82,9 @@ class Option:
         if self.is_flag:
             kwargs["is_flag"] = True
         else:
-            kwargs.update(type=self.type, default=self.default,
-                          show_default=self.default is not None)
+            kwargs.update(type=self.type, show_default=self.default is not None)
+            if self.default is not None:   # click 8.3+: an explicit None counts as a value given
+                kwargs["default"] = self.default
         if self.envvar:
             kwargs["envvar"] = self.envvar
         kwargs.update(overrides)
