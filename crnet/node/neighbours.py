@@ -1,7 +1,7 @@
 """A node's links to its neighbours: the parent, the children by slot, the ring.
 
 Membership (``membership.py``) fills these in as peers join and leave; the step
-engine (``engine.py``) only sends through them. Nothing here decides anything.
+engine (``steps/``) only sends through them. Nothing here decides anything.
 """
 
 from __future__ import annotations
