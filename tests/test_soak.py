@@ -96,7 +96,7 @@ def _daemons_of(workdir: Path) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue
-            if b" daemon --client-socket " + str(workdir).encode() in cmdline:
+            if b" daemon " in cmdline and b" --client-socket " + str(workdir).encode() in cmdline:
                 pids.append(int(entry.name))
     return pids
 
@@ -112,7 +112,8 @@ def test_a_soak_stopped_half_way_leaves_no_daemon_and_no_namespace(tmp_path, net
     try:
         deadline = time.monotonic() + 60
         while not (workdir / "logs").exists() or len(_daemons_of(workdir)) < 13:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            assert time.monotonic() < deadline, f"13 daemons not seen: {_daemons_of(workdir)}"
+            assert proc.poll() is None, proc.communicate()
             time.sleep(0.1)
         time.sleep(3)   # faults under way: a daemon frozen, a link down, one killed
         proc.send_signal(signal.SIGTERM)
