@@ -1,4 +1,4 @@
-"""README's "Following a chunk" is what happens: a CHUNK that completes a step at the
+"""docs/development.md's "Following a chunk" is what happens: a CHUNK that completes a step at the
 master, fed as bytes to a real ``Connection``, runs the six documented functions in
 the documented order, and neither the scheme nor the decision calls back into a file
 before it on the path (the ping-pong between engine and scheme the step core had)."""
@@ -30,8 +30,8 @@ N = 6                              # float64: one chunk of 48 bytes
 
 
 def documented_path() -> list[tuple[str, str]]:
-    """(file, Class.function) of each numbered step of README's "Following a chunk"."""
-    text = (ROOT / "README.md").read_text()
+    """(file, Class.function) of each numbered step of docs/development.md's "Following a chunk"."""
+    text = (ROOT / "docs" / "development.md").read_text()
     section = text[text.index("**Following a chunk.**"):]
     section = section[:section.index("\n\n**")]
     return re.findall(r"^\d\. `(crnet/[\w/]+\.py)` — `([\w.]+)`", section, re.M)

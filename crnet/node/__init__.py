@@ -1,7 +1,7 @@
 """crnetd, one host of the tree, in rooms that talk through small public interfaces.
 
 A chunk's path through the daemon, from a child's socket to the training process's
-result, is six files read once each, in order: README.md, "Following a chunk", lists
+result, is six files read once each, in order: docs/development.md, "Following a chunk", lists
 them function by function, and ``tests/test_chunk_path.py`` checks that list against a
 real chunk.
 
