@@ -11,17 +11,40 @@ import pytest
 from crnet.launch import MASTER, LocalTree
 from crnet.plan import Tree
 
+from .tiers import BOTH_LOOPS_FILES, is_quick
+
 
 def pytest_asyncio_loop_factories(config, item):
-    """Every async test (the client side) runs on asyncio's loop and on uvloop's, as
-    training processes may use either; the daemons themselves always run uvloop."""
+    """Which event loops an async test runs on (the test side: clients, fake links).
+
+    The client side's loop is the training process's choice, asyncio's or uvloop's, so
+    the tests of the client side run on both: the files in ``tiers.BOTH_LOOPS_FILES``
+    (AsyncClient, the transport, the README's loop) and any test marked ``both_loops``.
+    Every other async test runs once, on uvloop: it tests a daemon's code (the step
+    engine and links over fake links run on uvloop in crnetd) or a real tree of crnetd
+    processes, which run uvloop whatever the test's loop, and its client calls are the
+    ones the client files already run on both loops. A test that picks its loops
+    (``pytest.mark.asyncio(loop_factories=[...])``) gets them. Without uvloop, asyncio's.
+    """
     factories = {"asyncio": asyncio.new_event_loop}
     try:
         import uvloop
     except ImportError:
         return factories
     factories["uvloop"] = uvloop.new_event_loop
-    return factories
+    chosen = item.get_closest_marker("asyncio")
+    if (item.path.name in BOTH_LOOPS_FILES or item.get_closest_marker("both_loops") is not None
+            or (chosen is not None and "loop_factories" in chosen.kwargs)):
+        return factories
+    return {"uvloop": uvloop.new_event_loop}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the quick tier (``tiers.py`` names it) before ``-m quick`` selects it."""
+    for item in items:
+        if is_quick(item.path.name, item.name):
+            item.add_marker(pytest.mark.quick)
 
 
 class _Kept(logging.Handler):

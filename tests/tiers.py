@@ -1,0 +1,101 @@
+"""How the suite is split: which tests form the quick tier, and which run on both event loops.
+
+The quick tier (``python -m pytest -q -m quick``, the README's first test command) answers
+"does my install work" in a few minutes on 2 cores: the pure layers whole, one real tree
+end to end, and the README's loop. Everything else is the full tier only (``python -m
+pytest -q``, what CI runs). ``tests/conftest.py`` marks the tests named here ``quick``;
+``tests/test_tiers.py`` fails when a test file is in neither list, or when a test named
+below is no longer collected, so the lists cannot drift from the files.
+"""
+
+from __future__ import annotations
+
+# Quick tier, whole files: the pure layers (no daemon process), and the README's loop.
+QUICK_FILES = frozenset({
+    "test_codes.py",
+    "test_config.py",
+    "test_engine.py",        # the step engine over fake links
+    "test_errors.py",
+    "test_kernels.py",
+    "test_layout.py",
+    "test_links.py",         # the link state machines over fake links
+    "test_loop.py",          # the README's training loop, on a real tree
+    "test_membership.py",    # joins and losses over fake links
+    "test_messages.py",
+    "test_model.py",
+    "test_plan.py",
+    "test_schemes.py",
+    "test_tiers.py",
+    "test_wire.py",
+    "test_workload.py",
+})
+
+# Quick tier, single tests (pytest's test names, parameters included): one real tree of
+# crnetd processes end to end, through the async and the blocking client.
+QUICK_TESTS = {
+    "test_e2e.py": frozenset({
+        "test_every_client_gets_the_exact_sum_despite_stragglers[float64-cr]",
+        "test_every_client_gets_the_exact_sum_despite_stragglers[float32-cr]",
+        "test_blocking_client_errors",
+    }),
+}
+
+# Full tier only: real daemon trees, subprocesses, soak and benchmark runs.
+FULL_FILES = frozenset({
+    "test_auth.py",
+    "test_barriers.py",
+    "test_batches.py",
+    "test_bench.py",
+    "test_bench_frames.py",
+    "test_bench_hop.py",
+    "test_bench_step.py",
+    "test_broadcast.py",
+    "test_broadcasts.py",
+    "test_chunk_path.py",
+    "test_cli.py",
+    "test_client_bugs.py",
+    "test_client_socket.py",
+    "test_direct_results.py",
+    "test_e2e.py",           # apart from QUICK_TESTS
+    "test_e2e_failures.py",
+    "test_faults.py",
+    "test_fuzz.py",
+    "test_gloo_peer.py",
+    "test_handshake.py",
+    "test_host_names.py",
+    "test_jobs.py",
+    "test_launch.py",
+    "test_local_processes.py",
+    "test_logs.py",
+    "test_metrics.py",
+    "test_netns.py",
+    "test_notify.py",
+    "test_procs.py",
+    "test_run.py",
+    "test_shm.py",
+    "test_soak.py",
+    "test_status.py",
+    "test_systemd.py",
+    "test_tls.py",
+    "test_torch.py",
+    "test_train_digits.py",
+    "test_transport.py",
+    "test_trust.py",
+})
+
+# Async tests in these files run twice, on asyncio's loop and on uvloop's: they test the
+# client side (AsyncClient, the transport it shares with the daemons, the README's loop),
+# whose loop is the training process's choice. Any other async test runs once, on uvloop,
+# unless it is marked ``both_loops`` (see the conftest's loop-factory hook).
+BOTH_LOOPS_FILES = frozenset({
+    "test_client_bugs.py",
+    "test_client_socket.py",
+    "test_loop.py",
+    "test_shm.py",
+    "test_transport.py",
+})
+
+
+def is_quick(file: str, name: str) -> bool:
+    """Whether test ``name`` (with its parameters) of ``tests/<file>`` is in the quick tier."""
+    return file in QUICK_FILES or name in QUICK_TESTS.get(file, ())
