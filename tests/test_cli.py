@@ -106,3 +106,13 @@ def test_crnet_bench_points_to_the_benchmarks_in_the_clone():
     probe = ("import sys; before = list(sys.path); import crnet.cli, crnet.cli.bench; "
              "assert sys.path == before; assert 'benchmarks' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", probe], timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("command", [["plan", "--samples", "600"], ["model", "--trials", "10"]])
+def test_default_stragglers_fit_a_fanout_of_one_as_in_crnetd(command):
+    """--stragglers's default (1) is capped at fanout - 1 by one rule, crnetd's and every command's;
+    typed, it is checked."""
+    proc = crnet(*command, "--fanout", "1")
+    assert proc.returncode == 0, proc.stderr
+    typed = crnet(*command, "--fanout", "1", "--stragglers", "1")
+    assert typed.returncode == 2 and "stragglers must be in 0..0 for fanout 1, got 1" in typed.stderr

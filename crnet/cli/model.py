@@ -9,7 +9,7 @@ import click
 
 from ..option_types import ComputeSpec, UnitValue
 from ..plan import SCHEMES
-from ..tree_options import resolve_layers, tree_from_options
+from ..tree_options import resolve_layers, stragglers_in_effect, tree_from_options
 from ..units import parse_bandwidth, parse_bytes, parse_seconds
 from .shared import tree_options
 
@@ -62,6 +62,7 @@ def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json,
     """Predict the step time of each scheme with the run-time model (crnet.model)."""
     from ..model import predict
 
+    stragglers = stragglers_in_effect(fanout, stragglers)
     names = ["cr", "gc", "tree", "rar"] if scheme == "all" else [scheme]
     # gc and rar given --workers need no tree (so --stragglers may exceed the default fanout).
     tree = None
