@@ -58,6 +58,7 @@ def test_demo_trains_exactly_with_stragglers():
                  "--strict", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert json.loads(proc.stdout) == summary   # stdout carries only the JSON: `| jq .` works
     assert set(summary) == {"steps", "mean_step_s", "max_rel_error", "stragglers_skipped",
                             "stragglers_injected", "final_loss"}
     assert summary["steps"] == 8
