@@ -262,12 +262,15 @@ class Membership:
         count = (0 if place.is_master else 1) + sum(s.workers for s in slots if s.link)
         if count == self._joined_reported or self._closing:
             return
-        self._joined_reported = count
+        before, self._joined_reported = self._joined_reported, count
         self._changed()
         if not place.is_master:
             self.neighbours.to_parent(Joined(count, self.engine.window.tree_step, self.job))
             return
-        log.info("%d/%d workers joined", count, place.tree.workers)
+        if count < before:   # workers left (daemons stopped, links lost): none joined
+            log.info("%d/%d workers connected (%d left)", count, place.tree.workers, before - count)
+        else:
+            log.info("%d/%d workers joined", count, place.tree.workers)
         if count == place.tree.workers and self.allocation is None:
             assert self.samples is not None
             p = make_plan(place.tree, self.samples, place.code_kind)
