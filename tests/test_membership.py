@@ -315,10 +315,11 @@ def test_a_node_refuses_a_different_place_than_its_own(membership, msg, reason):
      "node 1 is in a ring (--scheme rar) and must accept its predecessor: start it with --listen"),
 ])
 def test_a_node_that_must_accept_peers_needs_a_listen_address(membership, msg, reason):
+    """Its configuration is wrong: a refusal for good (the node stops), not a ProtocolError."""
     m = membership()
-    with pytest.raises(ProtocolError) as e:
+    with pytest.raises(JoinRefused) as e:
         m.welcomed(msg)
-    assert str(e.value) == reason
+    assert str(e.value) == reason and not e.value.retry
     assert m.place is None and m.state is JoinState.JOINING and m.neighbours.slots == []
 
 
