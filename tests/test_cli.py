@@ -117,3 +117,20 @@ def test_default_stragglers_fit_a_fanout_of_one_as_in_crnetd(command):
     assert proc.returncode == 0, proc.stderr
     typed = crnet(*command, "--fanout", "1", "--stragglers", "1")
     assert typed.returncode == 2 and "stragglers must be in 0..0 for fanout 1, got 1" in typed.stderr
+
+
+def test_model_warns_of_a_step_over_an_hour_and_says_how_compute_is_read():
+    """shifted-exp:1e-5,1 is a mean of 1 s per sample (MU is a rate per second): ~5 h steps."""
+    proc = crnet("model", "--compute", "shifted-exp:1e-5,1", "--trials", "20", "--json")
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)
+    assert "over an hour" in proc.stderr and "MU is a rate per second" in proc.stderr
+    sane = crnet("model", "--compute", "shifted-exp:10us,1e5/s", "--trials", "20")
+    assert sane.returncode == 0, sane.stderr
+    assert "warning" not in sane.stderr
+
+
+def test_the_compute_help_says_the_units_of_a_and_mu():
+    proc = crnet("model", "--help")
+    text = " ".join(proc.stdout.split())
+    assert "A = time per sample (20us" in text and "rate MU per second" in text
