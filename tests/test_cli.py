@@ -1,6 +1,7 @@
 """The command line: `crnet plan` output and errors, `crnet demo` end to end."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -134,3 +135,44 @@ def test_the_compute_help_says_the_units_of_a_and_mu():
     proc = crnet("model", "--help")
     text = " ".join(proc.stdout.split())
     assert "A = time per sample (20us" in text and "rate MU per second" in text
+
+
+def help_examples():
+    """Every example command line in every command's --help (indented lines that start with
+    crnetd or crnet; a trailing backslash continues one), as (command name, argv)."""
+    import shlex
+
+    from crnet.cli import main
+
+    examples = []
+    for name in sorted(main.commands):
+        text = crnet(name, "--help").stdout
+        lines = iter(text.splitlines())
+        for line in lines:
+            if not line.startswith(" ") or line.split()[:1] not in (["crnetd"], ["crnet"]):
+                continue
+            while line.rstrip().endswith("\\"):
+                line = line.rstrip()[:-1] + " " + next(lines).strip()
+            examples.append((name, shlex.split(line)))
+    return examples
+
+
+def test_every_example_in_every_help_runs_as_printed(tmp_path):
+    """crnetd's with --check-config (it would start); crnet's parsed by the command itself.
+    The one path replaced is the cluster secret's, which the README's first step creates."""
+    from crnet.cli import main
+
+    secret = tmp_path / "secret"
+    secret.write_text(os.urandom(32).hex() + "\n")
+    secret.chmod(0o600)
+    examples = help_examples()
+    assert [argv[0] for _, argv in examples].count("crnetd") >= 2, examples
+    for name, argv in examples:
+        argv = [str(secret) if a == "/etc/crnet/secret" else a for a in argv]
+        if argv[0] == "crnetd":
+            proc = crnet("daemon", *argv[1:], "--check-config")
+            assert proc.returncode == 0, (argv, proc.stderr)
+        else:
+            assert argv[1] == name, argv
+            with main.commands[name].make_context(name, argv[2:]):   # a usage error raises
+                pass
