@@ -372,3 +372,26 @@ def test_an_acceptor_logs_a_peer_that_hangs_up_after_the_challenge(caplog):
             assert link.got == []
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "10.0.0.9:40000" in said[0] and "secret" in said[0], said
+
+
+def test_a_daemon_with_another_secret_is_logged_at_the_master(local_tree, tmp_path):
+    """The README: such a peer is refused "and logged"; the master's log had nothing."""
+    import time
+
+    lt = local_tree(Tree((1,), (0,)), 4, secret=True)
+    other = tmp_path / "other-secret"
+    other.write_text(os.urandom(32).hex())
+    other.chmod(0o600)
+    node = subprocess.Popen([sys.executable, "-m", "crnet", "daemon", "--role", "node",
+                             "--parent", f"127.0.0.1:{master_port(lt)}", "--secret-file",
+                             str(other), "--client-socket", str(tmp_path / "other.sock")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while "hung up after the challenge" not in lt.log_path("").read_text():
+            assert time.monotonic() < deadline, lt.log_path("").read_text()
+            time.sleep(0.1)
+    finally:
+        node.kill()
+        node.wait(30)
+    assert "another --secret-file" in lt.log_path("").read_text()
