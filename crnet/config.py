@@ -35,7 +35,7 @@ from . import defaults
 from .node import Settings
 from .option_types import IntList
 from .options import BY_NAME, DAEMON_OPTIONS, MASTER, NODE
-from .tree_options import tree_for_scheme
+from .tree_options import stragglers_in_effect, tree_for_scheme
 
 log = logging.getLogger("crnet.config")
 
@@ -135,14 +135,10 @@ def effective_config(ctx: click.Context) -> Config:
         node_only = [o for o in DAEMON_OPTIONS if o.roles == NODE]
         if any(p[o.name] is not None for o in node_only):
             raise click.UsageError(f"{' and '.join(o.spelling for o in node_only)} are for --role node")
-        stragglers = p["stragglers"]
-        if not given["stragglers"]:   # the default (1) fits no fanout of 1: there it is 0
-            fanout = p["fanout"]
-            stragglers = [min(s, fanout[min(i, len(fanout) - 1)] - 1)
-                          for i, s in enumerate(stragglers)]
-            if stragglers != p["stragglers"]:
-                shown["stragglers"] = (stragglers, "default, at most the fanout - 1")
-                values["stragglers"] = stragglers
+        stragglers = stragglers_in_effect(p["fanout"], p["stragglers"])
+        if stragglers != p["stragglers"]:   # the default (1) fits no fanout of 1: there it is 0
+            shown["stragglers"] = (stragglers, "default, at most the fanout - 1")
+            values["stragglers"] = stragglers
         tree = tree_for_scheme(p["scheme"], p["workers"], p["fanout"], p["layers"], stragglers)
     else:
         if parent is None:

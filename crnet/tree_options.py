@@ -8,8 +8,19 @@ usage error (exit 2) saying what is wrong.
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from .plan import Tree, scheme_tree
+
+
+def stragglers_in_effect(fanout: list[int], stragglers: list[int]) -> list[int]:
+    """--stragglers as typed (or set by env or file); its default (1) at most each layer's
+    fanout - 1, as a fanout of 1 has no child to lose. One rule for crnetd and every command
+    that builds a tree; the command's click context says whether the value is the default."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.get_parameter_source("stragglers") is not ParameterSource.DEFAULT:
+        return list(stragglers)
+    return [min(s, fanout[min(i, len(fanout) - 1)] - 1) for i, s in enumerate(stragglers)]
 
 
 def resolve_layers(fanout: list[int], layers: int | None, stragglers: list[int]) -> int:
@@ -23,13 +34,14 @@ def resolve_layers(fanout: list[int], layers: int | None, stragglers: list[int])
 def tree_from_options(fanout, layers, stragglers) -> Tree:
     """The tree the options describe, or a usage error saying what is wrong."""
     try:
-        return Tree.from_options(fanout, stragglers, layers)
+        return Tree.from_options(fanout, stragglers_in_effect(fanout, stragglers), layers)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
 
 
 def tree_for_scheme(scheme, workers, fanout, layers, stragglers) -> Tree:
     """The tree ``plan.scheme_tree`` gives for the options, or a usage error."""
+    stragglers = stragglers_in_effect(fanout, stragglers)
     tree = None
     if scheme in ("cr", "tree") or workers is None:
         s = stragglers if scheme != "tree" else [0]

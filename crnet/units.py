@@ -12,7 +12,7 @@ import math
 import re
 
 __all__ = ["format_bytes", "format_rate", "format_seconds", "parse_bandwidth", "parse_bytes",
-           "parse_seconds", "plural"]
+           "parse_per_second", "parse_seconds", "plural"]
 
 _NUMBER = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(\S*)\s*$")
 
@@ -57,6 +57,18 @@ def parse_seconds(text: str) -> float:
     if value < 0:
         raise ValueError(f"duration {text!r} must be >= 0")
     return value / _PER_SECOND[unit]
+
+
+def parse_per_second(text: str) -> float:
+    """``1e5/s``, ``100/ms``, ``0.1/us`` -> events per second (> 0); a plain number is per second."""
+    number, slash, unit = str(text).strip().partition("/")
+    value, rest = _split(number, "rate", "1e5/s or 100/ms")
+    if rest or (slash and unit.strip() not in _PER_SECOND):
+        raise ValueError(f"rate {text!r}: expected a number per s, ms, us or ns (e.g. 100/ms)")
+    rate = value * (_PER_SECOND[unit.strip()] if slash else 1.0)
+    if not rate > 0:
+        raise ValueError(f"rate {text!r} must be > 0")
+    return rate
 
 
 def parse_bytes(text: str) -> float:

@@ -18,7 +18,10 @@ empirical     d * a * x, x uniform over a sample      ``empirical:A,FILE``
 ============  ======================================  =====================================
 
 ``a`` is seconds per sample at normal speed. ``shifted_exp`` is the model of the gradient coding
-literature (CodedReduce's analysis included): the mean is d * (a + 1/mu).
+literature (CodedReduce's analysis included): the mean is d * (a + 1/mu), ``mu`` a rate per
+second (per sample: 1/mu is seconds). On the command line A may carry a unit (``fixed:20us``;
+a plain number is seconds) and so may MU (``shifted-exp:20us,1e5/s`` or ``100/ms``; a plain
+number is per second).
 
 Pure math except :meth:`ComputeModel.parse`, which reads the ``empirical`` file it names.
 """
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .units import parse_per_second, parse_seconds
 
 __all__ = ["KINDS", "ComputeModel"]
 
@@ -134,7 +139,7 @@ class ComputeModel:
         want = {"fixed": 1, "straggle": 3, "shifted_exp": 2, "empirical": 2}[kind]
         if len(args) != want or not all(args):
             raise ValueError(f"compute model {text!r}: expected {spelling}")
-        a = _number(args[0], "per-sample time A", text)
+        a = _seconds(args[0], "per-sample time A", text)
         try:
             if kind == "fixed":
                 return cls("fixed", a)
@@ -142,9 +147,11 @@ class ComputeModel:
                 return cls("straggle", a, prob=_number(args[1], "probability P", text),
                            factor=_number(args[2], "factor F", text))
             if kind == "shifted_exp":
-                return cls("shifted_exp", a, mu=_number(args[1], "rate MU", text))
+                return cls("shifted_exp", a, mu=_rate(args[1], "rate MU", text))
             return cls("empirical", a, multipliers=_read_multipliers(args[1]))
         except ValueError as e:
+            if str(e).startswith("compute model"):   # said so already (_number and the like)
+                raise
             raise ValueError(f"compute model {text!r}: {e}") from None
 
     def describe(self) -> str:
@@ -180,6 +187,35 @@ def _number(word: str, what: str, text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"compute model {text!r}: {what} must be finite, got {word!r}")
     return value
+
+
+def _is_number(word: str) -> bool:
+    """A plain number, or no number at all (``fast``): ``_number`` says what is wrong."""
+    try:
+        float(word)
+    except ValueError:
+        return not word.lstrip("+-")[:1].isdigit() and not word.lstrip("+-").startswith(".")
+    return True
+
+
+def _seconds(word: str, what: str, text: str) -> float:
+    """A plain number (seconds) or a duration with its unit: 2e-5, 20us, 0.02ms."""
+    if _is_number(word):
+        return _number(word, what, text)
+    try:
+        return parse_seconds(word)
+    except ValueError as e:
+        raise ValueError(f"compute model {text!r}: {what}: {e}") from None
+
+
+def _rate(word: str, what: str, text: str) -> float:
+    """A plain number (per second) or a rate with its unit: 1e5/s, 100/ms."""
+    if _is_number(word):
+        return _number(word, what, text)
+    try:
+        return parse_per_second(word)
+    except ValueError as e:
+        raise ValueError(f"compute model {text!r}: {what}: {e}") from None
 
 
 def _read_multipliers(path: str) -> tuple[float, ...]:

@@ -351,3 +351,47 @@ def test_an_acceptor_passes_nothing_on_before_the_proof():
         guard.payload_dest(conn, Chunk(0, 0, 1, "float32"), 4)
     guard.lost(conn, None)
     assert link.got == []
+
+
+def test_an_acceptor_logs_a_peer_that_hangs_up_after_the_challenge(caplog):
+    """A node with another secret finds the master's challenge wrong and hangs up before its
+    PROOF: the master's log says so (the README: refused "and logged"), once per address."""
+    from crnet.node.guard import Accepting, Doorway, log
+    from crnet.peer_text import Throttle
+    from crnet.wire import Limits
+
+    from .fake_links import FakeLink
+
+    warnings = Throttle(log)   # the node's, shared by its connections
+    with caplog.at_level("WARNING", logger="crnet.node"):
+        for _ in range(3):
+            link, conn = Recorder(), FakeLink("10.0.0.9:40000")
+            guard = Accepting(link, b"s" * 32, Doorway(), Limits, warnings)
+            guard.received(conn, Hello("0", None, new_nonce()), None)
+            guard.lost(conn, None)
+            assert link.got == []
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "10.0.0.9:40000" in said[0] and "secret" in said[0], said
+
+
+def test_a_daemon_with_another_secret_is_logged_at_the_master(local_tree, tmp_path):
+    """The README: such a peer is refused "and logged"; the master's log had nothing."""
+    import time
+
+    lt = local_tree(Tree((1,), (0,)), 4, secret=True)
+    other = tmp_path / "other-secret"
+    other.write_text(os.urandom(32).hex())
+    other.chmod(0o600)
+    node = subprocess.Popen([sys.executable, "-m", "crnet", "daemon", "--role", "node",
+                             "--parent", f"127.0.0.1:{master_port(lt)}", "--secret-file",
+                             str(other), "--client-socket", str(tmp_path / "other.sock")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while "hung up after the challenge" not in lt.log_path("").read_text():
+            assert time.monotonic() < deadline, lt.log_path("").read_text()
+            time.sleep(0.1)
+    finally:
+        node.kill()
+        node.wait(30)
+    assert "another --secret-file" in lt.log_path("").read_text()

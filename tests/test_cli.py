@@ -1,6 +1,7 @@
 """The command line: `crnet plan` output and errors, `crnet demo` end to end."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -58,6 +59,7 @@ def test_demo_trains_exactly_with_stragglers():
                  "--strict", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert json.loads(proc.stdout) == summary   # stdout carries only the JSON: `| jq .` works
     assert set(summary) == {"steps", "mean_step_s", "max_rel_error", "stragglers_skipped",
                             "stragglers_injected", "final_loss"}
     assert summary["steps"] == 8
@@ -106,3 +108,71 @@ def test_crnet_bench_points_to_the_benchmarks_in_the_clone():
     probe = ("import sys; before = list(sys.path); import crnet.cli, crnet.cli.bench; "
              "assert sys.path == before; assert 'benchmarks' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", probe], timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("command", [["plan", "--samples", "600"], ["model", "--trials", "10"]])
+def test_default_stragglers_fit_a_fanout_of_one_as_in_crnetd(command):
+    """--stragglers's default (1) is capped at fanout - 1 by one rule, crnetd's and every command's;
+    typed, it is checked."""
+    proc = crnet(*command, "--fanout", "1")
+    assert proc.returncode == 0, proc.stderr
+    typed = crnet(*command, "--fanout", "1", "--stragglers", "1")
+    assert typed.returncode == 2 and "stragglers must be in 0..0 for fanout 1, got 1" in typed.stderr
+
+
+def test_model_warns_of_a_step_over_an_hour_and_says_how_compute_is_read():
+    """shifted-exp:1e-5,1 is a mean of 1 s per sample (MU is a rate per second): ~5 h steps."""
+    proc = crnet("model", "--compute", "shifted-exp:1e-5,1", "--trials", "20", "--json")
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)
+    assert "over an hour" in proc.stderr and "MU is a rate per second" in proc.stderr
+    sane = crnet("model", "--compute", "shifted-exp:10us,1e5/s", "--trials", "20")
+    assert sane.returncode == 0, sane.stderr
+    assert "warning" not in sane.stderr
+
+
+def test_the_compute_help_says_the_units_of_a_and_mu():
+    proc = crnet("model", "--help")
+    text = " ".join(proc.stdout.split())
+    assert "A = time per sample (20us" in text and "rate MU per second" in text
+
+
+def help_examples():
+    """Every example command line in every command's --help (indented lines that start with
+    crnetd or crnet; a trailing backslash continues one), as (command name, argv)."""
+    import shlex
+
+    from crnet.cli import main
+
+    examples = []
+    for name in sorted(main.commands):
+        text = crnet(name, "--help").stdout
+        lines = iter(text.splitlines())
+        for line in lines:
+            if not line.startswith(" ") or line.split()[:1] not in (["crnetd"], ["crnet"]):
+                continue
+            while line.rstrip().endswith("\\"):
+                line = line.rstrip()[:-1] + " " + next(lines).strip()
+            examples.append((name, shlex.split(line)))
+    return examples
+
+
+def test_every_example_in_every_help_runs_as_printed(tmp_path):
+    """crnetd's with --check-config (it would start); crnet's parsed by the command itself.
+    The one path replaced is the cluster secret's, which the README's first step creates."""
+    from crnet.cli import main
+
+    secret = tmp_path / "secret"
+    secret.write_text(os.urandom(32).hex() + "\n")
+    secret.chmod(0o600)
+    examples = help_examples()
+    assert [argv[0] for _, argv in examples].count("crnetd") >= 2, examples
+    for name, argv in examples:
+        argv = [str(secret) if a == "/etc/crnet/secret" else a for a in argv]
+        if argv[0] == "crnetd":
+            proc = crnet("daemon", *argv[1:], "--check-config")
+            assert proc.returncode == 0, (argv, proc.stderr)
+        else:
+            assert argv[1] == name, argv
+            with main.commands[name].make_context(name, argv[2:]):   # a usage error raises
+                pass

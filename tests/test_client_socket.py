@@ -107,3 +107,16 @@ async def test_a_process_of_another_user_is_refused(local_tree):
     assert os.waitstatus_to_exitcode(status) == 0
     assert got == "b''"                   # closed on it at once
     await wait_for_log(lt, "0", "refusing a training process of uid 65534")
+
+
+async def test_a_socket_path_too_long_names_the_limit_and_the_path(tmp_path):
+    """Python's own error is '[Errno None] AF_UNIX path too long'."""
+    from crnet.node.client_socket import ClientSocket
+
+    path = str(tmp_path / ("d" * 100) / "0.sock")
+    sock = ClientSocket(path, connect=lambda s: asyncio.sleep(0))
+    with pytest.raises(OSError) as raised:
+        await sock.start()
+    message = str(raised.value)
+    assert path in message and "108 bytes" in message and "None" not in message
+    sock.close()

@@ -346,6 +346,35 @@ def test_full_parent_refuses_a_node_clearly(local_tree):
     assert lt.alive(MASTER)
 
 
+def test_an_inner_node_without_listen_stops_and_the_master_says_why(tmp_path):
+    """It joined and left every 1-2 s, forever, and the master logged no reason."""
+    from crnet.launch import free_port
+
+    port = free_port()
+    with open(tmp_path / "master.log", "w") as log:
+        master = subprocess.Popen(
+            [sys.executable, "-m", "crnet", "daemon", "--role", "master", "--listen",
+             f"127.0.0.1:{port}", "--fanout", "1,1", "--samples", "4",
+             "--client-socket", str(tmp_path / "master.sock")], stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "master.sock").exists():
+            assert master.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        node = subprocess.run(
+            [sys.executable, "-m", "crnet", "daemon", "--role", "node", "--parent",
+             f"127.0.0.1:{port}", "--client-socket", str(tmp_path / "node.sock")],
+            capture_output=True, text=True, timeout=30)
+        assert node.returncode == 2, node.stderr
+        assert "must accept children: start it with --listen" in node.stderr
+    finally:
+        master.terminate()
+        master.wait(30)
+    logged = (tmp_path / "master.log").read_text()
+    assert "child 0 (from 127.0.0.1:" in logged
+    assert "cannot take its place and stops: node 0 is at layer 1 of 2 and must accept children" in logged
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "Missing option '--role'"),
     (["--role", "master"], "--role master needs --listen and --samples"),

@@ -129,6 +129,25 @@ def peak_of(peaks: Counter, engine) -> None:
         peaks[key] = max(peaks[key], n)
 
 
+# ---------------------------------------------------------------- the step's time
+
+async def test_a_step_decided_within_a_millisecond_still_takes_its_time(engine_at):
+    """uvloop's clock counts whole milliseconds: a step's time read from it was 0.0 ms
+    (`crnet status`'s LAST STEP, crnet_step_seconds) for steps decided within one."""
+    import time
+
+    engine = engine_at(master(), [FakeLink() for _ in range(3)])
+    messages, _ = coded(STAR)
+    seen = []
+    for step in range(5):
+        assert all(send_vector(engine, 0, step, messages[0]))     # the step begins here
+        time.sleep(0.0002)
+        assert all(send_vector(engine, 1, step, messages[1]))     # and is decided
+        seen.append(engine.stats.times.step_seconds.last)
+    assert engine.stats.steps_done == 5
+    assert all(t >= 0.0002 for t in seen), seen
+
+
 # ---------------------------------------------------------------- deadlines at the master
 
 async def test_each_open_step_fails_at_its_own_deadline(engine_at):

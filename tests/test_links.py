@@ -271,18 +271,47 @@ async def test_a_parents_refusal_fails_the_welcome(membership):
     assert (e.value.reason, e.value.retry) == ("master has all 2 child slots taken", False)
 
 
-async def test_a_welcome_the_node_cannot_take_drops_the_link_but_is_no_refusal(membership):
-    """It may come from anyone at the parent's address: the node dials again (dial.py)
-    rather than stop for good, and takes no place."""
+async def test_a_welcome_the_nodes_configuration_cannot_take_stops_it_and_tells_the_parent(membership):
+    """An inner node without --listen joined and left every 1-2 s, and the master's log said
+    nothing of why: now the parent hears why (REFUSE) and the node stops as after a refusal
+    for good (with a secret, only an authenticated parent welcomes it: guard.py)."""
     m = membership()                              # no --listen: it cannot be an inner node
     link, conn = parent_link(m), FakeLink("parent")
     link.received(conn, Welcome("0", 1, (2, 2), (1, 1), "auto", 32, "cr"), None)
-    with pytest.raises(ProtocolError, match=r"^a WELCOME this node cannot take: node 0 is at layer "
-                                            r"1 of 2 and must accept children: start it with "
-                                            r"--listen$"):
+    reason = "node 0 is at layer 1 of 2 and must accept children: start it with --listen"
+    with pytest.raises(JoinRefused) as e:
         await link.welcome
+    assert (e.value.reason, e.value.retry) == (reason, False)
+    assert conn.messages() == [Refuse(reason, False)]
     assert conn.closed and m.place is None and m.neighbours.slots == []
     link.lost(conn, None)                         # the close that follows changes nothing
+
+
+async def test_a_welcome_to_another_place_drops_the_link_but_is_no_refusal(membership):
+    """It may come from anyone at the parent's address: the node dials again (dial.py)
+    rather than stop for good, and keeps its place."""
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    link, conn = parent_link(m), FakeLink("parent")
+    link.received(conn, Welcome("0", 1, (2, 2), (1, 1), "auto", 32, "cr"), None)
+    await link.welcome
+    again, conn2 = parent_link(m), FakeLink("parent")
+    again.received(conn2, Welcome("1", 1, (2, 2), (1, 1), "auto", 32, "cr"), None)
+    with pytest.raises(ProtocolError, match=r"^a WELCOME this node cannot take: the parent gave "
+                                            r"this node slot 1, but it is 0$"):
+        await again.welcome
+    assert conn2.closed and m.place.name == "0" and conn2.messages() == []
+
+
+def test_a_child_that_cannot_take_its_place_says_why_in_the_parents_log(master, caplog):
+    link, conn = child_link(master), FakeLink("10.0.0.5:40001")
+    link.received(conn, Hello(), None)
+    with caplog.at_level("WARNING", logger="crnet.node"):
+        link.received(conn, Refuse("node 0 is at layer 1 of 2 and must accept children: start "
+                                   "it with --listen", False), None)
+    assert conn.closed
+    assert any("child 0 (from 10.0.0.5:40001) cannot take its place and stops: node 0 is at "
+               "layer 1 of 2 and must accept children" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_parents_fail_reason_goes_on_printable(membership):

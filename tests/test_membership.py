@@ -151,6 +151,20 @@ def test_a_node_reports_its_subtrees_joined_workers_to_its_parent(membership):
     assert parent.messages() == [Joined(2), Joined(3), Joined(2)]
 
 
+def test_the_master_says_workers_left_when_its_count_falls(master, caplog):
+    a, b = FakeLink(), FakeLink()
+    master.child_hello(a, Hello())
+    master.child_hello(b, Hello())
+    with caplog.at_level("INFO", logger="crnet.node"):
+        master.child_joined(0, Joined(3))
+        master.child_joined(1, Joined(3))
+        master.child_lost(0, a)
+    said = [r.getMessage() for r in caplog.records if "workers" in r.getMessage()]
+    assert said[:2] == ["3/6 workers joined", "6/6 workers joined"]
+    assert "3/6 workers connected (3 left)" in said
+    assert not any(m.endswith("joined") for m in said[2:]), said
+
+
 @pytest.mark.parametrize("tree, layer, workers", [
     (TREE, 1, 3), (TREE, 2, 1), (Tree((3, 4, 5), (0, 0, 0)), 1, 25), (Tree((7,), (0,)), 1, 1)])
 def test_a_subtree_holds_its_root_and_every_node_below(tree, layer, workers):
@@ -301,10 +315,11 @@ def test_a_node_refuses_a_different_place_than_its_own(membership, msg, reason):
      "node 1 is in a ring (--scheme rar) and must accept its predecessor: start it with --listen"),
 ])
 def test_a_node_that_must_accept_peers_needs_a_listen_address(membership, msg, reason):
+    """Its configuration is wrong: a refusal for good (the node stops), not a ProtocolError."""
     m = membership()
-    with pytest.raises(ProtocolError) as e:
+    with pytest.raises(JoinRefused) as e:
         m.welcomed(msg)
-    assert str(e.value) == reason
+    assert str(e.value) == reason and not e.value.retry
     assert m.place is None and m.state is JoinState.JOINING and m.neighbours.slots == []
 
 

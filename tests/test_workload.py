@@ -88,6 +88,31 @@ def test_bad_spellings_raise_clear_value_errors(text, message):
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("text, want", [
+    ("fixed:20ms", ComputeModel("fixed", 0.02)),
+    ("fixed:20us", ComputeModel("fixed", 2e-5)),
+    ("straggle:20us,0.1,10", ComputeModel("straggle", 2e-5, prob=0.1, factor=10.0)),
+    ("shifted-exp:10us,1e5/s", ComputeModel("shifted_exp", 1e-5, mu=1e5)),
+    ("shifted-exp:0.01ms,100/ms", ComputeModel("shifted_exp", 1e-5, mu=1e5)),
+])
+def test_every_compute_spelling_takes_units(text, want):
+    """As --latency 50us does: A a duration, MU a rate; plain numbers stay seconds, per second."""
+    got = ComputeModel.parse(text)
+    assert got.kind == want.kind and got.prob == want.prob and got.factor == want.factor
+    assert got.per_sample_s == pytest.approx(want.per_sample_s, rel=1e-12)
+    assert got.mu == pytest.approx(want.mu, rel=1e-12)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fixed:20xs", "per-sample time A: duration '20xs': unknown unit 'xs'"),
+    ("shifted-exp:1e-5,1/h", "rate MU: rate '1/h': expected a number per s, ms, us or ns"),
+])
+def test_a_unit_that_is_not_one_is_named(text, message):
+    with pytest.raises(ValueError) as e:
+        ComputeModel.parse(text)
+    assert message in str(e.value) and str(e.value).count("compute model") == 1
+
+
 def test_constructor_validates():
     with pytest.raises(ValueError, match="kind must be one of"):
         ComputeModel("shifted-exp", 1e-4)  # the constructor takes the identifier spelling

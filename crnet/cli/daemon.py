@@ -33,8 +33,10 @@ def crnetd(ctx, check_config, log_level, log_format, **options):
     """The crnet daemon: one host of the CodedReduce tree.
 
     \b
-    crnetd --role master --listen 0.0.0.0:7070 --fanout 3 --layers 2 --stragglers 1 --samples 60000
-    crnetd --role node --parent master-host:7070 --listen 0.0.0.0:7071
+    crnetd --role master --listen 0.0.0.0:7070 --fanout 3 --layers 2 --stragglers 1 \\
+           --samples 60000 --secret-file /etc/crnet/secret
+    crnetd --role node --parent master-host:7070 --listen 0.0.0.0:7071 \\
+           --secret-file /etc/crnet/secret
 
     Every option can also be set as CRNET_<OPTION>, e.g. CRNET_CLIENT_SOCKET, or in the
     --config file; a flag wins over CRNET_*, which wins over the file (docs/operations.md).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import click
@@ -31,7 +32,8 @@ from .shared import csv, scheme_options, tree_options
               help="The daemons' --timeout: seconds a step may wait for its quorum.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the synthetic data and of who straggles when.")
-@click.option("--json", "as_json", is_flag=True, help="End with the summary as one JSON line.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary as one JSON line on stdout (the table goes to stderr).")
 @click.option("--strict", is_flag=True,
               help="Strict daemons: an internal error stops one (exit 70) and fails the demo, "
                    "naming the daemon and its log (the tests run this way).")
@@ -55,13 +57,15 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
     except (CrnetError, OSError) as e:
         raise click.ClickException(str(e)) from None
     ok = summary["max_rel_error"] <= 1e-6
-    click.echo(f"steps               {summary['steps']}")
-    click.echo(f"mean step time      {1e3 * summary['mean_step_s']:.1f} ms")
-    click.echo(f"stragglers injected {summary['stragglers_injected']}")
-    click.echo(f"stragglers skipped  {summary['stragglers_skipped']} (children a parent decoded without)")
-    click.echo(f"final loss          {summary['final_loss']:.6f}")
-    click.echo(f"max rel. difference {summary['max_rel_error']:.2e} vs single-process gradient "
-               f"descent ({'exact' if ok else 'TOO LARGE'})")
+    # With --json, stdout carries only the JSON (`crnet demo --json | jq .`); the table goes to stderr.
+    say = functools.partial(click.echo, err=as_json)
+    say(f"steps               {summary['steps']}")
+    say(f"mean step time      {1e3 * summary['mean_step_s']:.1f} ms")
+    say(f"stragglers injected {summary['stragglers_injected']}")
+    say(f"stragglers skipped  {summary['stragglers_skipped']} (children a parent decoded without)")
+    say(f"final loss          {summary['final_loss']:.6f}")
+    say(f"max rel. difference {summary['max_rel_error']:.2e} vs single-process gradient "
+        f"descent ({'exact' if ok else 'TOO LARGE'})")
     if as_json:
         keys = ("steps", "mean_step_s", "max_rel_error", "stragglers_skipped",
                 "stragglers_injected", "final_loss")

@@ -9,7 +9,7 @@ import click
 
 from ..option_types import ComputeSpec, UnitValue
 from ..plan import SCHEMES
-from ..tree_options import resolve_layers, tree_from_options
+from ..tree_options import resolve_layers, stragglers_in_effect, tree_from_options
 from ..units import parse_bandwidth, parse_bytes, parse_seconds
 from .shared import tree_options
 
@@ -27,10 +27,12 @@ def model_options(f):
                      show_default=True, help="One-way latency per message: 50us, 0.2ms, 1s."),
         click.option("--compute", type=ComputeSpec(), default="straggle:1e-5,0.1,5",
                      show_default=True,
-                     help="A worker's compute time per step, A = seconds per sample: fixed:A, "
-                          "straggle:A,P,F (slowed F times with probability P), shifted-exp:A,MU, "
-                          "empirical:A,FILE (FILE: multipliers or measured step times, one per "
-                          "line, divided by their minimum)."),
+                     help="A worker's compute time per step, A = time per sample (20us, "
+                          "0.02ms; a plain number is seconds): fixed:A, straggle:A,P,F (slowed "
+                          "F times with probability P), shifted-exp:A,MU (A plus an exponential "
+                          "time of rate MU per second, mean 1/MU s per sample: 1e5, 1e5/s, "
+                          "100/ms), empirical:A,FILE (FILE: multipliers or measured step times, "
+                          "one per line, divided by their minimum)."),
         click.option("--chunk-bytes", type=size, default=None,
                      help="Model pipelining in chunks of this size (crnetd's default grows with the "
                           "vector, 1-4 MiB); default: whole vectors, store and forward."),
@@ -62,6 +64,7 @@ def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json,
     """Predict the step time of each scheme with the run-time model (crnet.model)."""
     from ..model import predict
 
+    stragglers = stragglers_in_effect(fanout, stragglers)
     names = ["cr", "gc", "tree", "rar"] if scheme == "all" else [scheme]
     # gc and rar given --workers need no tree (so --stragglers may exceed the default fanout).
     tree = None
@@ -78,6 +81,7 @@ def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json,
                                        samples=samples, **inputs))
         except ValueError as e:
             raise click.UsageError(str(e)) from None
+    warn_if_absurd(predictions)
     if as_json:
         doc = inputs_json(samples, inputs)
         doc["schemes"] = {p.scheme: p.to_json() for p in predictions}
@@ -86,6 +90,23 @@ def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json,
     click.echo(f"model       {inputs_text(samples, inputs)}")
     click.echo()
     prediction_table(predictions)
+
+
+ABSURD_STEP_S = 3600.0   # a predicted step over an hour is almost surely a unit mistaken
+
+
+def warn_if_absurd(predictions) -> None:
+    """A step predicted over an hour: say so, and how --compute's numbers are read (e.g.
+    shifted-exp:1e-5,1 means a mean of 1 s per sample, not 1e-5 + 1 us)."""
+    from ..units import format_seconds
+
+    slow = [p for p in predictions if p.mean > ABSURD_STEP_S]
+    if slow:
+        worst = max(slow, key=lambda p: p.mean)
+        click.echo(f"warning: {worst.scheme} ({worst.shape}) is predicted at "
+                   f"{format_seconds(worst.mean)} per step (over an hour): check --compute "
+                   "(A is time per sample, a plain number in seconds; shifted-exp's MU is a rate "
+                   "per second, its mean 1/MU seconds per sample)", err=True)
 
 
 def inputs_text(samples, inputs) -> str:

@@ -10,7 +10,14 @@ from ..plan import Tree
 from ..plan import plan as make_plan
 from ..tree_options import resolve_layers, tree_from_options
 from ..units import plural
-from .model import MODEL_OPTIONS, inputs_json, inputs_text, model_options, prediction_table
+from .model import (
+    MODEL_OPTIONS,
+    inputs_json,
+    inputs_text,
+    model_options,
+    prediction_table,
+    warn_if_absurd,
+)
 from .shared import csv, tree_options, typed
 
 
@@ -113,6 +120,7 @@ def plan_auto(ctx, auto, hosts, samples, top, max_layers, as_json, inputs) -> No
         ranked = rank(hosts, samples=samples, max_layers=max_layers, top=None, **inputs)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    warn_if_absurd(ranked[:top])
     count = len(candidates(hosts, max_layers))
     best_of: dict[str, Prediction] = {}
     for p in ranked:

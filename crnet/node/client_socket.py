@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -36,6 +37,7 @@ log = logging.getLogger("crnet.node")
 ATTACH_LIMITS = Limits(max_header=256, max_payload=0, max_str=128, max_items=8,
                        types=frozenset({MsgType.ATTACH}))
 _CREDS = struct.Struct("3i")         # struct ucred: pid, uid, gid
+SUN_PATH_BYTES = 108                 # sizeof(sockaddr_un.sun_path) on Linux, its NUL included
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -67,6 +69,7 @@ class ClientSocket:
         # sees the path can connect (no window where it is refused), and at no moment is
         # the socket open to others (no window at the umask's 0755).
         staging = f"{self.path}.{os.getpid()}"
+        self._check_length(staging)
         old = os.umask(0o117 if self._group is not None else 0o177)
         try:
             sock.bind(staging)
@@ -98,6 +101,19 @@ class ClientSocket:
             self._sock = None
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+    def _check_length(self, staging: str) -> None:
+        """Python says only ``[Errno None] AF_UNIX path too long``: say the limit and the path."""
+        extra = len(os.fsencode(staging)) - len(os.fsencode(self.path))
+        most = SUN_PATH_BYTES - 1 - extra
+        size = len(os.fsencode(self.path))
+        if size > most:
+            raise OSError(errno.ENAMETOOLONG,
+                          f"cannot create the client socket {self.path}: the path is {size} bytes, "
+                          f"but a Unix socket's path must fit in {SUN_PATH_BYTES} bytes (AF_UNIX "
+                          f"sun_path, with its NUL and the {extra}-byte suffix it is made under), "
+                          f"so at most {most} bytes here: choose a shorter --client-socket "
+                          "(or --workdir)")
 
     def _make_directory(self) -> None:
         """The socket's directory (the default, /run/crnet, exists under systemd's

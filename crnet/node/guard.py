@@ -86,6 +86,7 @@ class Accepting:
         self._warnings = warnings or Throttle(log)   # the node's: one per peer address
         self._hello: Hello | PeerHello | StatusHello | None = None
         self._nonce = b""
+        self._refused = False   # and logged
 
     def made(self, conn: Connection) -> None:
         if not self._doorway.enter(conn):
@@ -118,6 +119,7 @@ class Accepting:
                 self._warnings.warning((_address(conn), "wrong secret"),
                                        "%s failed to authenticate as %s %s: wrong secret",
                                        conn.label, role, shown(name))
+                self._refused = True
                 _refuse(conn, "authentication failed: this node and the tree hold different "
                               "secrets (--secret-file)")
                 return
@@ -135,6 +137,7 @@ class Accepting:
         if msg.nonce is None:
             self._warnings.warning((_address(conn), "no authentication"),
                                    "%s sent a hello without authentication; refused", conn.label)
+            self._refused = True
             _refuse(conn, "this tree requires authentication: start the node with the "
                           "cluster's --secret-file")
             return
@@ -148,6 +151,14 @@ class Accepting:
         self._doorway.leave(conn)
         if self.open:
             self.inner.lost(conn, exc)
+        elif self._hello is not None and not self._refused:
+            # A node with another secret finds this daemon's challenge wrong and hangs up
+            # before its PROOF: without this line, the refusal left nothing in this log.
+            role, name = claim(self._hello)
+            self._warnings.warning((_address(conn), "no proof"),
+                                   "%s (as %s %s) hung up after the challenge without proving it "
+                                   "holds the secret: refused; it holds another --secret-file, or "
+                                   "is not a crnet daemon", conn.label, role, shown(name))
 
 
 def _address(conn: Connection) -> str:

@@ -262,12 +262,15 @@ class Membership:
         count = (0 if place.is_master else 1) + sum(s.workers for s in slots if s.link)
         if count == self._joined_reported or self._closing:
             return
-        self._joined_reported = count
+        before, self._joined_reported = self._joined_reported, count
         self._changed()
         if not place.is_master:
             self.neighbours.to_parent(Joined(count, self.engine.window.tree_step, self.job))
             return
-        log.info("%d/%d workers joined", count, place.tree.workers)
+        if count < before:   # workers left (daemons stopped, links lost): none joined
+            log.info("%d/%d workers connected (%d left)", count, place.tree.workers, before - count)
+        else:
+            log.info("%d/%d workers joined", count, place.tree.workers)
         if count == place.tree.workers and self.allocation is None:
             assert self.samples is not None
             p = make_plan(place.tree, self.samples, place.code_kind)
@@ -354,9 +357,13 @@ class Membership:
         self._stop(2)
 
     def welcomed(self, msg: Welcome) -> None:
-        """The parent's WELCOME: this node's place. ``ProtocolError`` if it cannot take it
-        (nothing changes; the link closes and the node dials again after a pause: a
-        broken or hostile peer at the parent's address must not stop it for good)."""
+        """The parent's WELCOME: this node's place. ``ProtocolError`` if it differs from
+        the place it holds (nothing changes; the link closes and the node dials again after
+        a pause: a broken or hostile peer at the parent's address must not stop it for
+        good); ``JoinRefused`` if this node's configuration cannot take the place (no
+        --listen where children or a ring predecessor must reach it): like a REFUSE for
+        good, and as trusted (with a secret, only an authenticated parent welcomes), it
+        stops the node instead of joining and leaving every few seconds."""
         tree = msg.tree
         if self.place is not None and tree != self.place.tree:
             raise ProtocolError(f"the parent's tree {tree} differs from the one this node joined")
@@ -367,11 +374,11 @@ class Membership:
         place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes, ring)
         listening = self.listen_address is not None
         if place.scheme == "rar" and not listening:
-            raise ProtocolError(f"{place.label} is in a ring (--scheme rar) and must accept its "
-                                "predecessor: start it with --listen")
+            raise JoinRefused(f"{place.label} is in a ring (--scheme rar) and must accept its "
+                              "predecessor: start it with --listen")
         if place.fanout and not listening:
-            raise ProtocolError(f"{place.label} is at layer {place.layer} of {tree.layers} and "
-                                "must accept children: start it with --listen")
+            raise JoinRefused(f"{place.label} is at layer {place.layer} of {tree.layers} and "
+                              "must accept children: start it with --listen")
         self.place = place
         if self.state is JoinState.JOINING:
             self.state = JoinState.WELCOMED

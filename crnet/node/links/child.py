@@ -8,7 +8,7 @@ state           may send
 ==============  ==============================================================
 NEW             HELLO, PEER_HELLO, STATUS_HELLO
 CHILD           CHUNK, JOINED, FAIL, OPEN, JOB, BCAST, WANT_STATE, BARRIER,
-                STATUS_REPLY
+                STATUS_REPLY, REFUSE (it cannot take the place it was welcomed to)
 PREDECESSOR     SEGMENT
 STATUS          STATUS (it may ask again: ``crnet status --watch``)
 REFUSED         anything: REFUSE was sent, what it sent before reading it is moot
@@ -172,6 +172,17 @@ class ChildLink(StateMachine):
         assert self.slot is not None
         self.status.child_reply(self.slot, msg)
 
+    def _leaving(self, conn: Connection, msg: Refuse, payload) -> None:
+        """The child cannot take the place it was welcomed to (e.g. an inner node without
+        --listen) and stops: the log says why, not only that it came and went."""
+        place = self.membership.place
+        assert self.slot is not None and place is not None
+        name = place.tree.children(place.name)[self.slot]
+        self.warnings.warning((conn.label.rpartition(":")[0], "cannot take"),
+                              "child %s (from %s) cannot take its place and stops: %s",
+                              name, conn.label, tamed(msg.reason))
+        conn.close()
+
     # ---------------------------------------------------------------- PREDECESSOR, STATUS
     def _segment_dest(self, conn: Connection, msg: Segment, nbytes: int):
         return self.engine.segment_dest(msg, nbytes)
@@ -188,7 +199,7 @@ class ChildLink(StateMachine):
         ChildState.NEW: {Hello: _hello, PeerHello: _peer_hello, StatusHello: _status_hello},
         ChildState.CHILD: {Chunk: _chunk, Joined: _joined, Fail: _fail, Open: _open, Job: _job,
                            Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
-                           StatusReply: _status_reply},
+                           StatusReply: _status_reply, Refuse: _leaving},
         ChildState.PREDECESSOR: {Segment: _segment},
         ChildState.STATUS: {StatusRequest: _status_request},
         ChildState.REFUSED: {Message: ignore},

@@ -35,6 +35,16 @@ class DialedLink(StateMachine):
         self.state = DialedState.REFUSED
         self.welcome.set_exception(JoinRefused(msg.reason, msg.retry))
 
+    def cannot_take(self, conn: Connection, e: JoinRefused) -> None:
+        """The peer welcomed this node to a place its configuration cannot take: the peer
+        hears why (REFUSE, so its log says it) and the node stops, as after a refusal for
+        good, instead of joining and leaving every few seconds."""
+        self.state = DialedState.REFUSED
+        conn.send(Refuse(e.reason))
+        if not self.welcome.done():
+            self.welcome.set_exception(e)
+        conn.close()
+
     def reject(self, conn: Connection, reason: str) -> None:
         """The peer did, before its welcome, what no parent or successor of this node does
         (a WELCOME to a place this node cannot take, no proof of the cluster secret): the

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from ...errors import ProtocolError
+from ...errors import JoinRefused, ProtocolError
 from ...messages import (
     Assign,
     Barrier,
@@ -66,6 +66,9 @@ class ParentLink(DialedLink):
             self.membership.welcomed(msg)
         except ProtocolError as e:
             self.reject(conn, f"a WELCOME this node cannot take: {e}")
+            return
+        except JoinRefused as e:
+            self.cannot_take(conn, e)
             return
         self.welcomed()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from ... import defaults
@@ -40,6 +41,9 @@ class Deadlines:
         self.place: Place | None = None
         self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
         self._began: dict[int, float] = {}      # step -> when it began here (loop time)
+        # ... and by a fine clock: uvloop's loop time counts whole milliseconds and stands
+        # still within a loop turn, so a step decided within a millisecond measured 0.0 ms.
+        self._clock: dict[int, float] = {}
         self._reported: set[int] = set()        # steps this node told its parent it stalled
         self._sent_up: set[int] = set()         # steps this node sent a chunk of up
         self._last_stall = ""                   # why, as last logged
@@ -73,7 +77,13 @@ class Deadlines:
             handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
         self._open[step] = handles
         self._began[step] = loop.time()
+        self._clock[step] = time.perf_counter()
         return True
+
+    def took(self, step: int) -> float | None:
+        """Seconds since ``step`` began here (a fine clock), if it is open here."""
+        began = self._clock.get(step)
+        return None if began is None else time.perf_counter() - began
 
     def sent_up(self, step: int) -> None:
         """A chunk of ``step`` went to the parent: it knows the step began here."""
@@ -85,6 +95,7 @@ class Deadlines:
             handle.cancel()
         self._reported.discard(step)
         self._sent_up.discard(step)
+        self._clock.pop(step, None)
         return self._began.pop(step, None)
 
     def close_all(self) -> None:
@@ -93,6 +104,7 @@ class Deadlines:
                 handle.cancel()
         self._open.clear()
         self._began.clear()
+        self._clock.clear()
         self._reported.clear()
         self._sent_up.clear()
 

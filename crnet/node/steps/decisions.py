@@ -110,9 +110,10 @@ class Decisions:
                                       and step not in self.waiters):
             return False
         window.mark(step)
+        took = self.deadlines.took(step)
         began = self.deadlines.close(step)
-        if began is not None and isinstance(outcome, (Resolved, Failed)):   # once per step
-            self.stats.times.step_seconds.observe(asyncio.get_running_loop().time() - began)
+        if took is not None and isinstance(outcome, (Resolved, Failed)):   # once per step
+            self.stats.times.step_seconds.observe(took)
         self.contributed.pop(step, None)
         if isinstance(outcome, Resolved):
             if step >= window.tree_step:   # the newest result's layout is the tree's
