@@ -258,3 +258,54 @@ def test_the_readme_loop_with_staggered_starts_and_a_restart_trains_like_one_pro
 
     hosts, _ = run_hosts(lt, tree, grads, 50, pieces=1, piece_s=0.0, job="second run")
     assert_every_step_applied(hosts, grads, 50)
+
+
+async def test_a_process_that_may_have_missed_an_update_cannot_submit_until_it_takes_the_state(
+        local_tree):
+    """StepLost makes a process stale: allreduce and send_state raise StaleReplica before
+    anything reaches the daemon, and it answers no state request; mark_current or
+    request_state (answered by a process at a step boundary) make it current again."""
+    from crnet import AsyncClient, StepLost
+
+    from .conftest import local_gradient, wait_until, workers
+
+    tree = Tree.regular(3, 1, 1)
+    m, dim = 30, 8
+    grads = np.random.default_rng(8).standard_normal((m, dim))
+    lt = local_tree(tree, m, keep_results=2, result_memory=1)   # no memory to keep results in
+    clients = {n: await AsyncClient.connect(lt.socket_path(n), timeout=30) for n in workers(tree)}
+    try:
+        assert not any(c.stale for c in clients.values())   # all there before step 0
+        active = [clients["0"], clients["1"]]
+        for t in range(5):
+            await asyncio.gather(*(c.allreduce(local_gradient(c.assignment, grads), step=t)
+                                   for c in active))
+        late = clients["2"]
+        await wait_until(lambda: late.tree_step == 4, "step 4's result at its daemon")
+        with pytest.raises(StepLost):
+            await late.result(0, like=np.zeros(dim), timeout=30)
+        assert late.stale
+        for call in (late.allreduce(np.zeros(dim), step=5), late.send_state(np.zeros(dim), 4)):
+            with pytest.raises(StaleReplica, match=r"refused: it got StepLost .* may have missed "
+                                                   r"an update.*request_state.*mark_current"):
+                await call
+        late.mark_current()
+        assert not late.stale
+        with pytest.raises(StepLost):
+            await late.result(1, like=np.zeros(dim), timeout=30)
+        assert late.stale
+
+        asking = asyncio.ensure_future(late.request_state(np.zeros(dim), timeout=30))
+        await wait_until(lambda: active[0].state_wanted(), "the state request at a peer")
+        assert not late.state_wanted()           # stale: it has no state to give
+        await active[0].send_state(np.full(dim, 7.0), 4)
+        state, after = await asking
+        assert after == 4 and not late.stale
+        np.testing.assert_array_equal(state, np.full(dim, 7.0))
+        got = await asyncio.gather(*(c.allreduce(local_gradient(c.assignment, grads), step=5)
+                                     for c in clients.values()))
+    finally:
+        for c in clients.values():
+            c.close()
+    for g in got:
+        np.testing.assert_allclose(g, grads.sum(axis=0), rtol=1e-9)
