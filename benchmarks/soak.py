@@ -184,6 +184,7 @@ class Trainer:
                     await self.compute(c, step)
                     pos, weight = c.assignment.positions()
                     vec = (step + 1) * (weight @ s.grads[pos])
+                    c.mark_current()         # the vector depends on no parameters: never stale
                     result = await c.allreduce(vec, step=step)
                 self.check(step, result)
                 self.step = step + 1

@@ -84,6 +84,7 @@ def run(a) -> dict:
                         record["skipped_compute"] += spent < busy
                         record["compute_s"].append(spent)
                         vec.fill(weight * (t + 1))
+                        c.mark_current()   # the vector depends on no parameters: never stale
                         # The tree's result, at once if the step is finished already.
                         result = c.allreduce(vec, step=t, timeout=a.timeout)
                 except StepFailed as e:

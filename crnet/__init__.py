@@ -19,6 +19,7 @@ from .errors import (
     MismatchError,
     ProtocolError,
     RequestRejected,
+    StaleReplica,
     StepFailed,
     StepLost,
     StepRefused,
@@ -27,5 +28,5 @@ from .errors import (
 __all__ = [
     "Assignment", "AssignmentChanged", "AsyncClient", "BatchSampler", "Client", "CrnetError", "CrnetTimeout",
     "DaemonBusy", "DaemonNotRunning", "JobEnded", "MismatchError", "ProtocolError", "RequestRejected",
-    "StepFailed", "StepLost", "StepRefused", "__version__",
+    "StaleReplica", "StepFailed", "StepLost", "StepRefused", "__version__",
 ]

@@ -12,6 +12,8 @@
     +-- StepFailed          the tree could not complete a step; the same on every client
     +-- StepLost            the daemon no longer holds the result of a step this process missed
     +-- StepRefused         the step is far outside the tree's window: a bug in the caller
+    +-- StaleReplica        this process may not hold the job's parameters (it joined a
+    |                       running job, or missed a step): take the job's state first
     +-- AssignmentChanged   the tree re-assigned this host a different share of the data
     +-- JobEnded            the daemons moved on to another training job
     +-- MismatchError       this process's vector differs from the tree's (ValueError)
@@ -106,6 +108,15 @@ class StepRefused(CrnetError):
         super().__init__(reason)
         self.step = step
         self.tree_step = tree_step
+
+
+class StaleReplica(CrnetError):
+    """This process may not hold the job's parameters, so a gradient it computed would
+    corrupt every replica: it connected to a job whose step 0 was already decided, or it
+    got ``StepLost`` or a ``StepFailed`` that is not ``tree_wide``. Raised by the client
+    itself (``allreduce``, ``send_state``), before anything reaches the daemon, until the
+    process takes the job's state (``request_state``: go on at the step after the one it
+    returns) or says its parameters are current (``mark_current``)."""
 
 
 class AssignmentChanged(CrnetError):

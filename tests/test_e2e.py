@@ -157,6 +157,7 @@ async def test_restarted_node_reclaims_its_slot_and_assignment(local_tree):
         lt.wait_sockets(["0.1"], 30)
         clients["0.1"] = await AsyncClient.connect(lt.socket_path("0.1"), timeout=30)
         assert clients["0.1"].assignment == before
+        clients["0.1"].mark_current()   # maybe stale (step 0 was decided): no parameters here
         results = await gather_or_cancel(
             *(c.allreduce(local_gradient(c.assignment, grads), step=1, timeout=30)
               for c in clients.values()))

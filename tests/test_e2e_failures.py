@@ -33,6 +33,10 @@ def close_all(clients):
 
 
 async def step_everywhere(clients, grads, step, scale=1.0):
+    # Failures of the transport: the vectors depend on no parameters, so a process that
+    # rejoined or whose step failed locally has no stale replica (StaleReplica).
+    for c in clients.values():
+        c.mark_current()
     got = await gather_or_cancel(*(c.allreduce(scale * local_gradient(c.assignment, grads),
                                                step=step, timeout=30)
                                    for c in clients.values()))

@@ -56,6 +56,9 @@ async def timed(coro):
 
 
 async def submit(client, grads, step, scale=1.0, dim=None):
+    # These faults are about the transport: the vectors depend on no parameters, so a
+    # process that joined late or lost a step has no stale replica (StaleReplica).
+    client.mark_current()
     vec = scale * local_gradient(client.assignment, grads)
     if dim is not None:
         vec = np.resize(vec, dim)
@@ -430,6 +433,7 @@ class Trainer:
                         r = await c.result(step, like=np.zeros(self.grads.shape[1]))
                     else:
                         vec = (step + 1) * local_gradient(c.assignment, self.grads)
+                        c.mark_current()   # the vector depends on no parameters
                         if self.naughty:
                             self.naughty = False
                             vec = vec[:-1]

@@ -21,6 +21,7 @@ from ..errors import (
     CrnetTimeout,
     DaemonNotRunning,
     ProtocolError,
+    StaleReplica,
     StepFailed,
     StepLost,
     StepRefused,
@@ -74,6 +75,12 @@ class AsyncClient:
         # The daemon answers every request within this; a little more covers the trip.
         self.default_timeout = welcome.answer_within + REPLY_MARGIN
         self._tree_step = welcome.tree_step
+        # Why this process's parameters may not be the job's (None: they are): its
+        # gradients would corrupt every replica, so allreduce refuses them (StaleReplica).
+        self._stale: str | None = None
+        if welcome.tree_step >= 0:
+            self._stale = (f"this process connected to a job already at step {welcome.tree_step} "
+                           f"(its step 0 was decided without it)")
         self._answered_state = 0     # the state request this process answered (or made)
         self._token = welcome.token  # names this process when it hands over shared memory
         self._conn = conn
@@ -97,9 +104,11 @@ class AsyncClient:
 
         ``job`` (default ``$CRNET_JOB``, else none) names the training job: the first process
         of a new job makes the daemons drop the previous job's steps and start at step 0;
-        a process that joins a running job sees the job's ``tree_step`` at once (see the
-        README's loop for where it starts). Without a name, a process joins whatever job
-        the daemons run."""
+        a process that joins a running job sees the job's ``tree_step`` at once and is
+        ``stale`` until it takes the job's state (``request_state``). Without a name, a
+        process joins whatever job the daemons run: a rerun of a script whose job
+        finished joins that finished job, where no process answers ``request_state``
+        (it says so): name each run's job."""
         path = client_socket_path(socket_path)
         replies = Replies(path)
         loop = asyncio.get_running_loop()
@@ -130,6 +139,20 @@ class AsyncClient:
         if self._progress is None:
             return self._tree_step
         return max(self._tree_step, self._progress.tree_step)
+
+    @property
+    def stale(self) -> bool:
+        """Whether this process may not hold the job's parameters: it connected to a job
+        whose step 0 was already decided, or got ``StepLost`` or a ``StepFailed`` that is
+        not ``tree_wide``. Until ``request_state`` or ``mark_current``, ``allreduce`` and
+        ``send_state`` raise ``StaleReplica`` and ``state_wanted`` is False."""
+        return self._stale is not None
+
+    def mark_current(self) -> None:
+        """Say this process's parameters (and optimizer state) are the job's after the
+        step it goes on from, e.g. loaded from a checkpoint every replica took or a
+        ``broadcast``: it is no longer ``stale``. ``request_state`` does this itself."""
+        self._stale = None
 
     def finished(self, step: int) -> bool:
         """Whether the daemon already has ``step``'s outcome (the tree finished it, or it
@@ -178,7 +201,11 @@ class AsyncClient:
         If the process asks for anything else first, that late answer is dropped when
         it comes (it is not the other request's answer or error), and the step asked
         again later is a new request (StepLost if the daemon kept no copy).
+
+        StaleReplica (before anything is sent) while the process is ``stale``.
         """
+        if self._stale is not None:
+            raise self._stale_error("allreduce")
         vec = self._flat(vec, "allreduce")
         await self._stage(vec)
         return await self._request(Submit, step, vec, out, timeout)
@@ -237,24 +264,40 @@ class AsyncClient:
         (parameters, optimizer state: a vector like ``like``). Each of them answers at
         its next step boundary (``state_wanted``, ``send_state``); the first answer to
         reach the master is the one every asker gets. Returns (the state, the step it
-        was taken after): go on with the step after it."""
+        was taken after): go on with the step after it. The process is no longer
+        ``stale``. CrnetTimeout if no process answered within ``timeout`` (default the
+        client's): none of the job is running (e.g. a rerun of a finished job's script
+        without a new job name), or none reached a step boundary."""
         like = self._flat(like, "request_state")
         nonce = secrets.randbits(62) + 1
         self._answered_state = nonce           # its own request is not one to answer
         self._ask(WantState(nonce))
-        return await self._receive(state_key(nonce), like, out, timeout)
+        within = self.default_timeout if timeout is None else timeout
+        try:
+            state = await self._receive(state_key(nonce), like, out, within)
+        except CrnetTimeout:
+            raise CrnetTimeout(
+                f"no process of the job sent its state within {within:g} s: none is running "
+                "(a rerun of a script whose job finished joins that job when it names none: "
+                "give each run its own job, Client(job=...) or $CRNET_JOB), or none reached "
+                "a step boundary (it answers state_wanted() with send_state)") from None
+        self._stale = None
+        return state
 
     def state_wanted(self) -> bool:
         """Whether a process asked for the state and this one has not answered yet: a
-        shared-memory read, for a step boundary. Answer with ``send_state``."""
-        if self._progress is None:
+        shared-memory read, for a step boundary. Answer with ``send_state``. Always False
+        while this process is ``stale``: it has no state to give."""
+        if self._progress is None or self._stale is not None:
             return False
         nonce = self._progress.state_request
         return nonce > 0 and nonce != self._answered_state
 
     async def send_state(self, vec, step: int, timeout: float | None = None) -> None:
         """Answer the newest state request with this process's state after ``step``;
-        returns once the daemon has taken it."""
+        returns once the daemon has taken it. StaleReplica while this process is ``stale``."""
+        if self._stale is not None:
+            raise self._stale_error("send_state")
         if self._progress is None or self._progress.state_request <= 0:
             return
         nonce = self._progress.state_request
@@ -377,6 +420,8 @@ class AsyncClient:
                                            lambda m: self._late(m, step))
         except (StepFailed, StepLost, StepRefused) as e:
             self._tree_step = max(self._tree_step, e.tree_step)
+            if isinstance(e, StepLost) or (isinstance(e, StepFailed) and not e.tree_wide):
+                self._stale = f"it got {type(e).__name__} ({e}): this replica may have missed an update"
             raise
         except AssignmentChanged as e:
             self.assignment = Assignment.from_wire(e.assignment)
@@ -384,6 +429,14 @@ class AsyncClient:
         if isinstance(msg, Done):
             self._tree_step = max(self._tree_step, msg.tree_step)
         return msg
+
+    def _stale_error(self, what: str) -> StaleReplica:
+        return StaleReplica(
+            f"{what} refused: {self._stale}, so its parameters may not be the job's and "
+            f"its gradient would corrupt every replica. Take the job's state first: "
+            f"state, after = c.request_state(like) (the job's other processes answer "
+            f"state_wanted() with send_state at a step boundary), then go on at step "
+            f"after + 1; or, if its parameters are the job's, say so: c.mark_current()")
 
     def _ask(self, msg: Message | None) -> None:
         """Send a request (None: wait for one already made). Answers come in order, so

@@ -41,6 +41,13 @@ class Client:
     def tree_step(self) -> int:
         return self._c.tree_step
 
+    @property
+    def stale(self) -> bool:
+        return self._c.stale
+
+    def mark_current(self) -> None:
+        self._c.mark_current()
+
     def buffer(self, length: int, dtype=np.float32) -> np.ndarray:
         return self._run(self._c.buffer(length, dtype))
 

@@ -73,7 +73,10 @@ class DistributedOptimizer:
                  model: torch.nn.Module | Mapping[str, torch.Tensor], client: Client, *,
                  join: bool | None = None, timeout: float | None = None):
         """``join``: fetch the state from a peer now (default: if the job is running, i.e.
-        ``client.tree_step >= 0``). ``timeout``: for the client's calls (default theirs)."""
+        ``client.tree_step >= 0``, or the client is ``stale``); False says this process's
+        parameters are the job's (``client.mark_current()``: e.g. a fresh job, after a
+        start barrier and a broadcast). ``timeout``: for the client's calls (default
+        theirs)."""
         self.optimizer = optimizer
         self.model = model
         self.client = client
@@ -90,9 +93,11 @@ class DistributedOptimizer:
         self.applied = self.skipped = self.resyncs = self.answered = self.abandoned = 0
         self._needs_resync = False
         g.bind()
-        if join if join is not None else client.tree_step >= 0:
-            self._resync()
+        if join if join is not None else (client.stale or client.tree_step >= 0):
+            self._resync()            # request_state: the client is current from here
             g.refresh()
+        else:
+            client.mark_current()
 
     @property
     def input(self) -> np.ndarray:
