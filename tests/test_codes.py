@@ -260,3 +260,31 @@ def test_coded_messages_sum_to_the_gradient(case):
     want = G.sum(axis=0)
     scale = np.abs(G).sum(axis=0).max()
     assert np.abs(got - want).max() <= 1e-9 * scale
+
+
+@pytest.mark.parametrize("n, s", [(3, 1), (5, 2), (4, 1), (6, 2), (7, 3)])
+def test_decode_set_depends_on_which_children_arrived_not_their_order(n, s):
+    code = code_for(n, s)
+    rng = random.Random(n * 10 + s)
+    for size in range(n - s, n + 1):
+        for arrived in itertools.combinations(range(n), size):
+            chosen = code.decode_set(arrived)
+            assert len(chosen) >= n - s and list(chosen) == sorted(chosen)
+            assert set(chosen) <= set(arrived)
+            order = list(arrived)
+            rng.shuffle(order)
+            assert code.decode_set(order) == chosen
+            a = code.decode(chosen)
+            np.testing.assert_allclose(effective_weights(code, chosen, a), 1.0, atol=1e-9)
+            if code.kind == "crc":  # the best-conditioned of the sets that arrived
+                best = min(np.abs(code.decode(F)).sum() for F in itertools.combinations(arrived, n - s))
+                assert np.abs(a).sum() == pytest.approx(best)
+
+
+def test_amplification_is_the_largest_decode_weight_sum():
+    assert GradientCode(3, 1).amplification() == pytest.approx(3.6502815398728865)
+    assert GradientCode(4, 1).amplification() == 2.0          # FRC: one 1.0 per group
+    assert GradientCode(3, 0).amplification() == 3.0          # identity: every child once
+    code = GradientCode(5, 2, kind="crc")
+    assert code.amplification() == pytest.approx(max(
+        np.abs(code.decode(F)).sum() for F in itertools.combinations(range(5), 3)))

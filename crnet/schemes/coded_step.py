@@ -116,7 +116,11 @@ class UpStep:
             assert self.local is not None  # a leaf's message is its local vector
             return self.local[start:stop]
         assert self._children is not None
-        children, weights = self._decoder(tuple(self._arrived[chunk][: self.needed]))
+        # Which n - s children: a function of the set that arrived, not of its order, and
+        # summed in index order (GradientCode.decode_set), so that a float32 result varies
+        # with arrival order only when the set itself does.
+        assert self.code is not None
+        children, weights = self._decoder(self.code.decode_set(self._arrived[chunk]))
         inputs = [self._child(k)[start:stop] for k in children]
         self.used.update(children)
         if self.local is not None:  # new lists: the cached ones serve the step's other chunks
