@@ -43,6 +43,7 @@ if mode == "wait" and rank == 0:
 with Client(timeout=60) as c:
     a = c.assignment
     if mode == "sum":
+        c.barrier("start")                            # all $CRNET_WORLD_SIZE processes: step 0
         # Integer-valued gradients: every partial sum is exact, so the result must be too.
         grads = np.random.default_rng(7).integers(-1000, 1000, (a.samples, 16)).astype(np.float64)
         for step in range(3):

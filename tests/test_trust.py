@@ -61,6 +61,7 @@ from crnet.messages import (
     PeerHello,
     PeerWelcome,
     Phase,
+    Refuse,
     Segment,
     StatsReply,
     StatsRequest,
@@ -996,7 +997,7 @@ def _welcome(fanout, stragglers, name="0", layer=1) -> Welcome:
 
 @pytest.mark.parametrize("aspect", [
     "bounded",
-    "no_exit",
+    "refuses",
     "impostor",
 ])
 async def test_medium_welcome_is_not_validated(tmp_path, monkeypatch, aspect):
@@ -1006,9 +1007,12 @@ async def test_medium_welcome_is_not_validated(tmp_path, monkeypatch, aspect):
 
     A hostile parent WELCOMEs a node into the largest place a WELCOME may describe (65,536
     children). ``bounded``: a node that listens takes it; its RSS must grow by less than
-    64 MiB and it must report its subtree (JOINED) within 2 s. ``no_exit``: a node that does
-    not listen cannot take it; it must drop that connection and dial again, not exit (exit 2
-    is a configuration error that systemd does not restart). ``impostor``: a node given a
+    64 MiB and it must report its subtree (JOINED) within 2 s. ``refuses``: a node that does
+    not listen cannot take it: it builds nothing, tells the parent why (REFUSE) and exits 2,
+    as a parent's REFUSE makes it do (issue 24: it used to redial forever, the master's log
+    flapping with no reason). That gives a parent no new power: without a cluster secret
+    any peer at the parent's address can already REFUSE a node, and with one only the
+    authenticated parent gets to WELCOME it (``impostor``). ``impostor``: a node given a
     cluster secret dials a parent that WELCOMEs it without authenticating: it must not take
     that place, and must dial again rather than exit."""
     if aspect == "impostor":
@@ -1027,6 +1031,12 @@ async def test_medium_welcome_is_not_validated(tmp_path, monkeypatch, aspect):
                 assert await link.expect(Joined) is not None, "the node dropped the link"
                 took, grew = time.monotonic() - started, rss(proc.pid) - before
                 assert grew < 64 << 20 and took < 2, f"{grew >> 20} MiB, {took:.1f} s"
+                return
+            if aspect == "refuses":   # it cannot take it: it says why and stops, building nothing
+                said = await link.expect(Refuse, Joined, timeout=5)
+                assert said is not None and isinstance(said[0], Refuse), said
+                assert "--listen" in said[0].reason, said[0].reason
+                assert proc.wait(timeout=10) == 2
                 return
             try:
                 taken = await link.expect(Joined, timeout=5)
