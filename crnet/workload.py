@@ -29,6 +29,7 @@ Pure math except :meth:`ComputeModel.parse`, which reads the ``empirical`` file 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,7 +140,7 @@ class ComputeModel:
         want = {"fixed": 1, "straggle": 3, "shifted_exp": 2, "empirical": 2}[kind]
         if len(args) != want or not all(args):
             raise ValueError(f"compute model {text!r}: expected {spelling}")
-        a = _seconds(args[0], "per-sample time A", text)
+        a = _quantity(args[0], "per-sample time A", text, parse_seconds)
         try:
             if kind == "fixed":
                 return cls("fixed", a)
@@ -147,7 +148,7 @@ class ComputeModel:
                 return cls("straggle", a, prob=_number(args[1], "probability P", text),
                            factor=_number(args[2], "factor F", text))
             if kind == "shifted_exp":
-                return cls("shifted_exp", a, mu=_rate(args[1], "rate MU", text))
+                return cls("shifted_exp", a, mu=_quantity(args[1], "rate MU", text, parse_per_second))
             return cls("empirical", a, multipliers=_read_multipliers(args[1]))
         except ValueError as e:
             if str(e).startswith("compute model"):   # said so already (_number and the like)
@@ -198,22 +199,13 @@ def _is_number(word: str) -> bool:
     return True
 
 
-def _seconds(word: str, what: str, text: str) -> float:
-    """A plain number (seconds) or a duration with its unit: 2e-5, 20us, 0.02ms."""
+def _quantity(word: str, what: str, text: str, parse: Callable[[str], float]) -> float:
+    """A plain number (seconds, or per second) or a value with its unit, read by ``parse``
+    (``parse_seconds``: 20us, 0.02ms; ``parse_per_second``: 1e5/s, 100/ms)."""
     if _is_number(word):
         return _number(word, what, text)
     try:
-        return parse_seconds(word)
-    except ValueError as e:
-        raise ValueError(f"compute model {text!r}: {what}: {e}") from None
-
-
-def _rate(word: str, what: str, text: str) -> float:
-    """A plain number (per second) or a rate with its unit: 1e5/s, 100/ms."""
-    if _is_number(word):
-        return _number(word, what, text)
-    try:
-        return parse_per_second(word)
+        return parse(word)
     except ValueError as e:
         raise ValueError(f"compute model {text!r}: {what}: {e}") from None
 
