@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 # Aggregation schemes crnetd runs (``crnet.schemes`` has their drivers).
-SCHEMES = ("cr", "gc", "tree", "rar")
+SCHEMES = ("cr", "gc", "tree", "rar", "spread")
 
 
 @dataclass(frozen=True)
@@ -360,17 +360,18 @@ def scheme_tree(scheme: str, *, tree: Tree | None = None, workers: int | None = 
                 stragglers: int = 0) -> Tree:
     """The tree a scheme joins and allocates on.
 
-    ``cr`` runs on ``tree``; ``tree`` is CodedReduce on the same shape with s = 0;
+    ``cr`` and ``spread`` (CodedReduce decoded at the chunks' owners) run on ``tree``;
+    ``tree`` is CodedReduce on the same shape with s = 0;
     ``gc`` is CodedReduce on a one-layer tree (the master decodes any N-s of N);
     ``rar`` joins as a star without stragglers (the master only coordinates, the
     data moves around the ring of workers).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
-    if scheme in ("cr", "tree"):
+    if scheme in ("cr", "tree", "spread"):
         if tree is None:
             raise ValueError(f"scheme {scheme} needs a tree")
-        return tree if scheme == "cr" else Tree(tree.fanout, (0,) * tree.layers)
+        return Tree(tree.fanout, (0,) * tree.layers) if scheme == "tree" else tree
     if workers is None:
         if tree is None:
             raise ValueError(f"scheme {scheme} needs workers (or a tree to take N from)")

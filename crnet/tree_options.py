@@ -43,11 +43,11 @@ def tree_for_scheme(scheme, workers, fanout, layers, stragglers) -> Tree:
     """The tree ``plan.scheme_tree`` gives for the options, or a usage error."""
     stragglers = stragglers_in_effect(fanout, stragglers)
     tree = None
-    if scheme in ("cr", "tree") or workers is None:
+    if scheme in ("cr", "tree", "spread") or workers is None:
         s = stragglers if scheme != "tree" else [0]
         tree = tree_from_options(fanout, resolve_layers(fanout, layers, stragglers), s)
-    if scheme == "cr" and tree is not None and workers not in (None, tree.workers):
-        raise click.UsageError(f"--workers {workers} but the cr tree has {tree.workers} workers")
+    if scheme in ("cr", "spread") and tree is not None and workers not in (None, tree.workers):
+        raise click.UsageError(f"--workers {workers} but the {scheme} tree has {tree.workers} workers")
     try:
         return scheme_tree(scheme, tree=tree, workers=workers, stragglers=stragglers[0])
     except ValueError as e:

@@ -12,6 +12,7 @@ from ..plan import SCHEMES
 from .base import Memory, Place, Ports, Scheme, Sends, Stall, Steps
 from .coded_reduce import CodedReduce
 from .ring_allreduce import RingAllreduce
+from .spread import Spread
 
 __all__ = ["DRIVERS", "Memory", "Place", "Ports", "Scheme", "Sends", "Stall", "Steps", "driver"]
 
@@ -20,6 +21,7 @@ DRIVERS: dict[str, type[Scheme]] = {
     "gc": CodedReduce,      # CodedReduce on a one-layer tree
     "tree": CodedReduce,    # CodedReduce with s = 0
     "rar": RingAllreduce,
+    "spread": Spread,      # CodedReduce decoded at the chunks' owners
 }
 assert set(DRIVERS) == set(SCHEMES), "every scheme crnetd accepts needs a driver"
 
