@@ -1,7 +1,7 @@
 """The dialer's side of the authentication handshake (``crnet.auth`` has the math).
 
 ``Dialing`` stands before whatever dialed a TCP connection to a node: a daemon's
-``ParentLink`` or ``SuccessorLink``, and the ``crnet status`` client. It lets nothing
+``ParentLink`` or ``PeerLink``, and the ``crnet status`` client. It lets nothing
 through until the peer has proved that it holds the cluster secret; from then on it
 passes every frame straight on. A dialer with a secret drops a peer that welcomes it
 without a challenge, or fails it (it could be anyone): the handler's ``reject``. Such

@@ -29,7 +29,7 @@ from .auth import is_loopback
 from .defaults import SHUTDOWN_GRACE
 from .errors import CrnetTimeout, LaunchError
 from .options import BY_NAME, argv
-from .plan import Tree
+from .plan import PEER_SCHEMES, Tree
 from .procs import stop_processes
 from .tls import TlsFiles
 
@@ -133,9 +133,9 @@ class LocalTree:
             self.options["secret_file"] = self._write_secret()
         if tls is not None:
             self.options.update(tls_cert=tls.cert, tls_key=tls.key, tls_ca=tls.ca)
-        # Parents listen for children; in a ring every worker listens for its predecessor.
+        # Parents listen for children; with peers (a ring, spread) every host listens for them.
         self.ports = {name: port if addresses else free_port() for name in tree.names()
-                      if tree.children(name) or self.scheme == "rar"}
+                      if tree.children(name) or self.scheme in PEER_SCHEMES}
         self.procs: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()   # daemons stopped on purpose (signal()): any exit code
         # Every daemon's standard input is the read end of this pipe, and only this process

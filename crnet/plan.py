@@ -14,6 +14,7 @@ gradients of positions start..stop-1 of the global batch".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from math import prod
@@ -23,6 +24,7 @@ from .codes import GradientCode, code_for
 WeightedRange = tuple[int, int, float]
 
 __all__ = [
+    "PEER_SCHEMES",
     "SCHEMES",
     "Assignment",
     "Plan",
@@ -38,6 +40,13 @@ __all__ = [
 
 # Aggregation schemes crnetd runs (``crnet.schemes`` has their drivers).
 SCHEMES = ("cr", "gc", "tree", "rar", "spread")
+# Schemes whose hosts send pieces to each other off the tree: every host listens for its peers.
+PEER_SCHEMES = ("rar", "spread")
+
+
+@functools.lru_cache(maxsize=64)
+def _ranks(tree: Tree) -> dict[str, int]:
+    return {name: r for r, name in enumerate(tree.names())}
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,10 @@ class Tree:
         if layer == self.layers:
             return None
         return code_for(self.fanout[layer], self.stragglers[layer], kind)
+
+    def rank(self, name: str) -> int:
+        """A node's place in ``names()`` (the master is 0): its rank among the hosts."""
+        return _ranks(self)[name]
 
     def names(self) -> Iterator[str]:
         """Every node, master first, layer by layer (breadth first)."""

@@ -55,10 +55,12 @@ class MsgType(enum.IntEnum):
     STATUS_HELLO = 35   # status client -> node: first frame (its nonce, with a cluster secret)
     STATUS = 36         # asker -> node: this subtree's state, please (within a deadline)
     STATUS_REPLY = 37   # node -> asker: its subtree's state
-    # Ring links (TCP, --scheme rar), predecessor -> successor.
-    PEER_HELLO = 10     # I am your predecessor, rank r
+    # Ring links (TCP, --scheme rar), predecessor -> successor; the first two open spread's too.
+    PEER_HELLO = 10     # I am your predecessor (rar) or host (spread), rank r
     PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow
     SEGMENT = 12        # a ring segment of a step (phase, round, segment)
+    # Peer links (TCP, --scheme spread), every host -> every other host.
+    PIECE = 19          # a chunk of a host's vector to its owner, or of the sum from its owner
     # The local training process (Unix socket).
     CLIENT_HELLO = 20   # client -> daemon: first frame (pid)
     CLIENT_WELCOME = 21  # daemon -> client: this host's assignment

@@ -45,7 +45,7 @@ from crnet.node.links import (
     ClientState,
     DialedState,
     ParentLink,
-    SuccessorLink,
+    PeerLink,
 )
 from crnet.node.local import LocalProcesses
 from crnet.node.steps import EngineSettings, Failed, Refused
@@ -82,7 +82,7 @@ def parent_link(m):
 
 
 @pytest.mark.parametrize("link, states", [(ChildLink, ChildState), (ParentLink, DialedState),
-                                          (SuccessorLink, DialedState), (ClientLink, ClientState)])
+                                          (PeerLink, DialedState), (ClientLink, ClientState)])
 def test_every_state_of_a_link_has_its_table(link, states):
     """What a peer may send is read off one table per state (links/machine.py)."""
     assert set(link.RECEIVE) == set(states)

@@ -1,4 +1,5 @@
-"""The ring links' messages (TCP, ``--scheme rar``), predecessor -> successor."""
+"""The peer links' messages (TCP): ``--scheme rar``'s, predecessor -> successor, and
+``--scheme spread``'s, every host -> every other host."""
 
 from __future__ import annotations
 
@@ -83,3 +84,27 @@ class Segment(Message):
                    h.integer("round", 0, 1 << 16), h.integer("segment", 0, 1 << 16),
                    h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES),
                    h.integer("part", 0, 1 << 16) if "part" in h.h else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Piece(Message):
+    """spread, host -> host: chunk ``chunk`` of a step's vector. REDUCE: the sender's local
+    vector, to the chunk's owner; GATHER: the decoded sum, from its owner."""
+
+    TYPE = MsgType.PIECE
+    PAYLOAD = True
+    step: int
+    phase: Phase
+    chunk: int
+    total: int
+    dtype: str
+
+    def header(self) -> dict[str, Any]:
+        return {"step": self.step, "phase": self.phase.value, "chunk": self.chunk,
+                "total": self.total, "dtype": self.dtype}
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Piece:
+        return cls(h.integer("step", 0, MAX_STEP), _PHASES[h.text("phase", choices=("rs", "ag"))],
+                   h.integer("chunk", 0, 1 << 32), h.integer("total", 1, 1 << 40),
+                   h.text("dtype", choices=DTYPE_NAMES))

@@ -16,6 +16,7 @@ from ..wire import MsgType
 from .base import Message
 
 CODE_KINDS = ("auto", "frc", "crc")
+MAX_PEERS = 1 << 16   # hosts a spread tree may have (peers in JOINED and ASSIGN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +108,24 @@ class Joined(Message):
     workers: int
     tree_step: int = -1
     job: str = ""
+    # spread: where each node of the subtree below listens, (name, address) pairs, so that
+    # the master can tell every host where every other one is (ASSIGN's ``peers``).
+    peers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_header(cls, h: Fields) -> Joined:
         return cls(h.integer("workers", 0, 1 << 31), h.integer("tree_step", -1),
-                   h.text("job", 256) if "job" in h.h else "")
+                   h.text("job", 256) if "job" in h.h else "",
+                   _pairs(h, "peers") if "peers" in h.h else ())
+
+
+def _pairs(h: Fields, name: str) -> tuple[tuple[str, str], ...]:
+    v = h.h.get(name)
+    if (not isinstance(v, list) or len(v) > MAX_PEERS
+            or any(not isinstance(p, list) or len(p) != 2 or any(not isinstance(x, str) or len(x) > 256
+                                                                 for x in p) for p in v)):
+        raise h.bad(name, f"a list of at most {MAX_PEERS} [name, address] pairs")
+    return tuple((a, b) for a, b in v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,13 +169,20 @@ class Assign(Message):
     PAYLOAD = True
     samples: int
     ring: RingPlace | None = None
+    # spread: where every node listens, by rank (``Tree.names()`` order); None where the
+    # master does not know (itself: a child of the master puts its parent's address there).
+    peers: tuple[str | None, ...] = ()
 
     @classmethod
     def from_header(cls, h: Fields) -> Assign:
         ring = h.h.get("ring")
         if ring is not None:
             ring = RingPlace.from_header(Fields("ASSIGN ring", h.mapping("ring")))
-        return cls(h.integer("samples", 1, 1 << 40), ring)
+        peers = h.h.get("peers", [])
+        if (not isinstance(peers, list) or len(peers) > MAX_PEERS
+                or any(p is not None and (not isinstance(p, str) or len(p) > 256) for p in peers)):
+            raise h.bad("peers", f"a list of at most {MAX_PEERS} addresses (or nil)")
+        return cls(h.integer("samples", 1, 1 << 40), ring, tuple(peers))
 
 @dataclass(frozen=True, slots=True)
 class Challenge(Message):

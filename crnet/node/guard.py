@@ -2,7 +2,7 @@
 
 ``Accepting`` stands before a ``ChildLink`` on every accepted TCP connection, and
 ``Dialing`` (``crnet/handshake.py``, which the ``crnet status`` client uses too) before a
-``ParentLink`` or ``SuccessorLink`` on every dialed one. Each is a
+``ParentLink`` or ``PeerLink`` on every dialed one. Each is a
 ``transport.Handler`` that lets nothing through to the link until the peer has proved
 that it holds the cluster secret; from then on it passes every frame straight on. An
 acceptor without a secret passes the hello on at once, as before; one with a secret

@@ -43,7 +43,7 @@ from ..units import format_bytes, plural
 from ..wire import Limits
 from .client_socket import ClientSocket
 from .guard import HANDSHAKE_LIMITS, Accepting, Doorway
-from .links import ChildLink, ClientLink, ParentLink, SuccessorLink
+from .links import ChildLink, ClientLink, ParentLink, PeerLink
 from .local import LocalProcesses, Seat
 from .membership import Membership
 from .metrics import MetricsServer, NodeView, registry_for, server_context
@@ -103,8 +103,8 @@ class Node:
         self.membership = Membership(
             self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
-            dial_successor=self._dialer, resolve_timeout=settings.resolve_timeout,
-            host_id=settings.host_id)
+            dial_peer=self._dialer, resolve_timeout=settings.resolve_timeout,
+            host_id=settings.host_id, parent_address=self._parent_address())
         self.local = LocalProcesses(settings.local_processes, self.engine)
         self.rooms = Rooms.beside(self.membership)   # broadcasts, barriers, crnet status
         self.readiness = Readiness(Notifier(), self.membership, self.engine, self.stats)  # systemd
@@ -266,20 +266,26 @@ class Node:
         conn.send(guard.hello(hello))
         return conn, link.welcome
 
+    def _parent_address(self) -> str | None:
+        """host:port of the parent, as this node dials it."""
+        if self.settings.parent is None:
+            return None
+        parent_host, parent_port = self.settings.parent
+        return f"[{parent_host}]:{parent_port}" if ":" in parent_host else f"{parent_host}:{parent_port}"
+
     def _dialer(self, address: str | None):
-        """Dials a ring successor at ``address`` (None: the master, at the parent's)."""
+        """Dials a peer (a ring successor, a spread host) at ``address`` (None: the master,
+        at the parent's)."""
         if address is None:
-            assert self.settings.parent is not None
-            parent_host, parent_port = self.settings.parent
-            address = (f"[{parent_host}]:{parent_port}" if ":" in parent_host
-                       else f"{parent_host}:{parent_port}")
+            address = self._parent_address()
+            assert address is not None
         host, _, port = address.rpartition(":")
 
         async def dial(hello):
-            link = SuccessorLink()
+            link = PeerLink()
             guard = Dialing(link, self.settings.secret)
             _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
-                lambda: self._connection(guard, Limits(max_payload=0), f"ring {address}"),
+                lambda: self._connection(guard, Limits(max_payload=0), f"peer {address}"),
                 host.strip("[]"), int(port), ssl=self._tls_dial), self.settings.connect_timeout)
             conn.send(guard.hello(hello))
             return conn, link.welcome

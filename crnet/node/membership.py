@@ -10,7 +10,8 @@ down the tree.
 Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
 with backoff (``dial.py``) until the parent is back. A ring member (``--scheme
-rar``: the workers and the master) also keeps a link to its ring successor the same way.
+rar``: the workers and the master) also keeps a link to its ring successor the same way, and a
+spread host one to every other host (``mesh.py``).
 
 The state is explicit (``JoinState``); the step engine is told when the node has
 its share (``engine.start``) and when children or the parent come and go. Everyone
@@ -30,13 +31,14 @@ from math import prod
 
 from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
-from ..messages import Assign, Hello, Job, Joined, PeerHello, PeerWelcome, RingPlace, Welcome
+from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
-from ..plan import Tree, cut
+from ..plan import PEER_SCHEMES, Tree, cut
 from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
+from .mesh import Mesh
 from .neighbours import ChildSlot, Neighbours
 from .signal import Signal
 from .steps import StepEngine
@@ -54,13 +56,15 @@ class Membership:
     def __init__(self, engine: StepEngine, neighbours: Neighbours, *, stop: Callable[[int], None],
                  place: Place | None = None, samples: int | None = None,
                  name: str | None = None, dial_parent: Dialer | None = None,
-                 dial_successor: Callable[[str | None], Dialer] | None = None,
-                 resolve_timeout: float | None = None, host_id: str | None = None):
+                 dial_peer: Callable[[str | None], Dialer] | None = None,
+                 resolve_timeout: float | None = None, host_id: str | None = None,
+                 parent_address: str | None = None):
         """The master passes its ``place`` and ``samples`` (it knows the tree from its
         options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
-        learns both from its parent. ``dial_successor(address)`` dials a ring successor
-        (``None``: the one at the parent's address, the master).
-        A node whose parent's host name does not resolve for ``resolve_timeout`` s exits 2."""
+        learns both from its parent. ``dial_peer(address)`` dials a peer: a ring successor,
+        a spread host (``None``: the one at the parent's address, the master).
+        A node whose parent's host name does not resolve for ``resolve_timeout`` s exits 2.
+        ``parent_address`` (host:port) is where it dials its parent."""
         self.resolve_timeout = resolve_timeout
         self.engine = engine
         self.neighbours = neighbours
@@ -84,7 +88,8 @@ class Membership:
         self.host_id = host_id
         self.hosts: dict[str, int] = {}    # host id -> the child slot it held (this run)
         self._dial_parent = dial_parent
-        self._dial_successor = dial_successor
+        self.mesh = Mesh(neighbours, dial_peer, engine.peer_lost)
+        self.parent_address = parent_address
         self._joined_reported = -1
         self._closing = False
         self._tasks: list[asyncio.Task] = []
@@ -110,6 +115,7 @@ class Membership:
         self._closing = True    # the links closing now are the shutdown's: nothing to report
         for task in self._tasks:
             task.cancel()
+        self.mesh.close()
 
     # ---------------------------------------------------------------- jobs
     def join_job(self, name: str) -> bool:
@@ -140,7 +146,7 @@ class Membership:
         self.on_job.emit(name)
 
     async def wait_closed(self) -> None:
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self.mesh.tasks, return_exceptions=True)
 
     # ---------------------------------------------------------------- parent side
     def child_hello(self, conn: Connection, hello: Hello) -> int:
@@ -224,6 +230,8 @@ class Membership:
                                 f"subtree holds {most}")
         slot = self.neighbours.slots[k]
         slot.workers = msg.workers
+        if self.place.scheme == "spread":
+            slot.below = dict(msg.peers)
         if msg.job and not self.job and self.engine.window.tree_step < 0:
             self.job = msg.job             # a restarted master: the job its children run
         self.engine.learn(msg.tree_step)   # a restarted master resumes where its children are
@@ -235,7 +243,8 @@ class Membership:
         slot = self.neighbours.slots[k]
         if slot.link is not conn:
             return
-        self.neighbours.slots[k] = ChildSlot(address=slot.address, host=slot.host, peer=slot.peer)
+        self.neighbours.slots[k] = ChildSlot(address=slot.address, host=slot.host, peer=slot.peer,
+                                             below=slot.below)
         self.on_child_lost.emit(k)
         assert self.place is not None
         if not self._closing:   # at shutdown this node closes its links itself
@@ -244,16 +253,12 @@ class Membership:
         self._report_joined()
 
     def peer_hello(self, conn: Connection, hello: PeerHello) -> None:
-        """A ring predecessor (rar): accept it if this node is in a ring."""
-        ring = None if self.place is None else self.place.ring
-        if ring is None:
-            raise JoinRefused(f"{self.label} is not in a ring (yet)", retry=True)
-        if hello.rank != (ring.rank - 1) % ring.size:
-            raise JoinRefused(f"rank {hello.rank} is not the ring predecessor of rank {ring.rank}")
-        if self.neighbours.predecessor is not None:
-            self.neighbours.predecessor.close()  # it reconnected: the old link is dead
-        self.neighbours.predecessor = conn
-        conn.send(PeerWelcome())
+        """A peer (rar's ring predecessor, spread's other hosts): accept it if this node has
+        peers (``JoinRefused`` if not)."""
+        place = self.place
+        self.mesh.accept(conn, hello, None if place is None else place.tree,
+                         None if place is None else place.name,
+                         None if place is None else place.ring, None if place is None else place.scheme)
 
     def _report_joined(self) -> None:
         place = self.place
@@ -265,7 +270,8 @@ class Membership:
         before, self._joined_reported = self._joined_reported, count
         self._changed()
         if not place.is_master:
-            self.neighbours.to_parent(Joined(count, self.engine.window.tree_step, self.job))
+            below = (Mesh.below(place.tree, place.name, slots) if place.scheme == "spread" else ())
+            self.neighbours.to_parent(Joined(count, self.engine.window.tree_step, self.job, below))
             return
         if count < before:   # workers left (daemons stopped, links lost): none joined
             log.info("%d/%d workers connected (%d left)", count, place.tree.workers, before - count)
@@ -288,7 +294,9 @@ class Membership:
             slots = self.neighbours.slots
             ring = RingPlace(len(slots), len(slots) + 1, slots[0].address)
             self.place = dataclasses.replace(self.place, ring=ring)
-            self._keep_successor(ring)
+            self.mesh.keep_successor(ring)
+        if self.place.is_master and self.place.scheme == "spread":
+            self.mesh.join(self.place.tree, "", Mesh.everyone(self.place.tree, self.neighbours.slots))
         self.engine.start(self.place)
         for k, slot in enumerate(self.neighbours.slots):
             if slot.link is not None and slot.workers and not slot.assigned:
@@ -309,7 +317,8 @@ class Membership:
                              else None)
         link = slots[k].link
         assert link is not None
-        slots[k].assigned = link.send(Assign(self.samples, ring), pack_allocation(sub))
+        slots[k].assigned = link.send(Assign(self.samples, ring, self.mesh.addresses),
+                                      pack_allocation(sub))
 
     def _size_slots(self) -> None:
         """This node knows its place: one slot per child it will have."""
@@ -373,9 +382,9 @@ class Membership:
         ring = None if self.place is None else self.place.ring
         place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes, ring)
         listening = self.listen_address is not None
-        if place.scheme == "rar" and not listening:
-            raise JoinRefused(f"{place.label} is in a ring (--scheme rar) and must accept its "
-                              "predecessor: start it with --listen")
+        if place.scheme in PEER_SCHEMES and not listening:
+            raise JoinRefused(f"{place.label} takes pieces from its peers (--scheme "
+                              f"{place.scheme}) and must accept them: start it with --listen")
         if place.fanout and not listening:
             raise JoinRefused(f"{place.label} is at layer {place.layer} of {tree.layers} and "
                               "must accept children: start it with --listen")
@@ -403,27 +412,13 @@ class Membership:
                  msg.samples)
         if msg.ring is not None and self.place.ring is None:
             self.place = dataclasses.replace(self.place, ring=msg.ring)
-            self._keep_successor(msg.ring)
+            self.mesh.keep_successor(msg.ring)
+        if self.place.scheme == "spread" and msg.peers:
+            peers = msg.peers
+            if self.place.layer == 1 and peers[0] is None:
+                peers = (self.parent_address, *peers[1:])   # the master, where this node dials it
+            self.mesh.join(self.place.tree, self.place.name, peers)
         self._assigned()
-
-    def _keep_successor(self, ring: RingPlace) -> None:
-        last_worker = ring.rank == ring.size - 2
-        if self._dial_successor is None or (ring.successor is None and not last_worker):
-            log.error("rar: the master did not know rank %d's successor", ring.rank)
-            return
-        # None: the last worker's successor is the master, at its parent's address.
-        dial = self._dial_successor(ring.successor)
-        where = "the master" if ring.successor is None else ring.successor
-        self._tasks.append(supervised(keep_connected(
-            f"ring successor {where}", dial, hello=lambda: PeerHello(ring.rank),
-            up=self.neighbours.successor_up, down=self._successor_down,
-            refused=lambda e: log.error("the ring successor refused this node: %s",
-                                        shown(e.reason))),
-            "successor"))
-
-    def _successor_down(self, what: str) -> None:
-        self.neighbours.successor = None
-        log.warning("lost the %s; reconnecting", what)
 
 
 def subtree_workers(tree: Tree, layer: int) -> int:

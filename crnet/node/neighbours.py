@@ -1,4 +1,5 @@
-"""A node's links to its neighbours: the parent, the children by slot, the ring.
+"""A node's links to its neighbours: the parent, the children by slot, its peers (the
+ring successor and predecessor, rar; every other host, spread).
 
 Membership (``membership.py``) fills these in as peers join and leave; the step
 engine (``steps/``) only sends through them. Nothing here decides anything.
@@ -29,15 +30,28 @@ class ChildSlot:
     told: set[int] = field(default_factory=set)   # steps it was sent a verdict about (pruned)
     host: str | None = None         # the host id it said in HELLO (kept when it leaves)
     peer: str | None = None         # the address it connected from (kept when it leaves)
+    below: dict[str, str] = field(default_factory=dict)  # spread: where its subtree listens
 
 
 class Neighbours:
     def __init__(self) -> None:
         self.parent: Connection | None = None
         self.slots: list[ChildSlot] = []
-        self.successor: Connection | None = None     # rar: where this worker's segments go
-        self.predecessor: Connection | None = None   # rar: where they come from
-        self._successor_queue: list[tuple[int, list]] = []   # (step, frame) while reconnecting
+        # Peers by rank: the links this node dialed, where its pieces go (rar: the ring
+        # successor; spread: every other host), and those it accepted, where pieces come from.
+        self.peers: dict[int, Connection] = {}
+        self.peers_in: dict[int, Connection] = {}
+        self._queued: dict[int, list[tuple[int, list]]] = {}   # rank -> (step, frame) while reconnecting
+
+    @property
+    def successor(self) -> Connection | None:
+        """rar: the one peer a ring member dials."""
+        return next(iter(self.peers.values()), None)
+
+    @property
+    def predecessor(self) -> Connection | None:
+        """rar: the one peer that dials a ring member."""
+        return next(iter(self.peers_in.values()), None)
 
     def child(self, k: int) -> Connection | None:
         return self.slots[k].link if 0 <= k < len(self.slots) else None
@@ -46,8 +60,8 @@ class Neighbours:
         return {k: "disconnected" for k, slot in enumerate(self.slots) if slot.link is None}
 
     def sending(self) -> list[Connection]:
-        """The links this node sends steps' pieces on: the parent, the children, the successor."""
-        links = [self.parent, self.successor, *(slot.link for slot in self.slots)]
+        """The links this node sends steps' pieces on: the parent, the children, the peers."""
+        links = [self.parent, *self.peers.values(), *(slot.link for slot in self.slots)]
         return [link for link in links if link is not None]
 
     def summary(self) -> dict:
@@ -55,7 +69,8 @@ class Neighbours:
         return {"parent": self.parent is not None,
                 "children": [slot.link is not None for slot in self.slots],
                 "successor": self.successor is not None,
-                "predecessor": self.predecessor is not None}
+                "predecessor": self.predecessor is not None,
+                "peers": len(self.peers), "peers_in": len(self.peers_in)}
 
     def to_parent(self, msg: Message, payload=None) -> bool:
         return self.parent is not None and self.parent.send(msg, payload)
@@ -73,22 +88,30 @@ class Neighbours:
                 continue
             link.write(frame)
 
-    def to_successor(self, step: int, frame: list) -> None:
-        if self.successor is None or not self.successor.write(frame):
-            self._successor_queue.append((step, frame))  # sent once the link is (back) up
+    def to_peer(self, rank: int, step: int, frame: list) -> None:
+        link = self.peers.get(rank)
+        if link is None or not link.write(frame):
+            self._queued.setdefault(rank, []).append((step, frame))  # sent once the link is (back) up
 
-    def successor_up(self, conn: Connection) -> None:
-        self.successor = conn
-        for _, frame in self._successor_queue:
+    def peer_up(self, rank: int, conn: Connection) -> None:
+        self.peers[rank] = conn
+        for _, frame in self._queued.pop(rank, []):
             conn.write(frame)
-        self._successor_queue.clear()
+
+    def peer_down(self, rank: int) -> None:
+        self.peers.pop(rank, None)
 
     def forget(self, step: int) -> None:
-        """``step`` is decided: its ring segments still queued are moot."""
-        self._successor_queue = [(s, f) for s, f in self._successor_queue if s != step]
+        """``step`` is decided: its pieces still queued for peers are moot."""
+        for rank, queued in list(self._queued.items()):
+            kept = [(s, f) for s, f in queued if s != step]
+            if kept:
+                self._queued[rank] = kept
+            else:
+                del self._queued[rank]
 
     def close(self) -> None:
-        for conn in (self.parent, self.successor, self.predecessor,
+        for conn in (self.parent, *self.peers.values(), *self.peers_in.values(),
                      *(slot.link for slot in self.slots)):
             if conn is not None:
                 conn.close()

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..codes import GradientCode
 from ..errors import ProtocolError
-from ..messages import Chunk, Message, Result, RingPlace, Segment
+from ..messages import Chunk, Message, Piece, Result, RingPlace, Segment
 from ..plan import Tree
 from ..stats import Stats
 from .chunks import ChunkLayout
@@ -85,8 +85,9 @@ class Sends(Protocol):
     def to_children(self, msg: Result, payload) -> None:
         """One encoding to every connected child; one that stopped reading is cut off."""
 
-    def to_successor(self, step: int, msg: Message, payload) -> None:
-        """To the ring successor; queued while it is (re)connecting."""
+    def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
+        """To peer ``rank`` (the ring successor, another spread host); queued while its link
+        is (re)connecting, until ``step`` is decided."""
 
     def absent_children(self) -> dict[int, str]:
         """Children without a live link, with why."""
@@ -178,6 +179,12 @@ class Scheme:
     def segment(self, msg: Segment) -> None:
         pass
 
+    def piece_dest(self, rank: int, msg: Piece, nbytes: int) -> memoryview | None:
+        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no PIECE from peers")
+
+    def piece(self, rank: int, msg: Piece) -> None:
+        pass
+
     # -- what the engine tells the scheme
     def opened(self, step: int) -> None:
         """``step`` started at this node (its deadline runs from now), whatever began it:
@@ -187,6 +194,10 @@ class Scheme:
         """Child ``k`` won't answer ``step`` (it reported a failure: a step in the window,
         which this neither opens nor starts a clock for), or any open step (``step``
         None: its link is gone)."""
+
+    def peer_silent(self, rank: int) -> None:
+        """Peer ``rank``'s link to this node is gone: what it sent of steps under way stays,
+        the rest will not come (until it reconnects)."""
 
     def stalled(self, step: int) -> Stall | None:
         """``step``'s deadline passed at this node: what is missing, or None if this

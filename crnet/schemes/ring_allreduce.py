@@ -225,6 +225,7 @@ class RingAllreduce(Scheme):
         if place.ring is None:
             raise ValueError(f"{place.label}: a ring member needs its ring place (rank, successor)")
         self.ring = place.ring
+        self._successor = (place.ring.rank + 1) % place.ring.size
         self.steps: dict[int, RingStep] = {}
 
     def local(self, step: int, vector: np.ndarray) -> str | None:
@@ -273,7 +274,7 @@ class RingAllreduce(Scheme):
     def _send(self, ring: RingStep, sends: list[Send]) -> None:
         layout = ring.layout
         for send in sends:
-            self.ports.send.to_successor(ring.step, Segment(ring.step, send.phase, send.round,
+            self.ports.send.to_peer(self._successor, ring.step, Segment(ring.step, send.phase, send.round,
                                                        send.segment, layout.total,
                                                        layout.dtype_name, send.part),
                                     send.payload)

@@ -6,10 +6,10 @@ says which it may get now and which method hands each to membership (joining), t
 step engine (steps), broadcasts, barriers or status. Any other is a ``ProtocolError``:
 that connection closes.
 
-- ``child.py``   ``ChildLink``: accepted on ``--listen``: a child, the ring predecessor
-  (rar) or ``crnet status``.
+- ``child.py``   ``ChildLink``: accepted on ``--listen``: a child, a peer or ``crnet status``.
 - ``parent.py``  ``ParentLink``: dialed to the parent.
-- ``ring.py``    ``SuccessorLink``: dialed to the ring successor; this node only sends on it.
+- ``peer.py``    ``PeerLink``: dialed to a peer (the ring successor, a spread host); this node
+  only sends on it.
 - ``client.py``  ``ClientLink``: the local training process on the Unix socket, with
   ``client_steps.py`` (its steps: requests, answers, progress) and ``client_group.py``
   (broadcasts and barriers with the rest of its job).
@@ -19,7 +19,7 @@ from .child import ChildLink, ChildState
 from .client import ClientLink, ClientState
 from .dialed import DialedLink, DialedState
 from .parent import ParentLink
-from .ring import SuccessorLink
+from .peer import PeerLink
 
 __all__ = ["ChildLink", "ChildState", "ClientLink", "ClientState", "DialedLink", "DialedState",
-           "ParentLink", "SuccessorLink"]
+           "ParentLink", "PeerLink"]

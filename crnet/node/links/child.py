@@ -1,7 +1,8 @@
 """``ChildLink``: a connection accepted on ``--listen``.
 
-It starts with HELLO (a child joining), PEER_HELLO (the ring predecessor, rar) or
-STATUS_HELLO (``crnet status``), and what it may send from then on follows from which:
+It starts with HELLO (a child joining), PEER_HELLO (a peer: the ring predecessor, rar; another
+host, spread) or STATUS_HELLO (``crnet status``), and what it may send from then on follows
+from which:
 
 ==============  ==============================================================
 state           may send
@@ -9,7 +10,7 @@ state           may send
 NEW             HELLO, PEER_HELLO, STATUS_HELLO
 CHILD           CHUNK, JOINED, FAIL, OPEN, JOB, BCAST, WANT_STATE, BARRIER,
                 STATUS_REPLY, REFUSE (it cannot take the place it was welcomed to)
-PREDECESSOR     SEGMENT
+PEER            SEGMENT (rar), PIECE (spread)
 STATUS          STATUS (it may ask again: ``crnet status --watch``)
 REFUSED         anything: REFUSE was sent, what it sent before reading it is moot
 ==============  ==============================================================
@@ -34,6 +35,7 @@ from ...messages import (
     Message,
     Open,
     PeerHello,
+    Piece,
     Refuse,
     Segment,
     StatusHello,
@@ -58,13 +60,13 @@ RECENT_FAILS = 64   # the steps a child's FAILs are remembered for (each step is
 class ChildState(enum.Enum):
     NEW = "a peer before HELLO"
     CHILD = "a child"
-    PREDECESSOR = "the ring predecessor"
+    PEER = "a peer"
     STATUS = "crnet status"
     REFUSED = "a refused peer"
 
 
 class ChildLink(StateMachine):
-    """A child, the ring predecessor or ``crnet status``: each said so first."""
+    """A child, a peer or ``crnet status``: each said so first."""
 
     def __init__(self, membership: Membership, engine: StepEngine, broadcasts: Broadcasts,
                  barriers: Barriers, status: StatusService, warnings: Throttle | None = None):
@@ -76,14 +78,17 @@ class ChildLink(StateMachine):
         self.warnings = warnings or Throttle(log)   # the node's: shared by every connection
         self.state = ChildState.NEW
         self.slot: int | None = None     # the child's slot, once it said HELLO
+        self.rank: int | None = None     # a peer's rank, once it said PEER_HELLO
         self._failed: dict[tuple[str, int], None] = {}   # (job, step) of its latest FAILs
 
     def unexpected(self, msg: Message, payload: bool) -> str:
         return f"unexpected {msg.TYPE.name} from {self.state.value}"
 
     def lost(self, conn, exc):
-        if self.state is ChildState.PREDECESSOR:
-            log.warning("ring predecessor disconnected")
+        if self.state is ChildState.PEER:
+            assert self.rank is not None
+            log.warning("peer %d disconnected", self.rank)
+            self.membership.mesh.lost(self.rank, conn)
         elif self.slot is not None:
             self.membership.child_lost(self.slot, conn)
 
@@ -102,7 +107,8 @@ class ChildLink(StateMachine):
         except JoinRefused as e:
             self._refuse(conn, e)
             return
-        self.state = ChildState.PREDECESSOR
+        self.state = ChildState.PEER
+        self.rank = msg.rank
 
     def _status_hello(self, conn: Connection, msg: StatusHello, payload) -> None:
         self.state = ChildState.STATUS       # answered at once; it may ask again (--watch)
@@ -183,7 +189,7 @@ class ChildLink(StateMachine):
                               name, conn.label, tamed(msg.reason))
         conn.close()
 
-    # ---------------------------------------------------------------- PREDECESSOR, STATUS
+    # ---------------------------------------------------------------- PEER, STATUS
     def _segment_dest(self, conn: Connection, msg: Segment, nbytes: int):
         return self.engine.segment_dest(msg, nbytes)
 
@@ -191,6 +197,15 @@ class ChildLink(StateMachine):
         if payload is None and self.engine.segment_dest(msg, 0) is None:
             return    # an empty segment (checked like any other): nothing was received
         self.engine.segment(msg)
+
+    def _piece_dest(self, conn: Connection, msg: Piece, nbytes: int):
+        assert self.rank is not None
+        return self.engine.piece_dest(self.rank, msg, nbytes)
+
+    def _piece(self, conn: Connection, msg: Piece, payload) -> None:
+        assert self.rank is not None
+        if payload is not None:   # (else it was dropped unread: moot, or another layout)
+            self.engine.piece(self.rank, msg)
 
     def _status_request(self, conn: Connection, msg: StatusRequest, payload) -> None:
         self.status.asked(conn, msg.id, msg.deadline)
@@ -200,12 +215,12 @@ class ChildLink(StateMachine):
         ChildState.CHILD: {Chunk: _chunk, Joined: _joined, Fail: _fail, Open: _open, Job: _job,
                            Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
                            StatusReply: _status_reply, Refuse: _leaving},
-        ChildState.PREDECESSOR: {Segment: _segment},
+        ChildState.PEER: {Segment: _segment, Piece: _piece},
         ChildState.STATUS: {StatusRequest: _status_request},
         ChildState.REFUSED: {Message: ignore},
     }
     PAYLOAD: ClassVar[Payloads] = {
         ChildState.CHILD: {Chunk: _chunk_dest, Bcast: _bcast_dest},
-        ChildState.PREDECESSOR: {Segment: _segment_dest},
+        ChildState.PEER: {Segment: _segment_dest, Piece: _piece_dest},
         ChildState.REFUSED: {Message: drop},
     }

@@ -40,7 +40,7 @@ import numpy as np
 
 from ...dtypes import DTYPES, dtype_name
 from ...errors import ProtocolError
-from ...messages import Chunk, Fail, FailKind, Message, Open, Result, Segment
+from ...messages import Chunk, Fail, FailKind, Message, Open, Piece, Result, Segment
 from ...peer_text import Throttle, shown
 from ...schemes import Place, Ports, Scheme, Stall, driver
 from ...stats import Stats
@@ -290,7 +290,7 @@ class StepEngine:
             return False
         return True
 
-    def _check_size(self, msg: Chunk | Result | Segment) -> None:
+    def _check_size(self, msg: Chunk | Result | Segment | Piece) -> None:
         """A piece claiming a vector no host could hold closes its connection (ProtocolError)
         before anything is allocated for it."""
         nbytes = msg.total * DTYPES[msg.dtype].itemsize   # (a dtype the message checked)
@@ -359,14 +359,33 @@ class StepEngine:
         for step in sorted(set(self.deadlines.steps) | set(self.decisions.waiters)):
             self.decisions.fail(step, f"{self.label} {reason}", tree_wide=False)
 
-    # -- the ring predecessor
+    # -- peers: the ring predecessor (rar), the other hosts (spread)
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
-        self._check_size(msg)
-        if (self.is_decided(msg.step) or self.refusal(msg.step) or self.scheme is None
-                or not self._open(msg.step, self._announces)):
+        if not self._admit_peer(msg):
             return None
+        assert self.scheme is not None
         return self.scheme.segment_dest(msg, nbytes)
 
     def segment(self, msg: Segment) -> None:
         if self.scheme is not None and not self.is_decided(msg.step):
             self.scheme.segment(msg)
+
+    def piece_dest(self, rank: int, msg: Piece, nbytes: int) -> memoryview | None:
+        if not self._admit_peer(msg):
+            return None
+        assert self.scheme is not None
+        return self.scheme.piece_dest(rank, msg, nbytes)
+
+    def piece(self, rank: int, msg: Piece) -> None:
+        if self.scheme is not None and not self.is_decided(msg.step):
+            self.scheme.piece(rank, msg)
+
+    def peer_lost(self, rank: int) -> None:
+        if self.scheme is not None:
+            self.scheme.peer_silent(rank)
+
+    def _admit_peer(self, msg: Segment | Piece) -> bool:
+        """A peer's piece of a step in the window and not decided: the step opens here."""
+        self._check_size(msg)
+        return not (self.is_decided(msg.step) or self.refusal(msg.step) or self.scheme is None
+                    or not self._open(msg.step, self._announces))

@@ -1,5 +1,5 @@
-"""Where a scheme's pieces go (``schemes.Sends``): the parent, a child, every child,
-the ring successor, over the node's links (``neighbours.py``)."""
+"""Where a scheme's pieces go (``schemes.Sends``): the parent, a child, every child, a
+peer, over the node's links (``neighbours.py``)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ class TreeSends:
             limit = max(defaults.SEND_QUEUE_BYTES, defaults.SEND_QUEUE_VECTORS * vector)
         self.neighbours.to_children(msg.frame(payload), limit)
 
-    def to_successor(self, step: int, msg: Message, payload) -> None:
-        self.neighbours.to_successor(step, msg.frame(payload))
+    def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
+        self.neighbours.to_peer(rank, step, msg.frame(payload))
 
     def absent_children(self) -> dict[int, str]:
         return self.neighbours.absent_children()

@@ -1,8 +1,8 @@
-"""``SuccessorLink``: a ring member's link to its successor (rar). Segments go out on
-it; only the welcome comes in.
+"""``PeerLink``: a link this node dialed to a peer: the ring successor (rar), another host
+(spread). Pieces go out on it; only the welcome comes in.
 
 ============  ======================================
-state         the successor may send
+state         the peer may send
 ============  ======================================
 WAITING       PEER_WELCOME, REFUSE
 WELCOMED      nothing
@@ -20,12 +20,12 @@ from .dialed import DialedLink, DialedState
 from .machine import Receives
 
 
-class SuccessorLink(DialedLink):
+class PeerLink(DialedLink):
     def unexpected(self, msg: Message, payload: bool) -> str:
-        return f"unexpected {msg.TYPE.name} from the ring successor"
+        return f"unexpected {msg.TYPE.name} from a peer"
 
     def lost(self, conn, exc):
-        self.hung_up("the ring successor hung up")
+        self.hung_up("the peer hung up")
 
     def _welcome(self, conn: Connection, msg: PeerWelcome, payload) -> None:
         self.welcomed()

@@ -1,0 +1,143 @@
+"""A node's peer links: the ring successor (rar), or every other host (spread).
+
+A peer is a host this node sends a step's pieces to directly, off the tree. Each peer
+link is one-way: this node dials every peer it sends to (``PEER_HELLO`` with its rank,
+authenticated and encrypted like a tree link: ``guard.py``, ``tls.py``) and accepts the
+links of those that send to it. Where peers listen comes with the assignment:
+
+- rar: the master gives each worker its successor's address (``RingPlace``);
+- spread: every node reports where its subtree listens (JOINED's ``peers``, from the
+  child slots' addresses, as the parent saw them), so the master knows every host's
+  address; ASSIGN carries them by rank (``Tree.names()`` order) down the tree, and a
+  child of the master fills in the master's, which it dials as its parent.
+
+A host that restarts at the same address is dialed again (``dial.py`` reconnects);
+one that moved needs the tree to assign anew (a restart of the master).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from ..errors import JoinRefused
+from ..messages import PeerHello, PeerWelcome, RingPlace
+from ..peer_text import shown
+from ..plan import Tree
+from ..transport import Connection
+from .dial import Dialer, keep_connected, supervised
+from .neighbours import ChildSlot, Neighbours
+
+log = logging.getLogger("crnet.node")
+
+__all__ = ["Mesh"]
+
+
+class Mesh:
+    """This node's peer links (``neighbours.peers``, ``neighbours.peers_in``) and the
+    addresses they are dialed at."""
+
+    def __init__(self, neighbours: Neighbours, dial: Callable[[str | None], Dialer] | None,
+                 lost: Callable[[int], None]):
+        """``dial(address)`` dials a peer (None: the one at the parent's address, the
+        master); ``lost(rank)`` hears that a peer's link to this node is gone."""
+        self.neighbours = neighbours
+        self._dial = dial
+        self._lost = lost
+        self.addresses: tuple[str | None, ...] = ()   # spread: where every rank listens
+        self.tasks: list[asyncio.Task] = []
+
+    # -- spread's addresses
+    @staticmethod
+    def below(tree: Tree, name: str, slots: list[ChildSlot]) -> tuple[tuple[str, str], ...]:
+        """Where the nodes below ``name`` listen, as far as it knows: JOINED's ``peers``."""
+        found: dict[str, str] = {}
+        for child, slot in zip(tree.children(name), slots):
+            if slot.address is not None:
+                found[child] = slot.address
+            found.update((n, a) for n, a in slot.below.items()
+                         if n.startswith(child + ".") and n in tree)
+        return tuple(sorted(found.items()))
+
+    @staticmethod
+    def everyone(tree: Tree, slots: list[ChildSlot]) -> tuple[str | None, ...]:
+        """At the master, once every worker joined: every rank's address (its own None)."""
+        known = dict(Mesh.below(tree, "", slots))
+        return tuple(known.get(name) for name in tree.names())
+
+    def join(self, tree: Tree, name: str, addresses: tuple[str | None, ...]) -> None:
+        """spread: dial every other host of ``tree`` (this node is ``name``)."""
+        if self.addresses:
+            return   # assigned again (the parent came back): the links are kept up already
+        names = list(tree.names())
+        if len(addresses) != len(names):
+            log.error("spread: the assignment has %d addresses for %d hosts: no peer links",
+                      len(addresses), len(names))
+            return
+        self.addresses = addresses
+        me = tree.rank(name)
+        for rank, address in enumerate(addresses):
+            if rank == me:
+                continue
+            if address is None and rank != 0:
+                log.error("spread: nobody knew where host %s listens: it gets no pieces from "
+                          "this one", names[rank] or "master")
+                continue
+            self.keep(rank, address, me, f"peer {names[rank] or 'master'}")
+
+    def keep_successor(self, ring: RingPlace) -> None:
+        """rar: dial the ring successor."""
+        last_worker = ring.rank == ring.size - 2
+        if ring.successor is None and not last_worker:
+            log.error("rar: the master did not know rank %d's successor", ring.rank)
+            return
+        # None: the last worker's successor is the master, at its parent's address.
+        where = "the master" if ring.successor is None else ring.successor
+        self.keep((ring.rank + 1) % ring.size, ring.successor, ring.rank, f"ring successor {where}")
+
+    def keep(self, rank: int, address: str | None, me: int, what: str) -> None:
+        """Stay connected to peer ``rank`` at ``address`` (None: the parent's), as rank ``me``."""
+        if self._dial is None:
+            log.error("%s: this node cannot dial peers", what)
+            return
+        self.tasks.append(supervised(keep_connected(
+            what, self._dial(address), hello=lambda: PeerHello(me),
+            up=lambda conn: self.neighbours.peer_up(rank, conn),
+            down=lambda why: self._down(rank, why),
+            refused=lambda e: log.error("%s refused this node: %s", what, shown(e.reason))),
+            what))
+
+    def _down(self, rank: int, what: str) -> None:
+        self.neighbours.peer_down(rank)
+        log.warning("lost the %s; reconnecting", what)
+
+    # -- links accepted from peers
+    def accept(self, conn: Connection, hello: PeerHello, tree: Tree | None, name: str | None,
+               ring: RingPlace | None, scheme: str | None) -> None:
+        """A peer dialed this node: take its link, or ``JoinRefused`` why not."""
+        if scheme == "spread" and tree is not None and name is not None:
+            hosts = tree.workers + 1
+            if not 0 <= hello.rank < hosts or hello.rank == tree.rank(name):
+                raise JoinRefused(f"rank {hello.rank} is not another host of this tree "
+                                  f"(ranks 0..{hosts - 1})")
+        elif ring is not None:
+            if hello.rank != (ring.rank - 1) % ring.size:
+                raise JoinRefused(f"rank {hello.rank} is not the ring predecessor of rank {ring.rank}")
+        else:
+            raise JoinRefused("this node has no peers (yet)", retry=True)
+        old = self.neighbours.peers_in.get(hello.rank)
+        if old is not None:
+            old.close()   # it reconnected: the old link is dead
+        self.neighbours.peers_in[hello.rank] = conn
+        conn.send(PeerWelcome())
+
+    def lost(self, rank: int, conn: Connection) -> None:
+        """An accepted peer link closed."""
+        if self.neighbours.peers_in.get(rank) is conn:
+            del self.neighbours.peers_in[rank]
+            self._lost(rank)
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
