@@ -234,9 +234,9 @@ def test_the_ring_predecessor_is_welcomed_and_may_send_segments_only(membership)
     link, conn = child_link(m), FakeLink()
     link.received(conn, PeerHello(0), None)
     assert conn.messages() == [PeerWelcome()] and m.neighbours.predecessor is conn
-    with pytest.raises(ProtocolError, match=r"^unexpected CHUNK from the ring predecessor$"):
+    with pytest.raises(ProtocolError, match=r"^unexpected CHUNK from a peer$"):
         link.payload_dest(conn, CHUNK, 32)
-    with pytest.raises(ProtocolError, match=r"^unexpected JOINED from the ring predecessor$"):
+    with pytest.raises(ProtocolError, match=r"^unexpected JOINED from a peer$"):
         link.received(conn, Joined(1), None)
 
 
@@ -244,13 +244,13 @@ def test_a_wrong_ring_predecessor_is_refused(membership):
     link, conn = child_link(ring_member(membership, 1)), FakeLink()
     link.received(conn, PeerHello(2), None)
     assert conn.messages() == [Refuse("rank 2 is not the ring predecessor of rank 1", False)]
-    assert conn.closed and link.state is not ChildState.PREDECESSOR
+    assert conn.closed and link.state is not ChildState.PEER
 
 
 def test_a_node_outside_a_ring_asks_a_predecessor_to_retry(master):
     link, conn = child_link(master), FakeLink()
     link.received(conn, PeerHello(0), None)
-    assert conn.messages() == [Refuse("master is not in a ring (yet)", True)]
+    assert conn.messages() == [Refuse("master has no peers (yet)", True)]
 
 
 # ---------------------------------------------------------------- ParentLink

@@ -312,7 +312,7 @@ def test_a_node_refuses_a_different_place_than_its_own(membership, msg, reason):
 @pytest.mark.parametrize("msg, reason", [
     (welcome("0"), "node 0 is at layer 1 of 2 and must accept children: start it with --listen"),
     (welcome("1", Tree((2,), (0,)), "rar"),
-     "node 1 is in a ring (--scheme rar) and must accept its predecessor: start it with --listen"),
+     "node 1 takes pieces from its peers (--scheme rar) and must accept them: start it with --listen"),
 ])
 def test_a_node_that_must_accept_peers_needs_a_listen_address(membership, msg, reason):
     """Its configuration is wrong: a refusal for good (the node stops), not a ProtocolError."""

@@ -74,6 +74,7 @@ FULL_FILES = frozenset({
     "test_run.py",
     "test_shm.py",
     "test_soak.py",
+    "test_spread.py",
     "test_status.py",
     "test_systemd.py",
     "test_tls.py",

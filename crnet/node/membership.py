@@ -255,10 +255,7 @@ class Membership:
     def peer_hello(self, conn: Connection, hello: PeerHello) -> None:
         """A peer (rar's ring predecessor, spread's other hosts): accept it if this node has
         peers (``JoinRefused`` if not)."""
-        place = self.place
-        self.mesh.accept(conn, hello, None if place is None else place.tree,
-                         None if place is None else place.name,
-                         None if place is None else place.ring, None if place is None else place.scheme)
+        self.mesh.accept(conn, hello, self.place, self.label)
 
     def _report_joined(self) -> None:
         place = self.place

@@ -25,6 +25,7 @@ from ..errors import JoinRefused
 from ..messages import PeerHello, PeerWelcome, RingPlace
 from ..peer_text import shown
 from ..plan import Tree
+from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
 from .neighbours import ChildSlot, Neighbours
@@ -113,19 +114,19 @@ class Mesh:
         log.warning("lost the %s; reconnecting", what)
 
     # -- links accepted from peers
-    def accept(self, conn: Connection, hello: PeerHello, tree: Tree | None, name: str | None,
-               ring: RingPlace | None, scheme: str | None) -> None:
+    def accept(self, conn: Connection, hello: PeerHello, place: Place | None, label: str) -> None:
         """A peer dialed this node: take its link, or ``JoinRefused`` why not."""
-        if scheme == "spread" and tree is not None and name is not None:
-            hosts = tree.workers + 1
-            if not 0 <= hello.rank < hosts or hello.rank == tree.rank(name):
+        if place is not None and place.scheme == "spread":
+            hosts = place.tree.workers + 1
+            if not 0 <= hello.rank < hosts or hello.rank == place.tree.rank(place.name):
                 raise JoinRefused(f"rank {hello.rank} is not another host of this tree "
                                   f"(ranks 0..{hosts - 1})")
-        elif ring is not None:
+        elif place is not None and place.ring is not None:
+            ring = place.ring
             if hello.rank != (ring.rank - 1) % ring.size:
                 raise JoinRefused(f"rank {hello.rank} is not the ring predecessor of rank {ring.rank}")
         else:
-            raise JoinRefused("this node has no peers (yet)", retry=True)
+            raise JoinRefused(f"{label} has no peers (yet)", retry=True)
         old = self.neighbours.peers_in.get(hello.rank)
         if old is not None:
             old.close()   # it reconnected: the old link is dead
