@@ -23,6 +23,7 @@ QUICK_FILES = frozenset({
     "test_membership.py",    # joins and losses over fake links
     "test_messages.py",
     "test_model.py",
+    "test_model_spread.py",
     "test_plan.py",
     "test_schemes.py",
     "test_tiers.py",
