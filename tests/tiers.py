@@ -47,6 +47,7 @@ FULL_FILES = frozenset({
     "test_barriers.py",
     "test_batches.py",
     "test_bench.py",
+    "test_bench_model.py",
     "test_bench_frames.py",
     "test_bench_hop.py",
     "test_bench_step.py",
