@@ -28,12 +28,13 @@ from .runner import run_preset, run_sweep
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--preset", "presets", multiple=True, default=["stragglers"], show_default=True,
-              type=click.Choice(["stragglers", "heavy-tail", "dead", "bandwidth", "quick"]),
+              type=click.Choice(list(PRESETS)),
               help="Scenario (repeatable).")
-@click.option("--schemes", default="cr,gc,tree,rar,gloo", show_default=True,
-              help="Comma list of cr, gc, tree, rar and gloo (PyTorch's ring allreduce).")
+@click.option("--schemes", default=",".join(report.ORDER), show_default=True,
+              help="Comma list of cr, spread, gc, tree, rar and gloo (PyTorch's ring allreduce).")
 @click.option("--sweep", is_flag=True,
-              help="Also sweep straggle probability x slowdown (stragglers preset; cr, rar, gloo).")
+              help="Also sweep straggle probability x slowdown (stragglers preset; cr, spread, "
+                   "rar, gloo).")
 @click.option("--persistent-stragglers", is_flag=True,
               help="crnet's emulated workers finish every computation, as a loop that cannot "
                    "stop mid-step would (default: they stop once the tree finished the step).")
@@ -59,9 +60,9 @@ def main(presets, schemes, sweep, persistent_stragglers, steps, burst, seed, out
     crnet), installed with pip install -e '.[bench]': python -m benchmarks --preset quick
     """
     chosen = [s.strip() for s in schemes.split(",") if s.strip()]
-    unknown = set(chosen) - {"cr", "gc", "tree", "rar", "gloo"}
+    unknown = set(chosen) - set(report.ORDER)
     if unknown or "cr" not in chosen:
-        raise click.UsageError(f"--schemes must include cr and only cr, gc, tree, rar, gloo "
+        raise click.UsageError(f"--schemes must include cr and only {', '.join(report.ORDER)} "
                                f"(got {schemes!r})")
     problem = requirements()
     if problem:
@@ -93,7 +94,7 @@ def main(presets, schemes, sweep, persistent_stragglers, steps, burst, seed, out
             Path(out).write_text(json.dumps({"presets": docs, "sweep": None}, indent=1))
         points = None
         if sweep:
-            sweep_schemes = [s for s in ("cr", "rar", "gloo") if s in chosen]
+            sweep_schemes = [s for s in ("cr", "spread", "rar", "gloo") if s in chosen]
             points = run_sweep(PRESETS["stragglers"], sweep_schemes, Path(workdir) / "sweep", seed,
                                log=lambda m: click.echo(m, err=True), strict=strict)
     except LaunchError as e:   # --strict: a daemon failed; its log stays where e names it

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ORDER = ("cr", "gc", "tree", "rar", "gloo")
+ORDER = ("cr", "spread", "gc", "tree", "rar", "gloo")   # every scheme the benchmark runs
+SWEPT = ("spread", "rar", "gloo")   # what the sweep compares CR with
 
 
 def table(doc: dict) -> str:
@@ -54,8 +55,10 @@ def auto_verdict(doc: dict) -> str | None:
         return line
     best = min(measured, key=measured.__getitem__)
     cfg = doc["config"]
+    # spread runs on cr's tree, tree on its own fanout (cr's unless the preset names one).
     measured_shape = auto["tree"] is None or auto["scheme"] == "gc" or (
-        auto["tree"] == [cfg["cr_fanout"], cfg["cr_stragglers"]] if auto["scheme"] == "cr"
+        auto["tree"] == [cfg["cr_fanout"], cfg["cr_stragglers"]]
+        if auto["scheme"] in ("cr", "spread")
         else auto["tree"][0] == cfg.get("tree_fanout", cfg["cr_fanout"]))
     if auto["scheme"] in measured and measured_shape:
         return line + (f": measured {measured[auto['scheme']] / measured[best]:.2f}x the best crnet "
@@ -84,11 +87,11 @@ def speedups(point: dict) -> dict:
 def sweep_table(points: list[dict]) -> str:
     lines = ["sweep: CR's speedup in mean step time, measured / model on the same draws "
              "/ model expectation",
-             f"{'p':>5} {'factor':>6} " + " ".join(f"{'CR/' + o:>22}" for o in ("rar", "gloo"))]
+             f"{'p':>5} {'factor':>6} " + " ".join(f"{'CR/' + o:>22}" for o in SWEPT)]
     for p in points:
         sp = speedups(p)
         cells = []
-        for other in ("rar", "gloo"):
+        for other in SWEPT:
             v = sp.get(other)
             cells.append(f"{v['measured']:6.2f} / {v['model'] or 0:5.2f} / {v['expected']:5.2f}"
                          if v else f"{'-':>22}")
@@ -131,7 +134,7 @@ def plot(docs: list[dict], sweep: list[dict] | None, path: Path) -> str | None:
         ax = axes[0][-1]
         for factor in sorted({p["factor"] for p in sweep}):
             pts = sorted((p for p in sweep if p["factor"] == factor), key=lambda p: p["prob"])
-            for other, style in (("rar", "o"), ("gloo", "s")):
+            for other, style in zip(SWEPT, ("^", "o", "s")):
                 got = [(p["prob"], v) for p in pts if (v := speedups(p).get(other))]
                 if got:
                     xs = [x for x, _ in got]

@@ -198,7 +198,7 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
     stragglers = preset.gc_stragglers
     assert stragglers is not None, "resolve() the preset first"
     # The shape and the network: the same for the expectation and for this run's draws.
-    tree = preset_tree(preset, kind) if kind in ("cr", "tree") else None
+    tree = preset_tree(preset, kind) if kind in ("cr", "spread", "tree") else None
     chunk_bytes = None if kind == "rar" else chunk_bytes_for(preset.vector_bytes, preset.chunk_bytes)
     bandwidth = _bandwidth(preset)
     p = model.predict(kind, tree=tree, workers=preset.workers, stragglers=stragglers,

@@ -1,4 +1,5 @@
-"""Run-time model: expected step time of CodedReduce, Gradient Coding, a plain tree and RAR.
+"""Run-time model: expected step time of CodedReduce, Gradient Coding, a plain tree, RAR and
+spread (CodedReduce decoded at the chunks' owners: its model is ``crnet.model_spread``).
 
 Monte-Carlo over the workers' compute times (``crnet.workload``, the same draws the benchmark's
 emulated workers sleep) plus bandwidth and latency terms, vectorised over trials. Pure math.
@@ -83,6 +84,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .link_sharing import shared_link_arrivals
+from .model_spread import spread_step_times
 from .plan import SCHEMES, Tree, plan, scheme_tree
 from .workload import ComputeModel
 
@@ -121,9 +124,9 @@ def step_times(
 ) -> np.ndarray:
     """Simulated step times (seconds) of ``trials`` independent steps.
 
-    ``cr`` and ``tree`` need ``tree`` (``tree`` uses its fanout with no stragglers); ``gc``
-    and ``rar`` run on ``workers`` hosts (default: ``tree.workers``), ``gc`` tolerating
-    ``stragglers``. The same ``seed`` gives the same draws, so schemes on the same loads, or
+    ``cr``, ``spread`` and ``tree`` need ``tree`` (``tree`` uses its fanout with no
+    stragglers); ``gc`` and ``rar`` run on ``workers`` hosts (default: ``tree.workers``),
+    ``gc`` tolerating ``stragglers``. The same ``seed`` gives the same draws, so schemes on the same loads, or
     one scheme under two compute models of the same kind, are compared on common random numbers.
     """
     if samples < 1:
@@ -175,6 +178,9 @@ def _from_draws(scheme, shape, compute_times, vector_bytes, bandwidth, latency, 
                              f"of {n} workers")
         rounds = 2 * (n - 1) * (latency + vector_bytes / n / bandwidth)
         return compute_times.max(axis=1) + rounds
+    if scheme == "spread":
+        return spread_step_times(shape, compute_times, vector_bytes=vector_bytes,
+                                 bandwidth=bandwidth, latency=latency)
     return tree_step_times(shape, compute_times, vector_bytes=vector_bytes, bandwidth=bandwidth,
                            latency=latency, chunk_bytes=chunk_bytes)
 
@@ -223,56 +229,6 @@ def tree_step_times(
     out = ready[:, 0] + down + stream
     return out[0] if one_step else out
 
-
-def shared_link_arrivals(starts: np.ndarray, unit: float, need: int | None = None) -> np.ndarray:
-    """When vectors sharing one link have fully arrived (processor sharing, equal sizes).
-
-    ``starts`` has shape (P, n): P independent links, each with n vectors that start arriving
-    at the given times (any order); each vector alone would take ``unit`` seconds. The k
-    vectors in flight at any moment progress at 1/k of the link's rate each. Returns shape
-    (P, n): column j is when the (j+1)-th vector to complete has completely arrived (the
-    vectors finish in the order they start, being of equal size). With ``need``, only the
-    first ``need`` columns are computed (later starts still share the link); the rest are nan.
-
-    Event-driven, vectorised over P: 2n events per link (n starts, n ends), each handled by
-    moving a "virtual time" V (the data each in-flight vector has received, in link-seconds):
-    between events V grows at 1/k per second; a vector started at virtual time V_j is complete
-    when V = V_j + unit.
-    """
-    starts = np.sort(np.asarray(starts, dtype=np.float64), axis=1)
-    p, n = starts.shape
-    need = n if need is None else need
-    if not 1 <= need <= n:
-        raise ValueError(f"need must be in 1..{n}, got {need}")
-    done = np.full((p, n), np.nan)
-    rows = np.arange(p)
-    v_start = np.zeros((p, n))  # V when each vector started
-    t = starts[:, 0].copy()  # the first start has happened: V = 0, one vector in flight
-    v = np.zeros(p)
-    a = np.ones(p, dtype=np.intp)  # vectors started
-    d = np.zeros(p, dtype=np.intp)  # vectors complete
-    # Every link sees exactly n starts and n ends; the (need)-th end is at most the
-    # (n + need - 1)-th event after the first start, and later events are not needed.
-    for _ in range(n + need - 1):
-        k = a - d
-        has_next = a < n
-        a_next = np.minimum(a, n - 1)
-        d_next = np.minimum(d, n - 1)
-        next_start = np.where(has_next, starts[rows, a_next], np.inf)
-        v_end = v_start[rows, d_next] + unit
-        busy = k > 0
-        next_end = np.where(busy, t + k * (v_end - v), np.inf)
-        start = next_start <= next_end
-        end = ~start
-        # A start: V advances by the elapsed time shared among the k in flight.
-        v = np.where(start, v + np.where(busy, (next_start - t) / np.maximum(k, 1), 0.0), v_end)
-        t = np.where(start, next_start, next_end)
-        v_start[rows[start], a[start]] = v[start]
-        done[rows[end], d[end]] = t[end]
-        a += start
-        d += end
-    done[:, need:] = np.nan
-    return done
 
 def summary(times: np.ndarray) -> dict[str, float]:
     """Mean, median and 95th percentile of simulated step times (seconds)."""
@@ -333,6 +289,7 @@ def candidates(hosts: int, max_layers: int = 3) -> list[tuple[str, Tree | None]]
     - trees of 2..``max_layers`` layers with fanout >= 2 at every layer and
       n_1 + n_1 n_2 + ... = hosts: ``"tree"`` when all s_l are 0, else ``"cr"``. (CodedReduce
       on one layer is ``gc``, so it is not listed twice.)
+    - ``spread`` on every one of those shapes, the star (gc's) and the s = 0 trees included.
 
     Straggler counts tried for a parent of n children (``straggler_choices``): every s in
     0..n-1 when n <= 10; for larger n, s = 0..3 and every s with (s+1) dividing n (the exact
@@ -344,13 +301,16 @@ def candidates(hosts: int, max_layers: int = 3) -> list[tuple[str, Tree | None]]
     if max_layers < 1:
         raise ValueError(f"max_layers must be >= 1, got {max_layers}")
     out: list[tuple[str, Tree | None]] = [("rar", None)]
-    out += [("gc", Tree((hosts,), (s,))) for s in straggler_choices(hosts)]
+    spread: list[tuple[str, Tree | None]] = []
     for fanout in _fanouts(hosts, max_layers):
-        if len(fanout) == 1:
-            continue
         for s in itertools.product(*(straggler_choices(n) for n in fanout)):
-            out.append(("cr" if any(s) else "tree", Tree(fanout, s)))
-    return out
+            tree = Tree(fanout, s)
+            if len(fanout) == 1:
+                out.append(("gc", tree))
+            else:
+                out.append(("cr" if any(s) else "tree", tree))
+            spread.append(("spread", tree))
+    return out + spread
 
 
 def straggler_choices(n: int) -> list[int]:

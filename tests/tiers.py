@@ -23,6 +23,7 @@ QUICK_FILES = frozenset({
     "test_membership.py",    # joins and losses over fake links
     "test_messages.py",
     "test_model.py",
+    "test_model_spread.py",
     "test_plan.py",
     "test_schemes.py",
     "test_tiers.py",
@@ -46,6 +47,7 @@ FULL_FILES = frozenset({
     "test_barriers.py",
     "test_batches.py",
     "test_bench.py",
+    "test_bench_model.py",
     "test_bench_frames.py",
     "test_bench_hop.py",
     "test_bench_step.py",

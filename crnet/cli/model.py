@@ -52,7 +52,8 @@ MODEL_OPTIONS = ("vector_bytes", "bandwidth", "latency", "compute", "chunk_bytes
 @click.command("model", short_help="Predict each scheme's step time (the run-time model).")
 @click.option("--scheme", type=click.Choice(["all", *SCHEMES]), default="all",
               show_default=True,
-              help="all: cr on the tree, gc on its N workers with layer 1's s, tree, rar.")
+              help="all: cr and spread on the tree, gc on its N workers with layer 1's s, "
+                   "tree, rar.")
 @click.option("--workers", "-N", type=click.IntRange(min=1), default=None,
               help="gc/rar: number of workers (default: the tree's worker count).")
 @tree_options
@@ -65,7 +66,7 @@ def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json,
     from ..model import predict
 
     stragglers = stragglers_in_effect(fanout, stragglers)
-    names = ["cr", "gc", "tree", "rar"] if scheme == "all" else [scheme]
+    names = ["cr", "spread", "gc", "tree", "rar"] if scheme == "all" else [scheme]
     # gc and rar given --workers need no tree (so --stragglers may exceed the default fanout).
     tree = None
     if (scheme != "gc" and scheme != "rar") or workers is None:

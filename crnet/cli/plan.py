@@ -42,8 +42,8 @@ def plan(ctx, fanout, layers, stragglers, samples, code_kind, as_json, auto, hos
          max_layers, **inputs):
     """Show the CodedReduce allocation: who computes which samples.
 
-    With --auto, rank schemes (cr, gc, tree, rar) and tree shapes for --hosts workers by the
-    run-time model's predicted mean step time instead (the --vector-bytes ... options).
+    With --auto, rank schemes (cr, spread, gc, tree, rar) and tree shapes for --hosts workers by
+    the run-time model's predicted mean step time instead (the --vector-bytes ... options).
     """
     if auto or hosts is not None:
         plan_auto(ctx, auto, hosts, samples, top, max_layers, as_json, inputs)
