@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Protocol
 
 try:
@@ -80,6 +81,7 @@ class Connection(asyncio.BufferedProtocol):
         # sender on it (a step's buffers are bounded by design); the step engine uses
         # it to spot a child that stopped reading.
         self.writing_paused = False
+        self.on_drained: Callable[[], None] | None = None   # paced: all it queued went to the kernel
         # Bytes this connection carried each way (the daemon's metrics read them).
         self.bytes_in = 0
         self.bytes_out = 0
@@ -173,6 +175,22 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self):
         self.writing_paused = False
+        if self.on_drained is not None:
+            self.on_drained()
+
+    def pace(self, unsent: int) -> None:
+        """Writes on this connection go out in turn with others': the kernel keeps at most
+        about ``unsent`` bytes of it not yet sent (TCP_NOTSENT_LOWAT; what is in flight is
+        TCP's), the rest waits in the transport, and ``on_drained`` is called the moment
+        all of it went to the kernel (its buffer limit is 0: every write above it pauses)."""
+        if self.transport is None:
+            return
+        sock = self.transport.get_extra_info("socket")
+        option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+        if sock is not None and option is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, option, unsent)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, unsent)
+        self.transport.set_write_buffer_limits(high=0, low=0)
 
     # -- sending ----------------------------------------------------------------
     @property

@@ -61,6 +61,7 @@ class MsgType(enum.IntEnum):
     SEGMENT = 12        # a ring segment of a step (phase, round, segment)
     # Peer links (TCP, --scheme spread), every host -> every other host.
     PIECE = 19          # a chunk of a host's vector to its owner, or of the sum from its owner
+    OWNERS = 38         # master -> every host: which hosts own no chunks, from which step on
     # The local training process (Unix socket).
     CLIENT_HELLO = 20   # client -> daemon: first frame (pid)
     CLIENT_WELCOME = 21  # daemon -> client: this host's assignment

@@ -62,7 +62,7 @@ async def step_all(clients, step, dim, dtype=np.float64, skip=()):
     (Tree((3, 2), (1, 0)), 1 << 15, 8 << 10),        # every host an owner
 ], ids=["star-small", "two-layers", "every-owner"])
 async def test_every_host_gets_the_exact_sum(local_tree, tree, dim, chunk):
-    lt = local_tree(tree, M, scheme="spread", chunk_bytes=chunk)
+    lt = local_tree(tree, M, scheme="spread", chunk_bytes=chunk, timeout=5)
     clients = await connect(lt, list(tree.names()))
     try:
         for t in range(4):

@@ -108,3 +108,24 @@ class Piece(Message):
         return cls(h.integer("step", 0, MAX_STEP), _PHASES[h.text("phase", choices=("rs", "ag"))],
                    h.integer("chunk", 0, 1 << 32), h.integer("total", 1, 1 << 40),
                    h.text("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class Owners(Message):
+    """spread, master -> every host: from step ``start`` on, the hosts ``excluded`` own no
+    chunks (``schemes/owners.py``). Each replaces the last for the steps from ``start``;
+    the master sends its map first on every peer link, so a host that (re)connects has it.
+    ``epoch`` counts the master's maps (for the logs)."""
+
+    TYPE = MsgType.OWNERS
+    epoch: int
+    start: int
+    excluded: tuple[int, ...] = ()
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Owners:
+        excluded = h.h.get("excluded", [])
+        if (not isinstance(excluded, list) or len(excluded) > 1 << 16
+                or any(type(r) is not int or not 1 <= r < 1 << 16 for r in excluded)):
+            raise h.bad("excluded", "a list of worker ranks (1..65535)")
+        return cls(h.integer("epoch", 0, MAX_STEP), h.integer("start", 0, MAX_STEP), tuple(excluded))

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..codes import GradientCode
 from ..errors import ProtocolError
-from ..messages import Chunk, Message, Piece, Result, RingPlace, Segment
+from ..messages import Chunk, Message, Owners, Piece, Result, RingPlace, Segment
 from ..plan import Tree
 from ..stats import Stats
 from .chunks import ChunkLayout
@@ -88,6 +88,14 @@ class Sends(Protocol):
     def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
         """To peer ``rank`` (the ring successor, another spread host); queued while its link
         is (re)connecting, until ``step`` is decided."""
+
+    def in_turn(self, rank: int, step: int, msg: Message, payload, keep: bool = False) -> None:
+        """To peer ``rank`` once this node's sends in turn before it have left: one peer link
+        at a time takes the node's uplink. ``keep``: sent even once ``step`` is decided here."""
+
+    def announce(self, msg: Message) -> None:
+        """To every peer now, and first to each peer whose link comes up later (the
+        latest announcement only): spread's map of owners."""
 
     def absent_children(self) -> dict[int, str]:
         """Children without a live link, with why."""
@@ -184,6 +192,9 @@ class Scheme:
 
     def piece(self, rank: int, msg: Piece) -> None:
         pass
+
+    def owners(self, rank: int, msg: Owners) -> None:
+        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no OWNERS from peers")
 
     # -- what the engine tells the scheme
     def opened(self, step: int) -> None:

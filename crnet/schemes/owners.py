@@ -29,7 +29,7 @@ import numpy as np
 from ..dtypes import dtype_name
 from .chunks import ChunkLayout, chunk_bytes_for
 
-__all__ = ["MIN_SHARE_BYTES", "Owners", "owner_count", "owners"]
+__all__ = ["MIN_SHARE_BYTES", "OwnerMap", "Owners", "owner_count", "owners"]
 
 MIN_SHARE_BYTES = 64 << 10
 
@@ -92,3 +92,28 @@ def _owners(total: int, dtype: str, chunk_bytes: int, hosts: int,
     layout = ChunkLayout(total, dt, elems, dtype)
     starts = tuple(i * layout.chunks // k for i in range(k))
     return Owners(layout, ranks, starts)
+
+
+class OwnerMap:
+    """Which hosts own no chunks, by step: the master's verdicts (OWNERS), each from a step on."""
+
+    def __init__(self) -> None:
+        self._maps: list[tuple[int, frozenset[int]]] = [(0, frozenset())]   # (from step, excluded)
+        self.epoch = 0
+
+    def excluded(self, step: int) -> frozenset[int]:
+        for start, excluded in reversed(self._maps):
+            if step >= start:
+                return excluded
+        return frozenset()
+
+    @property
+    def latest(self) -> frozenset[int]:
+        return self._maps[-1][1]
+
+    def replace(self, epoch: int, start: int, excluded: Collection[int]) -> None:
+        """From step ``start`` on, ``excluded`` own no chunks (whatever was said of them
+        before); maps of steps before ``start`` stay (steps under way keep their owners)."""
+        self.epoch = epoch
+        kept = [m for m in self._maps if m[0] < start][-2:] or [(0, frozenset())]
+        self._maps = [*kept, (start, frozenset(excluded))]

@@ -30,15 +30,17 @@ import numpy as np
 
 from ..dtypes import dtype_name
 from ..errors import ProtocolError
-from ..messages import Phase, Piece
+from ..messages import Owners, Phase, Piece
 from ..peer_text import Throttle
 from .base import Place, Ports, Scheme, Stall
-from .owners import owners
+from .owners import OwnerMap, owners
 from .spread_step import Recursion, SpreadStep
 
 log = logging.getLogger("crnet.schemes")
 
 REDUCE, GATHER = Phase.REDUCE, Phase.GATHER
+
+ON_TIME = 3   # steps in a row an excluded host's pieces must reach the master in time to own again
 
 
 class Spread(Scheme):
@@ -49,9 +51,13 @@ class Spread(Scheme):
         self.recursion = Recursion.of(place.tree, place.code_kind)
         self.rank = place.tree.rank(place.name)
         self.hosts = self.recursion.hosts
-        self.excluded: frozenset[int] = frozenset()
+        self.map = OwnerMap()
         self.steps: dict[int, SpreadStep] = {}
+        self.newest = -1                       # the newest step begun here
+        self._on_time: dict[int, int] = {}     # master: excluded rank -> steps in time in a row
         self._lines = Throttle(log)
+        if place.is_master:   # every host hears the master's map first (again after a restart)
+            ports.send.announce(Owners(0, 0, ()))
 
     # -- this host's vector
     def local(self, step: int, vector: np.ndarray) -> str | None:
@@ -75,13 +81,15 @@ class Spread(Scheme):
         assert st.mine is not None
         layout, ranks = st.layout, st.owners.ranks
         start = next((i for i, r in enumerate(ranks) if r > self.rank), 0)
-        for owner in ranks[start:] + ranks[:start]:
-            if owner == self.rank:
-                continue
-            for c in st.owners.chunks_of(owner):
-                a, b = layout.bounds(c)
-                self.ports.send.to_peer(owner, st.step, Piece(st.step, REDUCE, c, layout.total,
-                                                              layout.dtype_name), st.mine[a:b])
+        order = [o for o in ranks[start:] + ranks[:start] if o != self.rank]
+        chunks = {o: st.owners.chunks_of(o) for o in order}
+        for j in range(max((len(r) for r in chunks.values()), default=0)):
+            for owner in order:   # every owner's first chunk, then every owner's second, ...
+                if j < len(chunks[owner]):
+                    c = chunks[owner][j]
+                    a, b = layout.bounds(c)
+                    self.ports.send.in_turn(owner, st.step, Piece(st.step, REDUCE, c, layout.total,
+                                                                  layout.dtype_name), st.mine[a:b])
 
     # -- pieces from peers
     def piece_dest(self, rank: int, msg: Piece, nbytes: int) -> memoryview | None:
@@ -97,10 +105,15 @@ class Spread(Scheme):
                                 msg.dtype, st.layout.describe())
             return None
         problem = st.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
-        if problem is None:
-            problem = self._misplaced(st, rank, msg)
         if problem is not None:
             raise ProtocolError(f"PIECE from rank {rank}, step {msg.step}: {problem}")
+        misplaced = self._misplaced(st, rank, msg)
+        if misplaced is not None:
+            # A map of owners this host has not heard yet, or had before: not this host's
+            # to take now. Dropped (the step may lack it: it fails at its deadline).
+            self._lines.warning((rank, "misplaced"), "step %d: rank %d's piece: %s (map %d); "
+                                "dropped", msg.step, rank, misplaced, self.map.epoch)
+            return None
         if msg.phase is REDUCE:
             if st.decoded == len(st.owned):
                 return None   # every owned chunk is decoded: a straggler's piece is moot
@@ -144,9 +157,10 @@ class Spread(Scheme):
             stats.decode_seconds += time.perf_counter() - t0
             stats.decode_cpu_seconds += time.thread_time() - cpu0
             msg = Piece(st.step, GATHER, c, layout.total, layout.dtype_name)
-            for r in range(self.hosts):
-                if r != self.rank:
-                    self.ports.send.to_peer(r, st.step, msg, out)
+            # Every host needs it, also once this host has the whole sum: to the hosts after
+            # this one first, in rotation, as the others do.
+            for i in range(1, self.hosts):
+                self.ports.send.in_turn((self.rank + i) % self.hosts, st.step, msg, out, keep=True)
         if chunks and st.decoded == len(st.owned):
             stats.children_skipped += self.hosts - 1 - len(st.used - {self.rank})
         self._check_complete(st)
@@ -156,7 +170,69 @@ class Spread(Scheme):
             return
         del self.steps[st.step]
         assert st.result is not None
+        if self.place.is_master:
+            self._count_on_time(st)
         self.ports.steps.resolved(st.step, st.layout, st.result)
+
+    # -- the map of owners
+    def owners(self, rank: int, msg: Owners) -> None:
+        if rank != 0:
+            raise ProtocolError(f"OWNERS from rank {rank}: only the master (rank 0) decides who owns chunks")
+        if self.place.is_master:
+            raise ProtocolError("OWNERS at the master")
+        if msg.excluded != tuple(sorted(self.map.latest)) or msg.start != 0:
+            log.warning("the master's map %d: from step %d on, rank(s) %s own no chunks",
+                        msg.epoch, msg.start, ", ".join(map(str, msg.excluded)) or "none")
+        self._new_map(msg.epoch, msg.start, msg.excluded)
+
+    def _new_map(self, epoch: int, start: int, excluded) -> None:
+        self.map.replace(epoch, start, excluded)
+        for step, st in sorted(self.steps.items()):
+            if step >= start and st.owners.ranks != self._cut(step, st.layout.total,
+                                                             st.layout.dtype_name).ranks:
+                self._begin_again(st)
+
+    def _begin_again(self, st: SpreadStep) -> None:
+        """The step's owners changed: begin it again with the new ones, this host's vector
+        sent anew, if nothing of it was decoded or gathered here (else it goes on as it is,
+        and fails if it must)."""
+        if st.decoded or st.gathered:
+            return
+        again = self.steps[st.step] = self._new_step(st.step, st.layout.total, st.layout.dtype_name)
+        if st.mine is not None:
+            ready = again.local_arrived(st.mine)
+            self._send_pieces(again)
+            self._decode(again, ready)
+
+    def _exclude(self, ranks: set[int], start: int, why: str) -> None:
+        """Master: ``ranks`` own no chunks from step ``start`` on; every host is told."""
+        excluded = self.map.latest | (ranks - {0})
+        if excluded == self.map.latest:
+            return
+        for r in excluded - self.map.latest:
+            self._on_time[r] = 0
+        log.warning("from step %d on, rank(s) %s own no chunks (%s)", start,
+                    ", ".join(map(str, sorted(ranks))), why)
+        self._announce(self.map.epoch + 1, start, excluded)
+
+    def _announce(self, epoch: int, start: int, excluded: frozenset[int]) -> None:
+        self.ports.send.announce(Owners(epoch, start, tuple(sorted(excluded))))
+        self._new_map(epoch, start, excluded)
+
+    def _count_on_time(self, st: SpreadStep) -> None:
+        """Master: an excluded host whose pieces came in time for ON_TIME steps in a row owns
+        chunks again."""
+        back = set()
+        for r in self.map.latest:
+            self._on_time[r] = self._on_time.get(r, 0) + 1 if r in st.senders else 0
+            if self._on_time[r] >= ON_TIME:
+                back.add(r)
+        if back:
+            log.warning("from step %d on, rank(s) %s own chunks again (their pieces came in time "
+                        "for %d steps)", st.step + 1, ", ".join(map(str, sorted(back))), ON_TIME)
+            for r in back:
+                del self._on_time[r]
+            self._announce(self.map.epoch + 1, max(st.step, self.newest) + 1, self.map.latest - back)
 
     # -- the step's state
     def _step(self, step: int, total: int, dtype: str, local: bool = False) -> SpreadStep | None:
@@ -172,15 +248,25 @@ class Spread(Scheme):
         if st is not None:
             log.warning("step %d began here with pieces of %s, but this host's vector is %d x %s: "
                         "beginning it again", step, st.layout.describe(), total, dtype)
-        cut = owners(total, dtype, self.place.chunk_bytes, self.hosts, self.excluded)
-        st = self.steps[step] = SpreadStep(
-            step, cut, self.recursion, self.rank, alloc=self.ports.memory.alloc,
-            result_alloc=lambda total, dtype: self.ports.memory.alloc_result(step, total, dtype))
+        self.newest = max(self.newest, step)
+        st = self.steps[step] = self._new_step(step, total, dtype)
         return st
+
+    def _cut(self, step: int, total: int, dtype: str):
+        return owners(total, dtype, self.place.chunk_bytes, self.hosts, self.map.excluded(step))
+
+    def _new_step(self, step: int, total: int, dtype: str) -> SpreadStep:
+        return SpreadStep(
+            step, self._cut(step, total, dtype), self.recursion, self.rank,
+            alloc=self.ports.memory.alloc,
+            result_alloc=lambda total, dtype: self.ports.memory.alloc_result(step, total, dtype))
 
     def peer_silent(self, rank: int) -> None:
         """Peer ``rank``'s link is gone: the sum's chunks it owns will not come for the steps
-        under way, which fail here now rather than at their deadline."""
+        under way, which fail here now rather than at their deadline. At the master, it owns
+        no chunks from the next step on (until its pieces come in time again)."""
+        if self.place.is_master:
+            self._exclude({rank}, self.newest + 1, f"rank {rank}'s link to the master is gone")
         for st in list(self.steps.values()):
             missing = [c for c in st.owners.chunks_of(rank) if c not in st.gathered]
             if missing and rank != self.rank:
@@ -189,6 +275,14 @@ class Spread(Scheme):
 
     def stalled(self, step: int) -> Stall | None:
         st = self.steps.get(step)
+        if st is not None and self.place.is_master:
+            # Owners whose chunks did not come and whose own pieces did not either: their
+            # daemons are gone or frozen (one that only lacked pieces is not to blame).
+            silent = {st.owners.owner(c) for c in range(st.layout.chunks)
+                      if c not in st.gathered} - st.senders - {0}
+            if silent:
+                self._exclude(silent, step + 1, f"step {step}'s chunks from them did not come, "
+                              "nor their pieces")
         if st is None:
             lacking = ("the pieces of the step" if self.place.is_master
                        else "this host's training process's vector and the sum")

@@ -10,7 +10,7 @@ state           may send
 NEW             HELLO, PEER_HELLO, STATUS_HELLO
 CHILD           CHUNK, JOINED, FAIL, OPEN, JOB, BCAST, WANT_STATE, BARRIER,
                 STATUS_REPLY, REFUSE (it cannot take the place it was welcomed to)
-PEER            SEGMENT (rar), PIECE (spread)
+PEER            SEGMENT (rar), PIECE and OWNERS (spread)
 STATUS          STATUS (it may ask again: ``crnet status --watch``)
 REFUSED         anything: REFUSE was sent, what it sent before reading it is moot
 ==============  ==============================================================
@@ -34,6 +34,7 @@ from ...messages import (
     Joined,
     Message,
     Open,
+    Owners,
     PeerHello,
     Piece,
     Refuse,
@@ -202,6 +203,10 @@ class ChildLink(StateMachine):
         assert self.rank is not None
         return self.engine.piece_dest(self.rank, msg, nbytes)
 
+    def _owners(self, conn: Connection, msg: Owners, payload) -> None:
+        assert self.rank is not None
+        self.engine.owners(self.rank, msg)
+
     def _piece(self, conn: Connection, msg: Piece, payload) -> None:
         assert self.rank is not None
         if payload is not None:   # (else it was dropped unread: moot, or another layout)
@@ -215,7 +220,7 @@ class ChildLink(StateMachine):
         ChildState.CHILD: {Chunk: _chunk, Joined: _joined, Fail: _fail, Open: _open, Job: _job,
                            Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
                            StatusReply: _status_reply, Refuse: _leaving},
-        ChildState.PEER: {Segment: _segment, Piece: _piece},
+        ChildState.PEER: {Segment: _segment, Piece: _piece, Owners: _owners},
         ChildState.STATUS: {StatusRequest: _status_request},
         ChildState.REFUSED: {Message: ignore},
     }

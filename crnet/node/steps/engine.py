@@ -40,7 +40,7 @@ import numpy as np
 
 from ...dtypes import DTYPES, dtype_name
 from ...errors import ProtocolError
-from ...messages import Chunk, Fail, FailKind, Message, Open, Piece, Result, Segment
+from ...messages import Chunk, Fail, FailKind, Message, Open, Owners, Piece, Result, Segment
 from ...peer_text import Throttle, shown
 from ...schemes import Place, Ports, Scheme, Stall, driver
 from ...stats import Stats
@@ -379,6 +379,11 @@ class StepEngine:
     def piece(self, rank: int, msg: Piece) -> None:
         if self.scheme is not None and not self.is_decided(msg.step):
             self.scheme.piece(rank, msg)
+
+    def owners(self, rank: int, msg: Owners) -> None:
+        if self.scheme is None:
+            raise ProtocolError("OWNERS before this node has its share")
+        self.scheme.owners(rank, msg)
 
     def peer_lost(self, rank: int) -> None:
         if self.scheme is not None:

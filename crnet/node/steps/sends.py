@@ -40,5 +40,11 @@ class TreeSends:
     def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
         self.neighbours.to_peer(rank, step, msg.frame(payload))
 
+    def in_turn(self, rank: int, step: int, msg: Message, payload, keep: bool = False) -> None:
+        self.neighbours.in_turn(rank, step, msg.frame(payload), keep)
+
+    def announce(self, msg: Message) -> None:
+        self.neighbours.announce(msg.frame())
+
     def absent_children(self) -> dict[int, str]:
         return self.neighbours.absent_children()
