@@ -6,7 +6,6 @@ output; stragglers left out per chunk as CodedReduce leaves them out; processes 
 up; the layout rules; TLS and a cluster secret on the peer links.
 """
 
-import asyncio
 
 import numpy as np
 import pytest
