@@ -51,6 +51,14 @@ class Spread(Scheme):
         self.recursion = Recursion.of(place.tree, place.code_kind)
         self.rank = place.tree.rank(place.name)
         self.hosts = self.recursion.hosts
+        # Every other host, in the order this one sends to them: a rotation, so that hosts
+        # sending at once send to different hosts, over the ranks with the parents' groups
+        # interleaved (the first children of every parent, then the second ones, ...), so that
+        # the last pieces an owner gets come from different groups, and a decode that may
+        # leave s children of every parent out does not wait for them.
+        order = sorted(place.tree.names(), key=lambda n: tuple(map(int, reversed(n.split(".")))) if n else ())
+        me = order.index(place.name)
+        self.after = [place.tree.rank(n) for n in order[me + 1:] + order[:me]]
         self.map = OwnerMap()
         self.steps: dict[int, SpreadStep] = {}
         self.newest = -1                       # the newest step begun here
@@ -76,12 +84,12 @@ class Spread(Scheme):
         return None
 
     def _send_pieces(self, st: SpreadStep) -> None:
-        """Each owner its piece, starting with the owner after this host, so that the hosts
-        that are ready together do not all send to the same owner first."""
+        """Each owner its pieces, in this host's rotation (``after``), every owner's first
+        chunk before any owner's second."""
         assert st.mine is not None
         layout, ranks = st.layout, st.owners.ranks
-        start = next((i for i, r in enumerate(ranks) if r > self.rank), 0)
-        order = [o for o in ranks[start:] + ranks[:start] if o != self.rank]
+        owning = set(ranks)
+        order = [o for o in self.after if o in owning]
         chunks = {o: st.owners.chunks_of(o) for o in order}
         for j in range(max((len(r) for r in chunks.values()), default=0)):
             for owner in order:   # every owner's first chunk, then every owner's second, ...
@@ -157,10 +165,9 @@ class Spread(Scheme):
             stats.decode_seconds += time.perf_counter() - t0
             stats.decode_cpu_seconds += time.thread_time() - cpu0
             msg = Piece(st.step, GATHER, c, layout.total, layout.dtype_name)
-            # Every host needs it, also once this host has the whole sum: to the hosts after
-            # this one first, in rotation, as the others do.
-            for i in range(1, self.hosts):
-                self.ports.send.in_turn((self.rank + i) % self.hosts, st.step, msg, out, keep=True)
+            # Every host needs it, also once this host has the whole sum: in rotation.
+            for r in self.after:
+                self.ports.send.in_turn(r, st.step, msg, out, keep=True)
         if chunks and st.decoded == len(st.owned):
             stats.children_skipped += self.hosts - 1 - len(st.used - {self.rank})
         self._check_complete(st)
