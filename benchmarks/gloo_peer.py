@@ -157,10 +157,13 @@ def run(a: argparse.Namespace, result: _Result) -> None:
     tensor = torch.empty(a.elements, dtype=dtype)
     loop_start = time.time()
     rec["loop_start"] = loop_start
+    cpu_from = time.process_time()
     for t in range(a.steps):
         if t == a.freeze_at:
             rec["frozen_at"] = t
             os.kill(os.getpid(), signal.SIGSTOP)
+        if t == 1:
+            cpu_from = time.process_time()   # (step 0 includes start-up)
         busy = compute.compute_time(a.load, a.seed, t, worker)
         if busy > 0:
             time.sleep(busy)
@@ -180,6 +183,8 @@ def run(a: argparse.Namespace, result: _Result) -> None:
         rec["completion_times"].append(done)
         rec["compute_s"].append(busy)
         rec["steps_completed"] = t + 1
+        if t >= 1:
+            rec["cpu_steady_s"], rec["cpu_steps"] = time.process_time() - cpu_from, t
         lo, hi = (float(x) for x in torch.aminmax(tensor)) if a.elements else (want, want)
         voters = round((lo - want) / vote)
         expect = want + voters * vote

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -60,6 +61,7 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
     workers: list[subprocess.Popen] = []
     try:
         lt.start(wait=60)
+        daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values())
         for i, name in enumerate(names):
             argv = [sys.executable, "-m", "benchmarks.worker", "--socket", lt.socket_path(name),
                     "--elements", str(preset.elements), "--steps", str(preset.steps),
@@ -77,6 +79,7 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
         # The observer (the master's client) sees every step; a frozen worker never exits.
         _wait(workers[:1], preset.deadline + 4 * preset.timeout + 30)
         _wait(workers[1:], 2 * preset.timeout + 5)
+        daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values()) - daemons_cpu
     finally:
         stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
         lt.stop()
@@ -86,10 +89,13 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
     records = [_read(workdir / f"w{i}.json") for i in range(len(names))]
     observer, rest = records[0], records[1:]
     times = observer.get("completion_times") or []
+    steps = max(1, len([t for t in times if t is not None]))
     return _summarise(scheme, times, preset,
                       correct=all(r.get("correct", False) for r in records if r),
                       errors=[r["error"] for r in records if r and r.get("error")],
-                      skipped=sum(r.get("skipped_compute", 0) for r in rest if r))
+                      skipped=sum(r.get("skipped_compute", 0) for r in rest if r),
+                      cpu_ms_per_step={"daemons": 1000 * daemons_cpu / steps / len(names),
+                                       "clients": _client_cpu(records)})
 
 
 def run_gloo_scheme(cluster: EmulatedCluster, preset: Preset, workdir: Path, seed: int = 0) -> dict:
@@ -114,6 +120,7 @@ def run_gloo_scheme(cluster: EmulatedCluster, preset: Preset, workdir: Path, see
                               correct=out.get("correct", False), errors=out.get("errors", []),
                               skipped=0)
     record["stalled"] = bool(out.get("stalled"))
+    record["cpu_ms_per_step"] = {"processes": _client_cpu(out.get("records") or [])}
     record["first_step_s"] = first
     return record
 
@@ -245,9 +252,11 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
             results[scheme]["model"] = predict(replace(preset, latency=latency), scheme, seed)
             results[scheme]["model"]["latency_s"] = latency
             r = results[scheme]
+            cpu = ", ".join(f"{who} {ms:.1f} ms" for who, ms in r.get("cpu_ms_per_step", {}).items()
+                            if ms is not None)
             log(f"  {scheme:5} {r['steps_completed']:>3}/{preset.steps} steps, mean "
                 f"{_ms(r['mean_s'])}, model {_ms(r['model']['mean_s'])} "
-                f"({time.monotonic() - started:.0f} s)")
+                f"({time.monotonic() - started:.0f} s); CPU per step and host: {cpu or '-'}")
     return {"preset": preset.name, "about": preset.about, "config": _config(preset),
             "calibrated_latency_s": calibrated, "plan_auto": auto, "schemes": results}
 
@@ -279,6 +288,24 @@ def _wait(procs, limit: float) -> None:
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(max(0.1, deadline - time.monotonic()))
+
+
+def _cpu_seconds(pids) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue   # gone: it counts nothing more
+        total += int(fields[11]) + int(fields[12])   # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _client_cpu(records) -> float | None:
+    """Mean CPU ms per steady step of the processes that wrote ``cpu_steady_s`` (step 1 on)."""
+    per = [1000 * r["cpu_steady_s"] / r["cpu_steps"] for r in records if r and r.get("cpu_steps")]
+    return sum(per) / len(per) if per else None
 
 
 def _read(path: Path) -> dict:

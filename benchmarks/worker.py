@@ -61,7 +61,8 @@ def run(a) -> dict:
     compute = ComputeModel.parse(a.compute)
     record = {"worker": a.worker_index, "steps_completed": 0, "completion_times": [],
               "compute_s": [], "skipped_compute": 0, "failed_steps": [], "correct": True,
-              "error": None}
+              "error": None, "cpu_steady_s": 0.0, "cpu_steps": 0}
+    cpu_from = None   # this process's CPU time when step 1 began (step 0 includes start-up)
     try:
         with Client(a.socket, timeout=a.timeout * 2) as c:
             load = c.assignment.local_samples
@@ -74,6 +75,8 @@ def run(a) -> dict:
                     break
                 if t == a.freeze_at:
                     _freeze(a.daemon_pid)
+                if t == 1:
+                    cpu_from = time.process_time()
                 try:
                     if a.observer:
                         result = c.result(t, like=vec, timeout=a.timeout)
@@ -93,6 +96,9 @@ def run(a) -> dict:
                     continue
                 record["completion_times"].append(time.time())
                 record["steps_completed"] += 1
+                if cpu_from is not None:
+                    record["cpu_steady_s"] = time.process_time() - cpu_from
+                    record["cpu_steps"] = t
                 want = c.assignment.samples * (t + 1)
                 if not (abs(result[0] - want) <= 1e-4 * want and abs(result[-1] - want) <= 1e-4 * want):
                     record["correct"] = False
