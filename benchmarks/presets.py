@@ -34,6 +34,7 @@ class Preset:
     chunk_bytes: int = CHUNK_BYTES
     about: str = ""
     tree_shape: Tree | None = None  # the `tree` scheme's fanout (s = 0); None: the model's best
+    spread_tree: Tree | None = None  # spread's shape; None: the model's best if cr's is, else cr's
     persistent: bool = False        # crnet's workers finish every computation (cannot stop)
     burst: str | None = None        # every link's tbf bucket (a tc size); None: netns's default
 

@@ -55,10 +55,13 @@ def auto_verdict(doc: dict) -> str | None:
         return line
     best = min(measured, key=measured.__getitem__)
     cfg = doc["config"]
-    # spread runs on cr's tree, tree on its own fanout (cr's unless the preset names one).
+    # spread on its own shape (cr's unless the preset's cr shape is the model's), tree on its
+    # own fanout (cr's unless the preset names one).
     measured_shape = auto["tree"] is None or auto["scheme"] == "gc" or (
-        auto["tree"] == [cfg["cr_fanout"], cfg["cr_stragglers"]]
-        if auto["scheme"] in ("cr", "spread")
+        auto["tree"] == [cfg["cr_fanout"], cfg["cr_stragglers"]] if auto["scheme"] == "cr"
+        else auto["tree"] == [cfg.get("spread_fanout", cfg["cr_fanout"]),
+                              cfg.get("spread_stragglers", cfg["cr_stragglers"])]
+        if auto["scheme"] == "spread"
         else auto["tree"][0] == cfg.get("tree_fanout", cfg["cr_fanout"]))
     if auto["scheme"] in measured and measured_shape:
         return line + (f": measured {measured[auto['scheme']] / measured[best]:.2f}x the best crnet "

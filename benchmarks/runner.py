@@ -41,7 +41,11 @@ NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
 def preset_tree(preset: Preset, scheme: str) -> Tree:
     """The tree ``scheme`` runs on in this preset (``crnet.plan.scheme_tree`` of its shapes)."""
     assert preset.cr_tree is not None and preset.gc_stragglers is not None, "resolve() the preset first"
-    tree = preset.tree_shape if scheme == "tree" and preset.tree_shape else preset.cr_tree
+    tree = preset.cr_tree
+    if scheme == "tree" and preset.tree_shape:
+        tree = preset.tree_shape
+    elif scheme == "spread" and preset.spread_tree:
+        tree = preset.spread_tree
     return scheme_tree(scheme, tree=tree, workers=preset.workers, stragglers=preset.gc_stragglers)
 
 
@@ -158,6 +162,8 @@ def resolve(preset: Preset, seed: int = 0) -> tuple[Preset, dict]:
                      cr_tree=preset.cr_tree or best["cr"],
                      tree_shape=preset.tree_shape or (best["tree"] if preset.cr_tree is None
                                                       else preset.cr_tree),
+                     spread_tree=preset.spread_tree or (best["spread"] if preset.cr_tree is None
+                                                        else preset.cr_tree),
                      gc_stragglers=(preset.gc_stragglers if preset.gc_stragglers is not None
                                     else best["gc"].stragglers[0]))
     pick = ranking[0]
@@ -232,7 +238,9 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
     results = {}
     preset, auto = resolve(preset, seed)
     cr = preset_tree(preset, "cr")
-    log(f"  cr shape: fanout {list(cr.fanout)}, s {list(cr.stragglers)}; "
+    spread = preset_tree(preset, "spread")
+    log(f"  cr shape: fanout {list(cr.fanout)}, s {list(cr.stragglers)}; spread's: fanout "
+        f"{list(spread.fanout)}, s {list(spread.stragglers)}; "
         f"tree fanout {list(preset_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
         f"plan --auto picks {auto['scheme']} ({auto['shape']})")
     with EmulatedCluster(preset.workers + 1, rate=preset.rate, burst=preset.burst) as cluster:
@@ -266,6 +274,8 @@ def _config(p: Preset) -> dict:
     return {"workers": p.workers, "cr_fanout": list(cr.fanout),
             "tree_fanout": list(preset_tree(p, "tree").fanout),
             "cr_stragglers": list(cr.stragglers), "gc_stragglers": p.gc_stragglers,
+            "spread_fanout": list(preset_tree(p, "spread").fanout),
+            "spread_stragglers": list(preset_tree(p, "spread").stragglers),
             "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
             "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,
             "deadline_s": p.deadline, "timeout_s": p.timeout, "latency_s": p.latency,

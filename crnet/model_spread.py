@@ -10,9 +10,12 @@ compute times (one column per worker in ``Tree.names()`` order without the maste
     owning a share of M/k bytes. Let u = (M/k)/B, one share alone on one link.
 
     Up, one hop: worker v, done computing at T_v, sends its local weighted gradient cut into k
-    pieces, one to each owner, all at once over its uplink (the piece of its own share, if it
-    is an owner, stays local). Its p_v pieces on the network (k, or k - 1 for an owner) share
-    its uplink, so none arrives before T_v + λ + p_v u (the sender's limit). An owner's
+    pieces, one to each owner, one after another over its uplink (the piece of its own share,
+    if it is an owner, stays local). A share larger than the kernel takes at once
+    (``defaults.PACED_UNSENT``) waits for the daemon to wake up and write the next once the
+    last has left: a gap g = λ per piece (g = 0 for smaller shares). Its p_v pieces on the
+    network (k, or k - 1 for an owner) are all in by T_v + λ + p_v (u + g) (the sender's
+    limit; the model takes every piece to arrive then, the last one's time). An owner's
     downlink is shared by every worker's piece (``shared_link_arrivals``, pieces starting at
     T_v + λ). A piece arrives at the later of the two: A_v.
 
@@ -21,10 +24,10 @@ compute times (one column per worker in ``Tree.names()`` order without the maste
     n_l - s_l of its children are available, max(A_v, (n_l - s_l)-th child); the master (the
     root) when n_1 - s_1 of its children are: D. No transfers between levels.
 
-    Down, one hop: the owner sends its decoded share to the H - 1 other hosts over its uplink,
-    (H - 1) u; a host's downlink receives k - 1 shares (k if it owns none, which happens only
-    when k < H), never more than H - 1, so the owner's uplink is the bottleneck:
-        step = D + λ + (H - 1) u.
+    Down, one hop: the owner sends its decoded share to the H - 1 other hosts in turn over its
+    uplink, (H - 1)(u + g); a host's downlink receives k - 1 shares (k if it owns none, which
+    happens only when k < H), never more than H - 1, so the owner's uplink is the bottleneck:
+        step = D + λ + (H - 1)(u + g).
 
     The master is an owner (rank 0 first) and computes nothing, so every worker's piece
     reaches it over the network: its downlink carries the most pieces, and a worker's own
@@ -44,9 +47,9 @@ What it ignores, beyond ``crnet.model``'s list
     sending its pieces while, as an owner, it sends its decoded share, and pieces still
     arriving at a host after the owner decoded: both share links with the down hop, which the
     model sends at full rate. The time to decode (a weighted sum per chunk at one host).
-    Latency is paid once per hop however many pieces a host sends or receives at once (k - 1
-    each way, against the ring's one per round): where λ stands for per-message CPU time (the
-    benchmark's calibrated latency: 20 daemons on 2 cores), that flatters spread.
+    Latency beyond the gaps: once per hop, however many pieces a host receives. A sender's
+    pieces to the owners it reaches first arrive earlier than the model says (the order of the
+    rotation is not modelled), which can only make it pessimistic about the decode.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import math
 
 import numpy as np
 
+from . import defaults
 from .link_sharing import shared_link_arrivals
 from .plan import Tree
 from .schemes.owners import owners
@@ -96,6 +100,9 @@ def spread_step_times(
     ranks = owner_ranks(vector_bytes, hosts)
     k = len(ranks)
     unit = vector_bytes / k / bandwidth  # one share alone on one link
+    # Shares larger than the kernel takes at once go out in turn (``defaults.PACED_UNSENT``):
+    # the next waits for the daemon to wake up once the last has left, a message's latency.
+    gap = latency if vector_bytes / k > defaults.PACED_UNSENT else 0.0
     # Worker in column c is rank c + 1; an owner keeps its own piece.
     sent = np.full(n_workers, float(k))
     sent[[r - 1 for r in ranks if r > 0]] -= 1
@@ -105,8 +112,8 @@ def spread_step_times(
     order = np.argsort(starts, axis=1, kind="stable")
     received = np.empty_like(starts)
     np.put_along_axis(received, order, shared_link_arrivals(starts, unit), axis=1)
-    arrived = np.maximum(received, starts + sent * unit)
-    out = root_available(tree, arrived) + latency + (hosts - 1) * unit
+    arrived = np.maximum(received, starts + sent * (unit + gap))
+    out = root_available(tree, arrived) + latency + (hosts - 1) * (unit + gap)
     return out[0] if one_step else out
 
 

@@ -31,12 +31,13 @@ def test_one_layer_by_hand():
     # 3 workers + master, 4 owners (every host); a share alone on a link takes 1 s.
     tree, m = Tree((3,), (1,)), 4 * MIN_SHARE_BYTES
     net = dict(vector_bytes=m, bandwidth=m / 4, latency=0.1)
-    # Every worker sends 3 pieces (it keeps its own): the sender's limit, T + 0.1 + 3, is
-    # later than the master's shared downlink (two pieces at 0.1: both in at 2.1). The
-    # master needs 2 of 3: D = 3.1; then its share to 3 hosts: + 0.1 + 3.
+    # Every worker sends 3 pieces in turn (it keeps its own), each a share larger than the
+    # kernel takes at once, so each costs 1 s + a gap of one latency: the sender's limit,
+    # T + 0.1 + 3 x 1.1, is later than the master's shared downlink (two pieces at 0.1: both
+    # in at 2.1). The master needs 2 of 3: D = 3.4; then its share to 3 hosts: + 0.1 + 3 x 1.1.
     got = spread_step_times(tree, np.array([[0.0, 0.0, 10.0], [10.0, 0.0, 0.0]]), **net)
-    np.testing.assert_allclose(got, [6.2, 6.2])
-    assert spread_step_times(tree, np.array([0.0, 0.0, 10.0]), **net) == pytest.approx(6.2)
+    np.testing.assert_allclose(got, [6.8, 6.8])
+    assert spread_step_times(tree, np.array([0.0, 0.0, 10.0]), **net) == pytest.approx(6.8)
 
 
 def test_one_owner_the_master_shared_downlink_decides():
@@ -75,8 +76,10 @@ def test_spread_moves_the_rings_traffic_where_links_are_the_bottleneck():
     assert (spread.scheme, spread.shape, spread.workers) == ("spread", "fanout 4,4, s 1,1", 20)
     assert spread.mean < cr.mean / 3
     assert spread.mean == pytest.approx(rar.mean, rel=0.02)
-    # 40 shares of M/21 and two latencies (compute is 2 x 3334 samples at 0.1 us).
-    assert spread.mean == pytest.approx(40 * 4e6 / 21 / 12.5e6 + 2 * 60e-6 + 3334e-7, rel=1e-6)
+    # 40 shares of M/21 in turn, each with a gap of one latency, and the two hops' latencies
+    # (compute is 2 x 3334 samples at 0.1 us).
+    assert spread.mean == pytest.approx(40 * (4e6 / 21 / 12.5e6 + 60e-6) + 2 * 60e-6 + 3334e-7,
+                                        rel=1e-6)
 
 
 def test_spread_is_cr_on_small_vectors():
@@ -140,7 +143,8 @@ def test_cli_model_scheme_spread():
     assert set(doc["schemes"]) == {"spread"}
     p = doc["schemes"]["spread"]
     assert (p["fanout"], p["stragglers"], p["workers"]) == ([4, 4], [1, 1], 20)
-    assert p["mean"] == pytest.approx(40 * 4e6 / 21 / 12.5e6 + 2 * 50e-6 + 3334e-7, rel=1e-6)
+    assert p["mean"] == pytest.approx(40 * (4e6 / 21 / 12.5e6 + 50e-6) + 2 * 50e-6 + 3334e-7,
+                                      rel=1e-6)
     text = cli("model", "--scheme", "spread", "--fanout", "4", "--layers", "2", "--trials", "5")
     assert text.exit_code == 0, text.output
     assert "spread  fanout 4,4, s 1,1" in text.output

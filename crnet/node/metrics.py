@@ -156,6 +156,12 @@ class NodeCollector:
         if place is not None and place.ring is not None:
             yield ["successor", ""], nb.successor
             yield ["predecessor", ""], nb.predecessor
+        if place is not None and place.scheme == "spread":   # every other host, both ways
+            names = list(place.tree.names())
+            for rank, name in enumerate(names):
+                if name != place.name:
+                    yield ["peer_out", name or "master"], nb.peers.get(rank)
+                    yield ["peer_in", name or "master"], nb.peers_in.get(rank)
         for i, conn in enumerate(self.node.clients()):
             yield ["client", str(i)], conn
 

@@ -11,17 +11,12 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
+from .. import defaults
 from ..messages import Message
 from ..transport import Connection
 
 log = logging.getLogger("crnet.node")
 
-# Sends in turn (``Neighbours.in_turn``): the kernel holds at most this much of a paced link's
-# bytes (its send buffer, and no more of it unsent), so the next send starts as the last one
-# leaves, and no two links of a host fill its queue at once. Measured on the emulated cluster
-# (bandwidth preset, spread): 128 KiB, 9,400 segments dropped at the hosts' own queues and
-# 1.93 s steps; 32 KiB, none and 0.83 s; at 1 Gbit/s (large preset) 32 KiB was as fast.
-PACED_UNSENT = 32 << 10
 KEPT_STEPS = 4   # decided steps whose kept sends still wait for a peer's link to come up
 
 
@@ -133,7 +128,7 @@ class Neighbours:
             step, rank, frame, keep = turns.popleft()
             link = self.peers.get(rank)
             if link is not None and link.on_drained is None:   # before its first write
-                link.pace(PACED_UNSENT)
+                link.pace(defaults.PACED_UNSENT)
                 link.on_drained = self._next_turn
             if link is None or not link.write(frame):
                 self._queued.setdefault(rank, []).append((step, frame, keep))
