@@ -63,6 +63,7 @@ class Spread(Scheme):
         self.steps: dict[int, SpreadStep] = {}
         self.newest = -1                       # the newest step begun here
         self._on_time: dict[int, int] = {}     # master: excluded rank -> steps in time in a row
+        self._receiving: dict[int, SpreadStep] = {}   # a peer's piece being received: into which
         self._lines = Throttle(log)
         if place.is_master:   # every host hears the master's map first (again after a restart)
             ports.send.announce(Owners(0, 0, ()))
@@ -126,11 +127,14 @@ class Spread(Scheme):
             if st.decoded == len(st.owned):
                 return None   # every owned chunk is decoded: a straggler's piece is moot
             self.ports.stats.bytes_up += nbytes
-            return st.piece_dest(rank, msg.chunk)
-        if msg.chunk in st.gathered:
+            dest = st.piece_dest(rank, msg.chunk)
+        elif msg.chunk in st.gathered:
             return None
-        self.ports.stats.bytes_down += nbytes
-        return st.sum_dest(msg.chunk)
+        else:
+            self.ports.stats.bytes_down += nbytes
+            dest = st.sum_dest(msg.chunk)
+        self._receiving[rank] = st   # (the step may begin again before the bytes are in)
+        return dest
 
     def _misplaced(self, st: SpreadStep, rank: int, msg: Piece) -> str | None:
         owner = st.owners.owner(msg.chunk)
@@ -145,9 +149,9 @@ class Spread(Scheme):
         return None
 
     def piece(self, rank: int, msg: Piece) -> None:
-        st = self.steps.get(msg.step)
-        if st is None or not _fits(st, msg.total, msg.dtype):
-            return
+        st = self._receiving.pop(rank, None)
+        if st is None or self.steps.get(msg.step) is not st:
+            return   # received into a step decided or begun again since: not this one's
         if msg.phase is REDUCE:
             if st.piece_arrived(rank, msg.chunk):
                 self._decode(st, [msg.chunk])
