@@ -87,7 +87,7 @@ import numpy as np
 from .link_sharing import shared_link_arrivals
 from .model_spread import spread_step_times
 from .plan import SCHEMES, Tree, plan, scheme_tree
-from .workload import ComputeModel
+from .workload import ComputeModel, per_worker
 
 __all__ = [
     "SCHEMES",
@@ -199,13 +199,8 @@ def tree_step_times(
     ``compute_times`` has shape (trials, N) (or (N,) for one step), one column per worker in
     ``tree.names()`` order without the master. See the module docstring for the model.
     """
-    times = np.asarray(compute_times, dtype=np.float64)
-    one_step = times.ndim == 1
-    times = np.atleast_2d(times)
-    trials, n_workers = times.shape
-    if n_workers != tree.workers:
-        raise ValueError(f"compute_times has {n_workers} columns for a tree of "
-                         f"{tree.workers} workers")
+    times, one_step = per_worker(compute_times, tree.workers)
+    trials = times.shape[0]
     first = vector_bytes if chunk_bytes is None else min(chunk_bytes, vector_bytes)
     unit = first / bandwidth  # one (first) chunk alone on one link
     # Columns of layer l (1-based) in names() order: the children of the i-th node of layer

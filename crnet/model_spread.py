@@ -63,6 +63,7 @@ from . import defaults
 from .link_sharing import shared_link_arrivals
 from .plan import Tree
 from .schemes.owners import owners
+from .workload import per_worker
 
 __all__ = ["owner_ranks", "spread_step_times"]
 
@@ -89,13 +90,8 @@ def spread_step_times(
     ``compute_times`` has shape (trials, N) (or (N,) for one step), one column per worker in
     ``tree.names()`` order without the master. See the module docstring for the model.
     """
-    times = np.asarray(compute_times, dtype=np.float64)
-    one_step = times.ndim == 1
-    times = np.atleast_2d(times)
-    n_workers = times.shape[1]
-    if n_workers != tree.workers:
-        raise ValueError(f"compute_times has {n_workers} columns for a tree of "
-                         f"{tree.workers} workers")
+    times, one_step = per_worker(compute_times, tree.workers)
+    n_workers = tree.workers
     hosts = n_workers + 1
     ranks = owner_ranks(vector_bytes, hosts)
     k = len(ranks)

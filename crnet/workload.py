@@ -37,7 +37,7 @@ import numpy as np
 
 from .units import parse_per_second, parse_seconds
 
-__all__ = ["KINDS", "ComputeModel"]
+__all__ = ["KINDS", "ComputeModel", "per_worker"]
 
 KINDS = ("fixed", "straggle", "shifted_exp", "empirical")
 
@@ -231,3 +231,15 @@ def _read_multipliers(path: str) -> tuple[float, ...]:
         raise ValueError(f"{path} holds no values")
     low = min(values)
     return tuple(v / low for v in values)
+
+
+def per_worker(compute_times, workers: int) -> tuple[np.ndarray, bool]:
+    """Compute times as (trials, ``workers``) float64, and whether they were one step's (a 1-D
+    array): what the models take. ValueError if there is not one column per worker."""
+    times = np.asarray(compute_times, dtype=np.float64)
+    one_step = times.ndim == 1
+    times = np.atleast_2d(times)
+    if times.shape[1] != workers:
+        raise ValueError(f"compute_times has {times.shape[1]} columns for a tree of "
+                         f"{workers} workers")
+    return times, one_step
