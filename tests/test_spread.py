@@ -2,19 +2,33 @@
 
 Exact sums on trees of one and two layers, with float64 and float32 vectors, vectors of one
 owner (small) and of every host (large), every host's result straight in its process's
-output; stragglers left out per chunk as CodedReduce leaves them out; processes that give
-up; the layout rules; TLS and a cluster secret on the peer links.
+output; stragglers left out per chunk as CodedReduce leaves them out, and catching up on
+the steps finished without them; several processes per host; jobs; broadcasts and
+barriers; TLS and a cluster secret on the peer links; crnet status and metrics; bad
+pieces on a peer link. Faults (owners killed, frozen, restarted): test_spread_faults.py.
 """
 
+import asyncio
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from benchmarks.certs import have_openssl, make_cluster_certs
 from crnet import AsyncClient
+from crnet.auth import mac, new_nonce
+from crnet.cli import main
 from crnet.launch import MASTER
+from crnet.messages import Challenge, PeerHello, PeerWelcome, Phase, Piece, Proof, Refuse
 from crnet.plan import Tree
+from crnet.schemes.owners import owners
+from crnet.status import rows
 
-from .conftest import gather_or_cancel, rel_error
+from .conftest import KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log
+from .test_auth import RawPeer
+from .test_e2e import straggler_plan
+from .test_metrics import scrape, value, with_metrics
+from .test_status import ask
 
 pytestmark = pytest.mark.asyncio(loop_factories=["asyncio"])   # the daemons run uvloop anyway
 
@@ -70,5 +84,223 @@ async def test_every_host_gets_the_exact_sum(local_tree, tree, dim, chunk):
             for name, r in results.items():
                 assert rel_error(r, want(dim, t)) < 1e-9, (name, t)
                 np.testing.assert_array_equal(r, first, err_msg=f"{name}, step {t}")
+    finally:
+        close(clients)
+
+
+SEVEN = Tree.regular(2, 2, 1)   # master; 0, 1; 0.0, 0.1, 1.0, 1.1: s = 1 of 2 at every parent
+BIG = 1 << 15                   # float64: 256 KiB, 4 owners of the 7 hosts
+
+
+async def exact_steps(clients, grads, steps, first=0):
+    """Every client submits steps ``first`` .. ``first + steps - 1``: each result is the
+    exact sum, the same vector at every host."""
+    want = grads.sum(axis=0)
+    for t in range(first, first + steps):
+        results = await gather_or_cancel(*(c.allreduce((t + 1) * local_gradient(c.assignment, grads),
+                                                       step=t, timeout=30) for c in clients.values()))
+        for r in results:
+            assert rel_error(r, (t + 1) * want) <= 1e-9, t
+            np.testing.assert_array_equal(r, results[0])
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-9), (np.float32, 1e-5)],
+                         ids=["float64", "float32"])
+async def test_stragglers_are_left_out_and_take_the_steps_finished_without_them(local_tree,
+                                                                                dtype, tol):
+    """Per step, one child of every parent does not submit (owners among them: a 512 KiB
+    float64 vector has 8 owners of the 13 hosts): the others' steps resolve without them,
+    the full sum. A late process finds its step finished (``c.finished``) and takes the
+    result, or submits late and gets it at once."""
+    tree, m, dim, steps = Tree.regular(3, 2, 1), 60, 1 << 16, 6
+    lt = local_tree(tree, m, scheme="spread", chunk_bytes=32 << 10)
+    grads = np.random.default_rng(1).standard_normal((m, dim))
+    want = grads.sum(axis=0)
+    late = straggler_plan(tree, steps, seed=2)
+    clients = await connect(lt, list(tree.names()))
+    try:
+        for t in range(steps):
+            vec = {n: ((t + 1) * local_gradient(c.assignment, grads)).astype(dtype)
+                   for n, c in clients.items()}
+            on_time = [n for n in clients if n not in late[t]]
+            got = dict(zip(on_time, await gather_or_cancel(
+                *(clients[n].allreduce(vec[n], step=t, timeout=30) for n in on_time))))
+            for n in late[t]:
+                c = clients[n]
+                await asyncio.wait_for(c.wait_finished(t), 10)   # its host has the sum
+                assert c.finished(t)
+                got[n] = await (c.result(t, like=vec[n]) if t % 2 else c.allreduce(vec[n], step=t))
+            for n, r in got.items():
+                assert r.dtype == dtype and rel_error(r, (t + 1) * want) <= tol, (n, t)
+                np.testing.assert_array_equal(r, got[MASTER], err_msg=f"{n}, step {t}")
+        skipped = sum([(await c.stats())["stats"]["children_skipped"] for c in clients.values()])
+    finally:
+        close(clients)
+    assert skipped > 0   # owners decoded without the late hosts' pieces
+
+
+@pytest.mark.timeout(120)
+async def test_two_processes_per_host_each_get_the_exact_sum(local_tree):
+    lt = local_tree(SEVEN, 28, scheme="spread", chunk_bytes=16 << 10, local_processes=2)
+    grads = np.random.default_rng(3).standard_normal((28, BIG))
+    clients = {(n, i): await AsyncClient.connect(lt.socket_path(n), timeout=60)
+               for n in lt.procs for i in range(2)}
+    try:
+        assert {c.assignment.processes for c in clients.values()} == {2}
+        await exact_steps(clients, grads, 3)
+    finally:
+        close(clients)
+
+
+@pytest.mark.timeout(120)
+async def test_a_second_job_starts_at_step_zero_with_another_vector(local_tree):
+    lt = local_tree(SEVEN, 28, scheme="spread", chunk_bytes=16 << 10)
+    for job, dim in (("job-a", BIG), ("job-b", 1000)):   # 4 owners, then 1 (the master)
+        grads = np.random.default_rng(len(job) + dim).standard_normal((28, dim))
+        clients = {n: await AsyncClient.connect(lt.socket_path(n), timeout=60, job=job)
+                   for n in lt.procs}
+        try:
+            assert all(c.tree_step == -1 for c in clients.values())
+            await exact_steps(clients, grads, 3)
+        finally:
+            close(clients)
+
+
+@pytest.mark.timeout(120)
+async def test_a_broadcast_reaches_every_process(local_tree):
+    lt = local_tree(SEVEN, 28, scheme="spread")
+    clients = await connect(lt, lt.procs)
+    params = np.random.default_rng(4).standard_normal(100_000)
+    try:
+        got = await gather_or_cancel(*(
+            c.broadcast(params if n == "1.0" else np.zeros_like(params), "params/0", root=n == "1.0")
+            for n, c in clients.items()))
+        for r in got:
+            np.testing.assert_array_equal(r, params)
+        await exact_steps(clients, np.random.default_rng(5).standard_normal((28, BIG)), 1)
+    finally:
+        close(clients)
+
+
+@pytest.mark.timeout(120)
+async def test_a_barrier_lets_every_process_go_once_all_are_there(local_tree):
+    lt = local_tree(SEVEN, 28, scheme="spread")
+    clients = await connect(lt, lt.procs)
+    names = list(clients)
+    try:
+        early = [asyncio.ensure_future(clients[n].barrier("start", processes=7)) for n in names[:-1]]
+        done, _ = await asyncio.wait(early, timeout=0.5)
+        assert not done   # one is missing
+        await asyncio.wait_for(asyncio.gather(clients[names[-1]].barrier("start", processes=7),
+                                              *early), 30)
+        await exact_steps(clients, np.random.default_rng(6).standard_normal((28, BIG)), 1)
+    finally:
+        close(clients)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    if not have_openssl():
+        pytest.skip("needs the openssl command")
+    return make_cluster_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tls", [False, True], ids=["secret", "secret-tls"])
+async def test_peer_links_authenticate_and_a_stranger_is_no_peer(local_tree, request, tls):
+    lt = local_tree(SEVEN, 28, scheme="spread", chunk_bytes=16 << 10, secret=True,
+                    tls=request.getfixturevalue("certs") if tls else None)
+    grads = np.random.default_rng(7).standard_normal((28, BIG))
+    clients = await connect(lt, lt.procs)
+    try:
+        await exact_steps(clients, grads, 2)
+        port = lt.ports["1.0"]   # a leaf: only peers and the tree's status dial it
+        if tls:   # plain TCP: the daemon wants a TLS handshake and hangs up
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"".join(bytes(part) for part in PeerHello(1).frame(None)))
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+        else:
+            bare = await RawPeer.to(port)
+            bare.send(PeerHello(1))   # no nonce: no authentication
+            refused = await bare.next()
+            assert isinstance(refused, Refuse) and "requires authentication" in refused.reason
+            assert await bare.closed()
+            wrong, ours = await RawPeer.to(port), new_nonce()
+            wrong.send(PeerHello(1, ours))
+            challenge = await wrong.next()
+            assert isinstance(challenge, Challenge)
+            wrong.send(Proof(mac(b"not the cluster's secret", "dialer", ours, challenge.nonce,
+                                 "ring", "1")))
+            refused = await wrong.next()
+            assert isinstance(refused, Refuse) and "authentication failed" in refused.reason
+        await exact_steps(clients, grads, 2, first=2)
+    finally:
+        close(clients)
+
+
+@pytest.mark.timeout(120)
+async def test_crnet_status_and_metrics_answer_for_a_spread_tree(local_tree):
+    ports: dict[str, int] = {}
+    lt = local_tree(SEVEN, 28, scheme="spread", chunk_bytes=16 << 10, spawn=with_metrics(ports))
+    clients = await connect(lt, lt.procs)
+    try:
+        await exact_steps(clients, np.random.default_rng(8).standard_normal((28, BIG)), 3)
+    finally:
+        close(clients)
+    table = {r.name: r for r in rows(await ask(lt, secret=False))}
+    assert set(table) == {"master", "0", "1", "0.0", "0.1", "1.0", "1.1"}
+    for name, r in table.items():
+        assert r.state == "joined" and r.tree_step == 2, (name, r)
+    out = await asyncio.to_thread(CliRunner().invoke, main, ["status", f"127.0.0.1:{lt.ports[MASTER]}"])
+    assert out.exit_code == 0 and out.output.rstrip().endswith("missing now: none"), out.output
+    owning = {list(SEVEN.names())[r] for r in owners(BIG, "float64", 16 << 10, 7).ranks}
+    assert len(owning) == 4
+    for name in lt.procs:
+        samples = scrape(ports[name])
+        assert value(samples, "crnet_steps_done_total") == 3, name
+        assert value(samples, "crnet_steps_failed_total", scope="tree") == 0
+        assert value(samples, "crnet_steps_failed_total", scope="here") == 0
+        assert value(samples, "crnet_tree_step") == 2
+        assert value(samples, "crnet_join_state", state="assigned") == 1
+        assert (value(samples, "crnet_decode_cpu_seconds_total") > 0) == (name in owning), name
+
+
+@pytest.mark.timeout(120)
+async def test_bad_pieces_are_dropped_or_close_their_link_only(local_tree):
+    """A peer link (loopback: no secret needed) says it is a dead worker's and sends rank 1
+    a piece of a chunk it does not own (dropped, with a warning), a sum's chunk it does not
+    own (dropped), and a piece of the wrong length (that link is closed): the daemon goes on
+    serving, and the tree's sums stay exact."""
+    star, dim, chunk = Tree((4,), (1,)), 1 << 16, 16 << 10   # ranks 0 (master) .. 4; 5 owners
+    lt = local_tree(star, 40, scheme="spread", chunk_bytes=chunk, timeout=5)
+    grads = np.random.default_rng(9).standard_normal((40, dim))
+    clients = await connect(lt, lt.procs)
+    try:
+        await exact_steps(clients, grads, 1)
+        clients.pop("3").close()
+        lt.signal("3", KILL)   # rank 4: s = 1, the others go on; it owns no chunks from now on
+        await wait_for_log(lt, MASTER, "rank(s) 4 own no chunks")
+        await exact_steps(clients, grads, 1, first=1)
+        cut = owners(dim, "float64", chunk, 5, excluded={4})
+        theirs, mine = cut.chunks_of(2)[0], cut.chunks_of(1)[0]
+
+        def piece(phase, c, short=0):
+            return Piece(2, phase, c, dim, "float64"), np.full(cut.layout.nbytes(c) // 8 - short, 1e6)
+
+        impostor = await RawPeer.to(lt.ports["0"])   # worker 0 is rank 1
+        impostor.send(PeerHello(4))
+        assert isinstance(await impostor.next(), PeerWelcome)
+        impostor.send(*piece(Phase.REDUCE, theirs))
+        await wait_for_log(lt, "0", f"step 2: rank 4's piece: chunk {theirs} is rank 2's to "
+                                    "decode, not this host's")
+        impostor.send(*piece(Phase.GATHER, theirs))   # (its warning is throttled: same kind)
+        impostor.send(*piece(Phase.REDUCE, mine, short=1))
+        assert await impostor.closed()
+        await wait_for_log(lt, "0", f"PIECE from rank 4, step 2: chunk {mine} has "
+                                    f"{cut.layout.nbytes(mine) - 8} bytes")
+        await exact_steps(clients, grads, 2, first=2)   # step 2 took none of the impostor's bytes
+        assert lt.alive("0")
     finally:
         close(clients)
