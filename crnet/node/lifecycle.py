@@ -92,7 +92,7 @@ class Node:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.stats = Stats()
-        self.neighbours = Neighbours()
+        self.neighbours = Neighbours(stall_after=settings.timeout / 4)
         self.engine = StepEngine(EngineSettings(**engine_values(settings.values)),
                                  self.stats, self.neighbours, lend=self._lend)
         place = None
