@@ -125,7 +125,10 @@ class Spread(Scheme):
             return None
         if msg.phase is REDUCE:
             if st.decoded == len(st.owned):
-                return None   # every owned chunk is decoded: a straggler's piece is moot
+                # Every owned chunk is decoded: the piece is moot, but it came while the step
+                # was open (the master counts an excluded host's pieces in time by this).
+                st.senders.add(rank)
+                return None
             self.ports.stats.bytes_up += nbytes
             dest = st.piece_dest(rank, msg.chunk)
         elif msg.chunk in st.gathered:
