@@ -78,6 +78,7 @@ FULL_FILES = frozenset({
     "test_shm.py",
     "test_soak.py",
     "test_spread.py",
+    "test_spread_faults.py",
     "test_status.py",
     "test_systemd.py",
     "test_tls.py",

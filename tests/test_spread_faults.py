@@ -1,0 +1,247 @@
+"""spread's faults: an owner (a host that decodes chunks of the sum) killed, frozen or
+restarted mid-step, the master restarted, and all of them at random.
+
+As tests/test_faults.py does for CodedReduce's tree (its helpers and bounds): every wait
+ends within BOUND, every result is exact or the step fails cleanly, and the tree completes
+exact steps again within RECOVERY seconds. A 512 KiB vector on the 7 hosts has 7 owners
+(``owners.owner_count``): every host decodes a part of every step.
+"""
+
+import asyncio
+import random
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from crnet import StepFailed, StepLost
+from crnet.launch import MASTER
+from crnet.plan import Tree
+from crnet.schemes.owners import owner_count
+
+from .conftest import KILL, rel_error, wait_until
+from .test_faults import (
+    BOUND,
+    RECOVERY,
+    TIMEOUT,
+    Trainer,
+    close_all,
+    connect_all,
+    restart,
+    steps_complete_again,
+    submit,
+    timed,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+TREE = Tree.regular(2, 2, 1)      # master; 0, 1; 0.0, 0.1, 1.0, 1.1: s = 1 of 2 at every parent
+NAMES = list(TREE.names())
+M, DIM, CHUNK = 28, 1 << 16, 16 << 10
+VICTIM = "1.0"                    # a leaf: the tree goes on without its vector
+
+
+def grads_for(seed):
+    return np.random.default_rng(seed).standard_normal((M, DIM))
+
+
+def spread_tree(local_tree, **options):
+    assert owner_count(DIM * 8, len(NAMES)) == len(NAMES)   # every host an owner
+    return local_tree(TREE, M, scheme="spread", chunk_bytes=CHUNK, timeout=TIMEOUT, **options)
+
+
+def rank(name):
+    return NAMES.index(name)
+
+
+async def _open_at(client, step):
+    return step in (await client.stats())["open_steps"]
+
+
+async def fault_mid_step(lt, clients, grads, step, fault):
+    """Step ``step`` under way, held back (the master's two children have not submitted,
+    so no chunk can decode), when ``fault()`` strikes; then they submit. Every process's
+    (outcome, seconds)."""
+    held = ("0", "1")
+    early = [asyncio.ensure_future(timed(submit(c, grads, step)))
+             for n, c in clients.items() if n not in held]
+    # Node 0 owns chunks: the others' pieces open the step there (its process is idle).
+    await wait_until(lambda: _open_at(clients[held[0]], step), f"step {step} at node 0")
+    fault()
+    late = await asyncio.gather(*(timed(submit(clients[n], grads, step)) for n in held))
+    return [await f for f in early] + late
+
+
+def fails_cleanly_or_exact(outcomes, want):
+    for result, took in outcomes:
+        assert took < BOUND, (result, took)
+        if isinstance(result, np.ndarray):
+            assert rel_error(result, want) <= 1e-9
+        else:
+            assert isinstance(result, (StepFailed, StepLost)), result
+
+
+async def exact_steps(clients, grads, first, count):
+    want = grads.sum(axis=0)
+    for t in range(first, first + count):
+        for result, took in await asyncio.gather(*(timed(submit(c, grads, t))
+                                                   for c in clients.values())):
+            assert isinstance(result, np.ndarray) and rel_error(result, want) <= 1e-9, (t, result)
+            assert took < BOUND
+
+
+async def owns_again(lt, clients, grads, first, within=20):
+    """Exact steps from ``first`` until the master lets the victim own chunks again (its
+    pieces came in time for 3 steps in a row), then 3 more through the new map."""
+    line = f"rank(s) {rank(VICTIM)} own chunks again"
+    step = first
+    while line not in lt.log_path(MASTER).read_text():
+        assert step < first + within, f"{VICTIM} owned nothing {within} steps after it was back"
+        await exact_steps(clients, grads, step, 1)
+        step += 1
+    await exact_steps(clients, grads, step, 3)
+
+
+async def test_an_owner_killed_mid_step_fails_the_step_and_the_tree_goes_on_without_it(local_tree):
+    lt = spread_tree(local_tree)
+    grads = grads_for(1)
+    clients = await connect_all(lt, NAMES)
+    try:
+        await exact_steps(clients, grads, 0, 1)
+        victim = clients.pop(VICTIM)
+        killed = time.monotonic()
+
+        def kill():
+            victim.close()
+            lt.signal(VICTIM, KILL)
+        outcomes = await fault_mid_step(lt, clients, grads, 1, kill)
+        fails_cleanly_or_exact(outcomes, grads.sum(axis=0))
+        assert any(isinstance(r, StepFailed) for r, _ in outcomes)   # its chunks never came
+        step = await steps_complete_again(clients, grads, 2,
+                                          within=RECOVERY - (time.monotonic() - killed))
+        await exact_steps(clients, grads, step + 1, 3)   # and goes on, never restarted
+    finally:
+        close_all(clients)
+    assert f"rank(s) {rank(VICTIM)} own no chunks" in lt.log_path(MASTER).read_text()
+
+
+async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(local_tree):
+    lt = spread_tree(local_tree)
+    grads = grads_for(2)
+    clients = await connect_all(lt, NAMES)
+    others = {n: c for n, c in clients.items() if n != VICTIM}
+    try:
+        await exact_steps(clients, grads, 0, 1)
+        frozen = time.monotonic()
+        outcomes = await fault_mid_step(lt, others, grads, 1,
+                                        lambda: lt.signal(VICTIM, signal.SIGSTOP))
+        for result, took in outcomes:   # its chunks of step 1 never come: the deadline
+            assert isinstance(result, StepFailed) and took < BOUND, (result, took)
+            missing = re.search(r"the sum's chunks from owner rank\(s\) ([\d, ]+)", result.reason)
+            assert missing and str(rank(VICTIM)) in missing[1].strip().split(", "), result.reason
+        step = await steps_complete_again(others, grads, 2,
+                                          within=RECOVERY - (time.monotonic() - frozen))
+        await exact_steps(others, grads, step + 1, 3)   # while it stays frozen
+        lt.signal(VICTIM, signal.SIGCONT)
+        thawed = time.monotonic()
+        newest = max(c.tree_step for c in clients.values())
+        step = await steps_complete_again(clients, grads, newest + 1,
+                                          within=RECOVERY - (time.monotonic() - thawed))
+        await owns_again(lt, clients, grads, step + 1)
+    finally:
+        lt.signal(VICTIM, signal.SIGCONT)
+        close_all(clients)
+    assert f"rank(s) {rank(VICTIM)} own no chunks" in lt.log_path(MASTER).read_text()
+
+
+async def test_an_owner_restarted_mid_step_owns_again_and_steps_are_exact(local_tree):
+    lt = spread_tree(local_tree)
+    grads = grads_for(3)
+    clients = await connect_all(lt, NAMES)
+    try:
+        await exact_steps(clients, grads, 0, 1)
+        victim = clients.pop(VICTIM)
+
+        def kill():
+            victim.close()
+            lt.signal(VICTIM, KILL)
+        fails_cleanly_or_exact(await fault_mid_step(lt, clients, grads, 1, kill), grads.sum(axis=0))
+        up = await restart(lt, clients, [VICTIM])
+        step = await steps_complete_again(clients, grads, 2,
+                                          within=RECOVERY - (time.monotonic() - up))
+        await owns_again(lt, clients, grads, step + 1)
+    finally:
+        close_all(clients)
+
+
+async def test_the_tree_recovers_after_the_master_restarts(local_tree):
+    lt = spread_tree(local_tree)
+    grads = grads_for(4)
+    clients = await connect_all(lt, NAMES)
+    try:
+        await exact_steps(clients, grads, 0, 3)
+        clients.pop(MASTER).close()
+        lt.signal(MASTER, KILL)
+        outage = await asyncio.gather(*(timed(submit(c, grads, 3)) for c in clients.values()))
+        for result, took in outage:   # no master: every process hears so within the bound
+            assert isinstance(result, StepFailed) and not result.tree_wide and took < BOUND
+        up = await restart(lt, clients, [MASTER])
+        assert clients[MASTER].tree_step == 2      # it resumed where the workers were
+        step = await steps_complete_again(clients, grads, 4,
+                                          within=RECOVERY - (time.monotonic() - up))
+        await exact_steps(clients, grads, step + 1, 3)
+    finally:
+        close_all(clients)
+
+
+async def test_random_faults(local_tree):
+    """Owners killed and restarted (the master too) and frozen while every host trains, as
+    test_faults.py's test_random_faults: every wait ends within the bound, every result
+    is exact, and the tree is healthy again soon after the last fault."""
+    rng = random.Random(3)
+    grads = grads_for(5)
+    want = grads.sum(axis=0)
+    lt = spread_tree(local_tree, keep_results=8)
+    trainers = {n: Trainer(lt, n, grads, random.Random(rng.random())) for n in NAMES}
+    stop = asyncio.Event()
+    tasks = [asyncio.ensure_future(t.run(stop)) for t in trainers.values()]
+    faults = []
+    try:
+        await wait_until(lambda: min(t.newest for t in trainers.values()) >= 3, "a warm tree")
+        for _ in range(6):
+            await asyncio.sleep(rng.uniform(0.2, 1.0))   # the interval between faults is the point
+            victim = rng.choice(NAMES[1:])
+            fault = rng.choice(["kill", "kill", "freeze", "kill-master"])
+            faults.append((fault, victim))
+            if fault == "kill":
+                lt.signal(victim, KILL)
+                lt.start_node(victim)
+            elif fault == "kill-master":
+                lt.signal(MASTER, KILL)
+                lt.start_node(MASTER)
+            else:
+                lt.signal(victim, signal.SIGSTOP)
+                await asyncio.sleep(rng.uniform(0.2, 1.5))
+                lt.signal(victim, signal.SIGCONT)
+        last_fault = max(t.newest for t in trainers.values())
+        try:
+            await wait_until(lambda: min(t.newest for t in trainers.values()) >= last_fault + 5,
+                             "every process 5 steps past the last fault", timeout=RECOVERY + 20)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {faults}, last fault at step {last_fault}, "
+                                 f"{ {n: (t.newest, t.errors[-6:]) for n, t in trainers.items()} }"
+                                 ) from None
+    finally:
+        stop.set()
+        for name in NAMES:
+            if lt.alive(name):
+                lt.signal(name, signal.SIGCONT)
+        await asyncio.wait(tasks, timeout=30)
+        for task in tasks:
+            task.cancel()
+    for name, t in trainers.items():
+        assert max(t.waits) < BOUND, (name, max(t.waits), faults)   # every wait ended in time
+        for step, r in t.results.items():
+            assert rel_error(r, (step + 1) * want) <= 1e-9, (name, step, faults)
