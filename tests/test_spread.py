@@ -265,6 +265,10 @@ async def test_crnet_status_and_metrics_answer_for_a_spread_tree(local_tree):
         assert value(samples, "crnet_tree_step") == 2
         assert value(samples, "crnet_join_state", state="assigned") == 1
         assert (value(samples, "crnet_decode_cpu_seconds_total") > 0) == (name in owning), name
+        for other in SEVEN.names():   # a link to and from every other host
+            if other != name:
+                for link in ("peer_out", "peer_in"):
+                    assert value(samples, "crnet_link_up", link=link, peer=other or "master") == 1
 
 
 @pytest.mark.timeout(120)
