@@ -40,7 +40,7 @@ import numpy as np
 
 from ...dtypes import DTYPES, dtype_name
 from ...errors import ProtocolError
-from ...messages import Chunk, Fail, FailKind, Message, Open, Owners, Piece, Result, Segment
+from ...messages import Chunk, Fail, FailKind, Message, Open, Owners, Phase, Piece, Result, Segment
 from ...peer_text import Throttle, shown
 from ...schemes import Place, Ports, Scheme, Stall, driver
 from ...stats import Stats
@@ -390,7 +390,11 @@ class StepEngine:
             self.scheme.peer_silent(rank)
 
     def _admit_peer(self, msg: Segment | Piece) -> bool:
-        """A peer's piece of a step in the window and not decided: the step opens here."""
+        """A peer's piece of a step in the window and not decided: the step opens here. A
+        chunk of spread's sum is taken beyond the window, as a parent's RESULT is: the tree
+        decoded it, and a host that fell behind (restarted while the others ran on) learns
+        so where the tree is, instead of failing its steps one deadline at a time."""
         self._check_size(msg)
-        return not (self.is_decided(msg.step) or self.refusal(msg.step) or self.scheme is None
+        ahead = not (isinstance(msg, Piece) and msg.phase is Phase.GATHER) and self.refusal(msg.step)
+        return not (self.is_decided(msg.step) or ahead or self.scheme is None
                     or not self._open(msg.step, self._announces))
