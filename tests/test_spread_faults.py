@@ -21,10 +21,11 @@ from crnet.launch import MASTER
 from crnet.plan import Tree
 from crnet.schemes.owners import owner_count
 
-from .conftest import KILL, rel_error, wait_until
+from .conftest import KILL, rel_error, wait_for_log, wait_until
 from .test_faults import (
     BOUND,
     RECOVERY,
+    SEEDS,
     TIMEOUT,
     Trainer,
     close_all,
@@ -176,6 +177,38 @@ async def test_an_owner_restarted_mid_step_owns_again_and_steps_are_exact(local_
         close_all(clients)
 
 
+async def test_a_host_back_after_the_others_ran_past_its_window_catches_up(local_tree):
+    """Restarted while the others run on, the host's peers dial it again only after a while
+    (their backoff): by then the tree is more steps ahead of where it joined than its window
+    (4). The sums of the steps after that still reach it: it learns where the tree is, and
+    its process takes exact steps with the others again within RECOVERY."""
+    lt = spread_tree(local_tree, step_window=4)
+    grads = grads_for(6)
+    clients = await connect_all(lt, NAMES)
+    try:
+        await exact_steps(clients, grads, 0, 1)
+        clients.pop(VICTIM).close()
+        lt.signal(VICTIM, KILL)
+        others = dict(clients)
+        await exact_steps(others, grads, 1, 2)
+        # The master's dialer waits 1.6 s before it tries the victim again.
+        await wait_for_log(lt, MASTER, "peer 1.0 not reachable (Connection refused); retrying in 1.6 s")
+        up = await restart(lt, clients, [VICTIM])
+        joined = clients[VICTIM].tree_step
+        await exact_steps(others, grads, 3, 10)   # the others run on, past its window
+        assert joined < 12 - 4
+        step = 13
+        while clients[VICTIM].tree_step < step - 2:   # ... until it hears of their steps
+            assert time.monotonic() - up < RECOVERY, (clients[VICTIM].tree_step, step)
+            await exact_steps(others, grads, step, 1)
+            step += 1
+        step = await steps_complete_again(clients, grads, step,
+                                          within=RECOVERY - (time.monotonic() - up))
+        await exact_steps(clients, grads, step + 1, 3)
+    finally:
+        close_all(clients)
+
+
 async def test_the_tree_recovers_after_the_master_restarts(local_tree):
     lt = spread_tree(local_tree)
     grads = grads_for(4)
@@ -196,12 +229,13 @@ async def test_the_tree_recovers_after_the_master_restarts(local_tree):
         close_all(clients)
 
 
-async def test_random_faults(local_tree):
-    """Owners killed and restarted (the master too) and frozen while every host trains, as
-    test_faults.py's test_random_faults: every wait ends within the bound, every result
-    is exact, and the tree is healthy again soon after the last fault."""
-    rng = random.Random(3)
-    grads = grads_for(5)
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_random_faults(local_tree, seed):
+    """Owners killed and restarted (the master too), frozen, and wrong-length vectors, while
+    every host trains, as test_faults.py's test_random_faults: every wait ends within the
+    bound, every result is exact, and the tree is healthy again soon after the last fault."""
+    rng = random.Random(seed)
+    grads = grads_for(seed)
     want = grads.sum(axis=0)
     lt = spread_tree(local_tree, keep_results=8)
     trainers = {n: Trainer(lt, n, grads, random.Random(rng.random())) for n in NAMES}
@@ -210,10 +244,10 @@ async def test_random_faults(local_tree):
     faults = []
     try:
         await wait_until(lambda: min(t.newest for t in trainers.values()) >= 3, "a warm tree")
-        for _ in range(6):
+        for _ in range(8):
             await asyncio.sleep(rng.uniform(0.2, 1.0))   # the interval between faults is the point
             victim = rng.choice(NAMES[1:])
-            fault = rng.choice(["kill", "kill", "freeze", "kill-master"])
+            fault = rng.choice(["kill", "kill", "freeze", "wrong", "kill-master"])
             faults.append((fault, victim))
             if fault == "kill":
                 lt.signal(victim, KILL)
@@ -221,10 +255,12 @@ async def test_random_faults(local_tree):
             elif fault == "kill-master":
                 lt.signal(MASTER, KILL)
                 lt.start_node(MASTER)
-            else:
+            elif fault == "freeze":
                 lt.signal(victim, signal.SIGSTOP)
                 await asyncio.sleep(rng.uniform(0.2, 1.5))
                 lt.signal(victim, signal.SIGCONT)
+            else:
+                trainers[victim].naughty = True
         last_fault = max(t.newest for t in trainers.values())
         try:
             await wait_until(lambda: min(t.newest for t in trainers.values()) >= last_fault + 5,
