@@ -27,9 +27,9 @@ from .test_faults import (
     RECOVERY,
     SEEDS,
     TIMEOUT,
-    Trainer,
     close_all,
     connect_all,
+    random_faults,
     restart,
     steps_complete_again,
     submit,
@@ -235,49 +235,4 @@ async def test_random_faults(local_tree, seed):
     every host trains, as test_faults.py's test_random_faults: every wait ends within the
     bound, every result is exact, and the tree is healthy again soon after the last fault."""
     rng = random.Random(seed)
-    grads = grads_for(seed)
-    want = grads.sum(axis=0)
-    lt = spread_tree(local_tree, keep_results=8)
-    trainers = {n: Trainer(lt, n, grads, random.Random(rng.random())) for n in NAMES}
-    stop = asyncio.Event()
-    tasks = [asyncio.ensure_future(t.run(stop)) for t in trainers.values()]
-    faults = []
-    try:
-        await wait_until(lambda: min(t.newest for t in trainers.values()) >= 3, "a warm tree")
-        for _ in range(8):
-            await asyncio.sleep(rng.uniform(0.2, 1.0))   # the interval between faults is the point
-            victim = rng.choice(NAMES[1:])
-            fault = rng.choice(["kill", "kill", "freeze", "wrong", "kill-master"])
-            faults.append((fault, victim))
-            if fault == "kill":
-                lt.signal(victim, KILL)
-                lt.start_node(victim)
-            elif fault == "kill-master":
-                lt.signal(MASTER, KILL)
-                lt.start_node(MASTER)
-            elif fault == "freeze":
-                lt.signal(victim, signal.SIGSTOP)
-                await asyncio.sleep(rng.uniform(0.2, 1.5))
-                lt.signal(victim, signal.SIGCONT)
-            else:
-                trainers[victim].naughty = True
-        last_fault = max(t.newest for t in trainers.values())
-        try:
-            await wait_until(lambda: min(t.newest for t in trainers.values()) >= last_fault + 5,
-                             "every process 5 steps past the last fault", timeout=RECOVERY + 20)
-        except AssertionError as e:
-            raise AssertionError(f"{e}: {faults}, last fault at step {last_fault}, "
-                                 f"{ {n: (t.newest, t.errors[-6:]) for n, t in trainers.items()} }"
-                                 ) from None
-    finally:
-        stop.set()
-        for name in NAMES:
-            if lt.alive(name):
-                lt.signal(name, signal.SIGCONT)
-        await asyncio.wait(tasks, timeout=30)
-        for task in tasks:
-            task.cancel()
-    for name, t in trainers.items():
-        assert max(t.waits) < BOUND, (name, max(t.waits), faults)   # every wait ended in time
-        for step, r in t.results.items():
-            assert rel_error(r, (step + 1) * want) <= 1e-9, (name, step, faults)
+    await random_faults(spread_tree(local_tree, keep_results=8), grads_for(seed), rng)
