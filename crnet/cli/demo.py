@@ -62,7 +62,9 @@ def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, 
     say(f"steps               {summary['steps']}")
     say(f"mean step time      {1e3 * summary['mean_step_s']:.1f} ms")
     say(f"stragglers injected {summary['stragglers_injected']}")
-    say(f"stragglers skipped  {summary['stragglers_skipped']} (children a parent decoded without)")
+    skipped = ("hosts each owner decoded without, added up" if scheme == "spread"
+               else "children a parent decoded without")
+    say(f"stragglers skipped  {summary['stragglers_skipped']} ({skipped})")
     say(f"final loss          {summary['final_loss']:.6f}")
     say(f"max rel. difference {summary['max_rel_error']:.2e} vs single-process gradient "
         f"descent ({'exact' if ok else 'TOO LARGE'})")
