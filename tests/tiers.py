@@ -26,6 +26,7 @@ QUICK_FILES = frozenset({
     "test_model_spread.py",
     "test_plan.py",
     "test_schemes.py",
+    "test_sends_in_turn.py",
     "test_spread_step.py",
     "test_tiers.py",
     "test_wire.py",
