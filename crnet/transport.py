@@ -179,10 +179,11 @@ class Connection(asyncio.BufferedProtocol):
             self.on_drained()
 
     def pace(self, unsent: int) -> None:
-        """Writes on this connection go out in turn with others': the kernel keeps at most
-        about ``unsent`` bytes of it not yet sent (TCP_NOTSENT_LOWAT; what is in flight is
-        TCP's), the rest waits in the transport, and ``on_drained`` is called the moment
-        all of it went to the kernel (its buffer limit is 0: every write above it pauses)."""
+        """Writes on this connection go out in turn with others': the kernel holds at most
+        about ``unsent`` bytes of it (its send buffer, in flight included, SO_SNDBUF; of them
+        not yet sent, TCP_NOTSENT_LOWAT), the rest waits in the transport, and ``on_drained``
+        is called the moment all of it went to the kernel (its buffer limit is 0: every
+        write above it pauses)."""
         if self.transport is None:
             return
         sock = self.transport.get_extra_info("socket")

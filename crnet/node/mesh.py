@@ -81,7 +81,8 @@ class Mesh:
         for rank, address in enumerate(addresses):
             if rank == me:
                 continue
-            if address is None and rank != 0:
+            # None: the master, which only its children know (they dial it as their parent).
+            if address is None and (rank != 0 or tree.layer(name) != 1):
                 log.error("spread: nobody knew where host %s listens: it gets no pieces from "
                           "this one", names[rank] or "master")
                 continue

@@ -14,6 +14,7 @@ protocol error (the connection it came on is closed).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -89,9 +90,11 @@ class Sends(Protocol):
         """To peer ``rank`` (the ring successor, another spread host); queued while its link
         is (re)connecting, until ``step`` is decided."""
 
-    def in_turn(self, rank: int, step: int, msg: Message, payload, keep: bool = False) -> None:
-        """To peer ``rank`` once this node's sends in turn before it have left: one peer link
-        at a time takes the node's uplink. ``keep``: sent even once ``step`` is decided here."""
+    def in_turn(self, ranks: Sequence[int], step: int, msg: Message, payload,
+                keep: bool = False) -> None:
+        """To each peer of ``ranks``, in that order, once this node's sends in turn before it
+        have left: one peer link at a time takes the node's uplink (one encoding for them
+        all). ``keep``: sent even once ``step`` is decided here."""
 
     def announce(self, msg: Message) -> None:
         """To every peer now, and first to each peer whose link comes up later (the

@@ -97,7 +97,7 @@ class Spread(Scheme):
                 if j < len(chunks[owner]):
                     c = chunks[owner][j]
                     a, b = layout.bounds(c)
-                    self.ports.send.in_turn(owner, st.step, Piece(st.step, REDUCE, c, layout.total,
+                    self.ports.send.in_turn((owner,), st.step, Piece(st.step, REDUCE, c, layout.total,
                                                                   layout.dtype_name), st.mine[a:b])
 
     # -- pieces from peers
@@ -173,8 +173,7 @@ class Spread(Scheme):
             stats.decode_cpu_seconds += time.thread_time() - cpu0
             msg = Piece(st.step, GATHER, c, layout.total, layout.dtype_name)
             # Every host needs it, also once this host has the whole sum: in rotation.
-            for r in self.after:
-                self.ports.send.in_turn(r, st.step, msg, out, keep=True)
+            self.ports.send.in_turn(self.after, st.step, msg, out, keep=True)
         if chunks and st.decoded == len(st.owned):
             stats.children_skipped += self.hosts - 1 - len(st.used - {self.rank})
         self._check_complete(st)
@@ -214,7 +213,7 @@ class Spread(Scheme):
             return
         again = self.steps[st.step] = self._new_step(st.step, st.layout.total, st.layout.dtype_name)
         if st.mine is not None:
-            ready = again.local_arrived(st.mine)
+            ready = again.local_arrived(st.mine, copied=True)
             self._send_pieces(again)
             self._decode(again, ready)
 

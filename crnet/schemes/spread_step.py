@@ -106,15 +106,16 @@ class SpreadStep:
         return len(self.gathered) == self.layout.chunks
 
     # -- arrivals
-    def local_arrived(self, vector: np.ndarray | None) -> list[int]:
-        """This host's vector (None at the master, which adds nothing); returns the owned
-        chunks that decode now. A copy: the training process may write its input again
-        while pieces of it are still queued (it gave up waiting)."""
-        if vector is not None:
+    def local_arrived(self, vector: np.ndarray, copied: bool = False) -> list[int]:
+        """This host's vector (the master adds none); returns the owned chunks that decode
+        now. It is copied: the training process may write its input again while pieces of
+        it are still queued (it gave up waiting). ``copied``: ``vector`` is such a copy
+        already (a step begun again keeps its host's)."""
+        if copied:
+            self.mine = vector
+        else:
             self.mine = self._alloc(self.layout.total, self.layout.dtype)
             np.copyto(self.mine, vector)
-        if vector is None:
-            return []
         return [c for c in self.owned if self._arrived(self.rank, c)]
 
     def piece_arrived(self, sender: int, chunk: int) -> bool:

@@ -3,7 +3,7 @@ peer, over the node's links (``neighbours.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -40,8 +40,11 @@ class TreeSends:
     def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
         self.neighbours.to_peer(rank, step, msg.frame(payload))
 
-    def in_turn(self, rank: int, step: int, msg: Message, payload, keep: bool = False) -> None:
-        self.neighbours.in_turn(rank, step, msg.frame(payload), keep)
+    def in_turn(self, ranks: Sequence[int], step: int, msg: Message, payload,
+                keep: bool = False) -> None:
+        frame = msg.frame(payload)   # one encoding for every peer
+        for rank in ranks:
+            self.neighbours.in_turn(rank, step, frame, keep)
 
     def announce(self, msg: Message) -> None:
         self.neighbours.announce(msg.frame())
