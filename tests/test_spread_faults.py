@@ -29,6 +29,7 @@ from .test_faults import (
     TIMEOUT,
     close_all,
     connect_all,
+    master_restarted_after_step_2,
     random_faults,
     restart,
     steps_complete_again,
@@ -215,15 +216,7 @@ async def test_the_tree_recovers_after_the_master_restarts(local_tree):
     clients = await connect_all(lt, NAMES)
     try:
         await exact_steps(clients, grads, 0, 3)
-        clients.pop(MASTER).close()
-        lt.signal(MASTER, KILL)
-        outage = await asyncio.gather(*(timed(submit(c, grads, 3)) for c in clients.values()))
-        for result, took in outage:   # no master: every process hears so within the bound
-            assert isinstance(result, StepFailed) and not result.tree_wide and took < BOUND
-        up = await restart(lt, clients, [MASTER])
-        assert clients[MASTER].tree_step == 2      # it resumed where the workers were
-        step = await steps_complete_again(clients, grads, 4,
-                                          within=RECOVERY - (time.monotonic() - up))
+        step = await master_restarted_after_step_2(lt, clients, grads)
         await exact_steps(clients, grads, step + 1, 3)
     finally:
         close_all(clients)
