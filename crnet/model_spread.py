@@ -24,9 +24,11 @@ compute times (one column per worker in ``Tree.names()`` order without the maste
     n_l - s_l of its children are available, max(A_v, (n_l - s_l)-th child); the master (the
     root) when n_1 - s_1 of its children are: D. No transfers between levels.
 
-    Down, one hop: the owner sends its decoded share to the H - 1 other hosts in turn over its
-    uplink, (H - 1)(u + g); a host's downlink receives k - 1 shares (k if it owns none, which
-    happens only when k < H), never more than H - 1, so the owner's uplink is the bottleneck:
+    Down: a share no larger than the kernel takes at once (g = 0) goes from the owner to the
+    H - 1 other hosts in turn over its uplink, (H - 1) u, one hop; a larger one goes round
+    the ring of ranks, each host relaying it on once it is in, H - 1 hops of u and a
+    message's latency each, (H - 1)(u + g) with g = λ. A host's downlink receives k - 1
+    shares (k if it owns none, which happens only when k < H), never more than H - 1. Both:
         step = D + λ + (H - 1)(u + g).
 
     The master is an owner (rank 0 first) and computes nothing, so every worker's piece
@@ -40,6 +42,8 @@ compute times (one column per worker in ``Tree.names()`` order without the maste
     with every worker sending straight to the master, which then sends the sum to all.
 
 What it ignores, beyond ``crnet.model``'s list
+    The pieces an owner withdraws once it can decode without them (MOOT): the model sends
+    every piece, which can only make it pessimistic about a sender's uplink.
     Pipelining in chunks (``chunk_bytes`` is accepted and not used): a share is sent, decoded
     and sent on whole, so hops never overlap within a step. It would matter only for shares
     larger than a chunk (1-4 MiB: vectors over ~20 MB on 21 hosts). The owners' shares are

@@ -73,6 +73,7 @@ class Stats:
     steps_failed_here: int = 0         # of those, failed for this subtree only (cut off)
     children_skipped: int = 0          # children a step was decoded without
     times_skipped: int = 0             # steps this node's parent finished without it
+    pieces_withdrawn: int = 0          # spread: pieces not sent, their owners decoded without them
     results_direct: int = 0            # results received straight into a training process's
     #                                    shared output, delivered without a copy
     decode_seconds: float = 0.0

@@ -62,6 +62,7 @@ class MsgType(enum.IntEnum):
     # Peer links (TCP, --scheme spread), every host -> every other host.
     PIECE = 19          # a chunk of a host's vector to its owner, or of the sum from its owner
     OWNERS = 38         # master -> every host: which hosts own no chunks, from which step on
+    MOOT = 39           # owner -> a host: its piece of a chunk is not needed (decoded without it)
     # The local training process (Unix socket).
     CLIENT_HELLO = 20   # client -> daemon: first frame (pid)
     CLIENT_WELCOME = 21  # daemon -> client: this host's assignment

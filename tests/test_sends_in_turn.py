@@ -1,6 +1,7 @@
 """Sends in turn (``Neighbours.in_turn``, spread's pieces and sums): one peer link at a time
-takes the host's uplink, kept sends outlive their step, and a peer that stops reading is cut
-off instead of holding every send behind it. Over stand-in links: no sockets."""
+takes the host's uplink, kept sends outlive their step, a send withdrawn before its turn
+never goes, and a peer that stops reading is cut off instead of holding every send behind
+it. Over stand-in links: no sockets."""
 
 import asyncio
 
@@ -84,6 +85,18 @@ async def test_a_decided_step_drops_its_pieces_but_not_the_sends_it_keeps():
     assert links[3].frames == [frame("sum")]  # the sum goes: the others still need it
     links[3].drain()
     assert links[2].frames == [frame("next")]
+
+
+async def test_a_send_withdrawn_before_its_turn_never_goes():
+    nb, links = mesh()
+    nb.in_turn(1, 5, frame("first"), tag=0)
+    nb.in_turn(2, 5, frame("moot"), tag=3)
+    nb.in_turn(2, 5, frame("needed"), tag=4)
+    assert not nb.withdraw(1, 5, 0)          # it went to its link already
+    assert not nb.withdraw(2, 6, 3)          # another step's
+    assert nb.withdraw(2, 5, 3)
+    links[1].drain()
+    assert links[2].frames == [frame("needed")]
 
 
 async def test_a_peer_that_takes_nothing_is_cut_off_and_the_sends_behind_it_go_on():

@@ -19,7 +19,7 @@ from crnet import AsyncClient
 from crnet.auth import mac, new_nonce
 from crnet.cli import main
 from crnet.launch import MASTER
-from crnet.messages import Challenge, PeerHello, PeerWelcome, Phase, Piece, Proof, Refuse
+from crnet.messages import Challenge, Moot, PeerHello, PeerWelcome, Phase, Piece, Proof, Refuse
 from crnet.plan import Tree
 from crnet.schemes.owners import owners
 from crnet.status import rows
@@ -274,9 +274,10 @@ async def test_crnet_status_and_metrics_answer_for_a_spread_tree(local_tree):
 @pytest.mark.timeout(120)
 async def test_bad_pieces_are_dropped_or_close_their_link_only(local_tree):
     """A peer link (loopback: no secret needed) says it is a dead worker's and sends rank 1
-    a piece of a chunk it does not own (dropped, with a warning), a sum's chunk it does not
-    own (dropped), and a piece of the wrong length (that link is closed): the daemon goes on
-    serving, and the tree's sums stay exact."""
+    a piece of a chunk it does not own (dropped, with a warning), a sum's chunk that goes
+    round the ring past rank 4 before it reaches rank 1 (dropped), a MOOT for a chunk it does
+    not own (ignored, with a warning), and a piece of the wrong
+    length (that link is closed): the daemon goes on serving, and the tree's sums stay exact."""
     star, dim, chunk = Tree((4,), (1,)), 1 << 16, 16 << 10   # ranks 0 (master) .. 4; 5 owners
     lt = local_tree(star, 40, scheme="spread", chunk_bytes=chunk, timeout=5)
     grads = np.random.default_rng(9).standard_normal((40, dim))
@@ -288,7 +289,7 @@ async def test_bad_pieces_are_dropped_or_close_their_link_only(local_tree):
         await wait_for_log(lt, MASTER, "rank(s) 4 own no chunks")
         await exact_steps(clients, grads, 1, first=1)
         cut = owners(dim, "float64", chunk, 5, excluded={4})
-        theirs, mine = cut.chunks_of(2)[0], cut.chunks_of(1)[0]
+        theirs, mine, masters = cut.chunks_of(2)[0], cut.chunks_of(1)[0], cut.chunks_of(0)[0]
 
         def piece(phase, c, short=0):
             return Piece(2, phase, c, dim, "float64"), np.full(cut.layout.nbytes(c) // 8 - short, 1e6)
@@ -299,7 +300,11 @@ async def test_bad_pieces_are_dropped_or_close_their_link_only(local_tree):
         impostor.send(*piece(Phase.REDUCE, theirs))
         await wait_for_log(lt, "0", f"step 2: rank 4's piece: chunk {theirs} is rank 2's to "
                                     "decode, not this host's")
-        impostor.send(*piece(Phase.GATHER, theirs))   # (its warning is throttled: same kind)
+        # The master's chunk reaches rank 1 first, rank 4 last. (Its warning is throttled.)
+        impostor.send(*piece(Phase.GATHER, masters))
+        impostor.send(Moot(2, theirs, dim, "float64"))   # rank 2's chunk: not rank 4's to say
+        await wait_for_log(lt, "0", f"rank 4 says chunk {theirs} needs not this host's piece, "
+                                    "but it does not own it")
         impostor.send(*piece(Phase.REDUCE, mine, short=1))
         assert await impostor.closed()
         await wait_for_log(lt, "0", f"PIECE from rank 4, step 2: chunk {mine} has "

@@ -120,6 +120,35 @@ def test_a_chunk_decodes_without_up_to_s_children_of_every_parent_and_not_before
     assert st.used == {1, 2, 4, 6}
 
 
+def test_pieces_below_an_available_node_are_moot_each_told_once():
+    tree = Tree((3, 2), (1, 1))   # ranks: 1..3 layer 1; 4,5 under 1; 6,7 under 2; 8,9 under 3
+    vecs, _ = local_vectors(tree, 30, 8)
+    st = master_step(tree, 8)
+    feed(st, vecs, [4])
+    assert st.moot(0) == []                    # node 1 waits for its own piece
+    feed(st, vecs, [1])
+    assert st.moot(0) == [5]                   # node 1 is available: its other child is moot
+    feed(st, vecs, [2])
+    assert st.moot(0) == []
+    # Node 2 is available (with 7), and so is the master (2 of its 3 children): every piece
+    # still out is moot, 5 not again.
+    feed(st, vecs, [7])
+    assert sorted(st.moot(0)) == [3, 6, 8, 9]
+    assert st.moot(0) == []
+
+
+def test_an_owner_is_never_told_its_own_piece_is_moot():
+    tree = Tree((2, 2), (1, 1))   # ranks: 1, 2 layer 1; 3, 4 under 1; 5, 6 under 2
+    cut = owners(1 << 16, "float64", 16 << 10, 7)
+    owner = 4
+    st = SpreadStep(0, cut, Recursion.of(tree, "auto"), owner)
+    (c, *_) = st.owned
+    for r in (1, 3):                           # node 1 with child 3; this host's own (4) not in
+        st.piece_dest(r, c)
+        st.piece_arrived(r, c)
+    assert sorted(st.moot(c)) == [2, 5, 6]   # not 4: its piece is local, not sent
+
+
 def test_an_inner_node_without_its_own_piece_counts_as_missing():
     tree = Tree((2, 2), (1, 0))
     vecs, _ = local_vectors(tree, 20, 4)

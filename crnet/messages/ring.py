@@ -129,3 +129,21 @@ class Owners(Message):
                 or any(type(r) is not int or not 1 <= r < 1 << 16 for r in excluded)):
             raise h.bad("excluded", "a list of worker ranks (1..65535)")
         return cls(h.integer("epoch", 0, MAX_STEP), h.integer("start", 0, MAX_STEP), tuple(excluded))
+
+
+@dataclass(frozen=True, slots=True)
+class Moot(Message):
+    """spread, owner -> a host whose piece of chunk ``chunk`` it has not received: the chunk
+    no longer needs it (the recursion is satisfied above it), so the host sends it only if it
+    has not yet. The step's layout travels as in PIECE, so that the notice can open the step."""
+
+    TYPE = MsgType.MOOT
+    step: int
+    chunk: int
+    total: int
+    dtype: str
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Moot:
+        return cls(h.integer("step", 0, MAX_STEP), h.integer("chunk", 0, 1 << 32),
+                   h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES))

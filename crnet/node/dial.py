@@ -70,9 +70,11 @@ def _moot(welcomed: asyncio.Future[None]) -> None:
 async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message],
                          up: Callable[[Connection], None], down: Callable[[str], None],
                          refused: Callable[[JoinRefused], None],
+                         failed: Callable[[], None] | None = None,
                          unresolved: tuple[float, Callable[[], None]] | None = None,
                          backoff: tuple[float, float] = defaults.RECONNECT_BACKOFF) -> None:
-    """``unresolved``: (seconds, give_up): when the peer's host name has not resolved
+    """``failed()``: a dial found nothing listening, or no answer (it is tried again).
+    ``unresolved``: (seconds, give_up): when the peer's host name has not resolved
     for that long, ``give_up()`` is called and the loop ends (a typo in a name does not
     heal by retrying; a name missing from DNS for a while does, within the bound)."""
     delay = backoff[0]
@@ -98,6 +100,8 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
             unresolved_since = None
             log.info("%s not reachable (%s); retrying in %.1f s", what,
                      getattr(e, "strerror", None) or e or "no welcome", delay)
+            if failed is not None:
+                failed()
         except ProtocolError as e:
             unresolved_since = None
             warnings.warning(("bad", what), "%s: %s; dropped that connection, dialing again "

@@ -40,12 +40,14 @@ class Mesh:
     addresses they are dialed at."""
 
     def __init__(self, neighbours: Neighbours, dial: Callable[[str | None], Dialer] | None,
-                 lost: Callable[[int], None]):
+                 lost: Callable[[int], None], unreachable: Callable[[int], None] = lambda rank: None):
         """``dial(address)`` dials a peer (None: the one at the parent's address, the
-        master); ``lost(rank)`` hears that a peer's link to this node is gone."""
+        master); ``lost(rank)`` hears that a peer's link to this node is gone;
+        ``unreachable(rank)`` that this node's link to it is (or could not be dialed)."""
         self.neighbours = neighbours
         self._dial = dial
         self._lost = lost
+        self._unreachable = unreachable
         self.addresses: tuple[str | None, ...] = ()   # spread: where every rank listens
         self.tasks: list[asyncio.Task] = []
 
@@ -106,13 +108,19 @@ class Mesh:
         self.tasks.append(supervised(keep_connected(
             what, self._dial(address), hello=lambda: PeerHello(me),
             up=lambda conn: self.neighbours.peer_up(rank, conn),
-            down=lambda why: self._down(rank, why),
+            down=lambda why: self._down(rank, why), failed=lambda: self._failed(rank),
             refused=lambda e: log.error("%s refused this node: %s", what, shown(e.reason))),
             what))
 
     def _down(self, rank: int, what: str) -> None:
         self.neighbours.peer_down(rank)
         log.warning("lost the %s; reconnecting", what)
+        self._unreachable(rank)
+
+    def _failed(self, rank: int) -> None:
+        if self.neighbours.reachable(rank):
+            self.neighbours.peer_failed(rank)
+            self._unreachable(rank)
 
     # -- links accepted from peers
     def accept(self, conn: Connection, hello: PeerHello, place: Place | None, label: str) -> None:

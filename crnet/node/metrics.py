@@ -105,6 +105,9 @@ class NodeCollector:
         yield failed
         yield CounterMetricFamily("crnet_times_skipped", "Steps the tree finished without this "
                                   "node's part", value=stats.times_skipped)
+        yield CounterMetricFamily("crnet_pieces_withdrawn", "spread: pieces of this host's "
+                                  "vector not sent, their owners decoded without them (MOOT)",
+                                  value=stats.pieces_withdrawn)
         yield CounterMetricFamily("crnet_results_direct", "Results received straight into a "
                                   "training process's shared output, delivered without a copy",
                                   value=stats.results_direct)

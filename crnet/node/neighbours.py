@@ -52,8 +52,9 @@ class Neighbours:
         # rank -> (step, frame, keep) while its link is (re)connecting (keep: as ``in_turn``'s)
         self._queued: dict[int, list[tuple[int, list, bool]]] = {}
         self._announced: list | None = None   # the frame every peer gets first (spread's map)
-        # Sends in turn (spread), one link writing at a time: (step, rank, frame, keep).
-        self._turns: deque[tuple[int, int, list, bool]] = deque()
+        self._unreachable: set[int] = set()   # peers whose link went down, or could not be dialed
+        # Sends in turn (spread), one link writing at a time: (step, rank, frame, keep, tag).
+        self._turns: deque[tuple[int, int, list, bool, int | None]] = deque()
         self._writing: Connection | None = None
         self._stall_after = stall_after
         self._watch: tuple[Connection, int] | None = None   # the writing link, _taken(it)
@@ -115,14 +116,25 @@ class Neighbours:
         for link in self.peers.values():
             link.write(frame)
 
-    def in_turn(self, rank: int, step: int, frame: list, keep: bool = False) -> None:
+    def in_turn(self, rank: int, step: int, frame: list, keep: bool = False,
+                tag: int | None = None) -> None:
         """``frame`` to peer ``rank`` once this node's sends in turn before it have gone to
         the kernel: one link at a time takes this node's uplink, so N hosts sending to N
         others in rotation do not all load one downlink at once (TCP incast: queues overflow,
         segments are lost, flows wait for retransmission timeouts). ``keep``: sent even once
-        the step is decided here (spread's sums, which the other hosts still need)."""
-        self._turns.append((step, rank, frame, keep))
+        the step is decided here (spread's sums, which the other hosts still need). ``tag``:
+        what ``withdraw`` knows it by."""
+        self._turns.append((step, rank, frame, keep, tag))
         self._next_turn()
+
+    def withdraw(self, rank: int, step: int, tag: int) -> bool:
+        """The send in turn to ``rank`` tagged ``tag`` for ``step`` is not to go, if it has not
+        gone to its link yet (spread: a piece its owner no longer needs). True if it had not."""
+        for i, (s, r, _, _, t) in enumerate(self._turns):
+            if s == step and r == rank and t == tag:
+                del self._turns[i]
+                return True
+        return False
 
     def _next_turn(self) -> None:
         writing = self._writing
@@ -134,7 +146,7 @@ class Neighbours:
         self._writing = None
         turns = self._turns
         while turns:
-            step, rank, frame, keep = turns.popleft()
+            step, rank, frame, keep, _ = turns.popleft()
             link = self.peers.get(rank)
             if link is not None and link.on_drained is None:   # before its first write
                 link.pace(defaults.PACED_UNSENT)
@@ -162,8 +174,18 @@ class Neighbours:
                       f"it in {self._stall_after:g} s; the sends to the other peers go on")
         self._next_turn()
 
+    def reachable(self, rank: int) -> bool:
+        """Peer ``rank``'s link is up or coming up (not down, nor failed to dial)."""
+        return rank not in self._unreachable
+
+    def peer_failed(self, rank: int) -> None:
+        """Dialing peer ``rank`` failed (nothing listens there, or it did not answer)."""
+        if rank not in self.peers:
+            self._unreachable.add(rank)
+
     def peer_up(self, rank: int, conn: Connection) -> None:
         self.peers[rank] = conn
+        self._unreachable.discard(rank)
         if self._announced is not None:
             conn.write(self._announced)
         for _, frame, _ in self._queued.pop(rank, []):
@@ -171,13 +193,14 @@ class Neighbours:
 
     def peer_down(self, rank: int) -> None:
         self.peers.pop(rank, None)
+        self._unreachable.add(rank)
         self._next_turn()   # (it may have been the link writing)
 
     def forget(self, step: int) -> None:
         """``step`` is decided: its pieces still queued for peers are moot (but not the sends
         in turn it must keep: spread's sums, which the other hosts still need)."""
         turns = self._turns
-        if any(s == step and not keep for s, _, _, keep in turns):
+        if any(s == step and not keep for s, _, _, keep, _ in turns):
             staying = [t for t in turns if t[0] != step or t[3]]
             turns.clear()
             turns.extend(staying)

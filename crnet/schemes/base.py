@@ -22,7 +22,7 @@ import numpy as np
 
 from ..codes import GradientCode
 from ..errors import ProtocolError
-from ..messages import Chunk, Message, Owners, Piece, Result, RingPlace, Segment
+from ..messages import Chunk, Message, Moot, Owners, Piece, Result, RingPlace, Segment
 from ..plan import Tree
 from ..stats import Stats
 from .chunks import ChunkLayout
@@ -91,10 +91,17 @@ class Sends(Protocol):
         is (re)connecting, until ``step`` is decided."""
 
     def in_turn(self, ranks: Sequence[int], step: int, msg: Message, payload,
-                keep: bool = False) -> None:
+                keep: bool = False, tag: int | None = None) -> None:
         """To each peer of ``ranks``, in that order, once this node's sends in turn before it
         have left: one peer link at a time takes the node's uplink (one encoding for them
-        all). ``keep``: sent even once ``step`` is decided here."""
+        all). ``keep``: sent even once ``step`` is decided here. ``tag``: for ``withdraw``."""
+
+    def withdraw(self, rank: int, step: int, tag: int) -> bool:
+        """The send in turn to ``rank`` of ``step`` tagged ``tag`` is not to go, if it has not
+        left yet; True if it had not."""
+
+    def reachable(self, rank: int) -> bool:
+        """Peer ``rank``'s link is up or coming up (not down, nor failed to dial)."""
 
     def announce(self, msg: Message) -> None:
         """To every peer now, and first to each peer whose link comes up later (the
@@ -199,6 +206,9 @@ class Scheme:
     def owners(self, rank: int, msg: Owners) -> None:
         raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no OWNERS from peers")
 
+    def moot(self, rank: int, msg: Moot) -> None:
+        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no MOOT from peers")
+
     # -- what the engine tells the scheme
     def opened(self, step: int) -> None:
         """``step`` started at this node (its deadline runs from now), whatever began it:
@@ -212,6 +222,9 @@ class Scheme:
     def peer_silent(self, rank: int) -> None:
         """Peer ``rank``'s link to this node is gone: what it sent of steps under way stays,
         the rest will not come (until it reconnects)."""
+
+    def peer_unreachable(self, rank: int) -> None:
+        """This node's link to peer ``rank`` is down, or could not be dialed."""
 
     def stalled(self, step: int) -> Stall | None:
         """``step``'s deadline passed at this node: what is missing, or None if this

@@ -62,6 +62,11 @@ class Owners:
         return range(self.starts[i], self.starts[i + 1] if i + 1 < len(self.ranks)
                      else self.layout.chunks)
 
+    @property
+    def share_bytes(self) -> float:
+        """An owner's share of the vector, on average."""
+        return self.layout.total * self.layout.dtype.itemsize / len(self.ranks)
+
     def elements_of(self, rank: int) -> tuple[int, int]:
         """The element range ``rank``'s chunks cover (empty if none)."""
         chunks = self.chunks_of(rank)

@@ -28,9 +28,10 @@ import time
 
 import numpy as np
 
+from .. import defaults
 from ..dtypes import dtype_name
 from ..errors import ProtocolError
-from ..messages import Owners, Phase, Piece
+from ..messages import Moot, Owners, Phase, Piece
 from ..peer_text import Throttle
 from .base import Place, Ports, Scheme, Stall
 from .owners import OwnerMap, owners
@@ -41,6 +42,10 @@ log = logging.getLogger("crnet.schemes")
 REDUCE, GATHER = Phase.REDUCE, Phase.GATHER
 
 ON_TIME = 3   # steps in a row an excluded host's pieces must reach the master in time to own again
+# Shares larger than this go round the ring of ranks, each host relaying them on: owners that
+# decode at different times and each send to every host in turn would load some downlinks
+# twice while others idle, for the whole phase. Smaller ones (latency-bound) take one hop.
+RELAYED_SHARE = defaults.PACED_UNSENT
 
 
 class Spread(Scheme):
@@ -81,12 +86,14 @@ class Spread(Scheme):
             return None   # (the engine lets one vector per host and step through)
         ready = st.local_arrived(vector)
         self._send_pieces(st)
+        self._tell_moot(st, st.owned)
         self._decode(st, ready)
         return None
 
     def _send_pieces(self, st: SpreadStep) -> None:
         """Each owner its pieces, in this host's rotation (``after``), every owner's first
-        chunk before any owner's second."""
+        chunk before any owner's second; none an owner said it does without (MOOT), and
+        those it says so of later are withdrawn while they wait their turn (``moot``)."""
         assert st.mine is not None
         layout, ranks = st.layout, st.owners.ranks
         owning = set(ranks)
@@ -96,9 +103,12 @@ class Spread(Scheme):
             for owner in order:   # every owner's first chunk, then every owner's second, ...
                 if j < len(chunks[owner]):
                     c = chunks[owner][j]
+                    if c in st.not_needed:
+                        self.ports.stats.pieces_withdrawn += 1
+                        continue
                     a, b = layout.bounds(c)
                     self.ports.send.in_turn((owner,), st.step, Piece(st.step, REDUCE, c, layout.total,
-                                                                  layout.dtype_name), st.mine[a:b])
+                                                                  layout.dtype_name), st.mine[a:b], tag=c)
 
     # -- pieces from peers
     def piece_dest(self, rank: int, msg: Piece, nbytes: int) -> memoryview | None:
@@ -147,8 +157,12 @@ class Spread(Scheme):
             if rank == 0:
                 return "the master adds nothing"
             return None
-        if owner != rank:
-            return f"chunk {msg.chunk} of the sum is rank {owner}'s, not rank {rank}'s"
+        if st.relayed is None:
+            if owner != rank:
+                return f"chunk {msg.chunk} of the sum is rank {owner}'s, not rank {rank}'s"
+        elif (rank - owner) % self.hosts >= (self.rank - owner) % self.hosts:
+            return (f"chunk {msg.chunk} of the sum goes round the ring from rank {owner}: rank "
+                    f"{rank} is not before this host")
         return None
 
     def piece(self, rank: int, msg: Piece) -> None:
@@ -156,11 +170,41 @@ class Spread(Scheme):
         if st is None or self.steps.get(msg.step) is not st:
             return   # received into a step decided or begun again since: not this one's
         if msg.phase is REDUCE:
-            if st.piece_arrived(rank, msg.chunk):
+            decodes = st.piece_arrived(rank, msg.chunk)
+            self._tell_moot(st, (msg.chunk,))
+            if decodes:
                 self._decode(st, [msg.chunk])
         else:
             st.sum_arrived(msg.chunk)
+            if st.relayed is not None:
+                self._relay_copy(st, msg.chunk)
             self._check_complete(st)
+
+    def _tell_moot(self, st: SpreadStep, chunks) -> None:
+        """The hosts whose pieces of ``chunks`` are no longer needed here: MOOT, so that they
+        do not send them (the master tells no excluded host: its pieces in time are how it
+        owns chunks again)."""
+        layout = st.layout
+        for c in chunks:
+            for rank in st.moot(c):
+                if self.place.is_master and rank in self.map.latest:
+                    continue
+                msg = Moot(st.step, c, layout.total, layout.dtype_name)
+                self.ports.send.to_peer(rank, st.step, msg, None)
+
+    def moot(self, rank: int, msg: Moot) -> None:
+        """Owner ``rank`` needs not this host's piece of ``msg.chunk``: withdrawn if not sent."""
+        st = self._step(msg.step, msg.total, msg.dtype)
+        if st is None or not _fits(st, msg.total, msg.dtype):
+            return
+        if msg.chunk >= st.layout.chunks or st.owners.owner(msg.chunk) != rank:
+            self._lines.warning((rank, "moot"), "step %d: rank %d says chunk %d needs not this "
+                                "host's piece, but it does not own it (map %d): ignored",
+                                msg.step, rank, msg.chunk, self.map.epoch)
+            return
+        st.not_needed.add(msg.chunk)
+        if self.ports.send.withdraw(rank, msg.step, msg.chunk):
+            self.ports.stats.pieces_withdrawn += 1
 
     # -- decoding and the sum
     def _decode(self, st: SpreadStep, chunks: list[int]) -> None:
@@ -171,12 +215,48 @@ class Spread(Scheme):
             out = st.decode(c)
             stats.decode_seconds += time.perf_counter() - t0
             stats.decode_cpu_seconds += time.thread_time() - cpu0
-            msg = Piece(st.step, GATHER, c, layout.total, layout.dtype_name)
-            # Every host needs it, also once this host has the whole sum: in rotation.
-            self.ports.send.in_turn(self.after, st.step, msg, out, keep=True)
+            if st.relayed is not None:
+                self._relay(st, c, out)
+            else:   # every host needs it, also once this host has the whole sum: in rotation
+                msg = Piece(st.step, GATHER, c, layout.total, layout.dtype_name)
+                self.ports.send.in_turn(self.after, st.step, msg, out, keep=True)
         if chunks and st.decoded == len(st.owned):
             stats.children_skipped += self.hosts - 1 - len(st.used - {self.rank})
         self._check_complete(st)
+
+    # -- the sum round the ring (large shares)
+    def _relay(self, st: SpreadStep, chunk: int, data: np.ndarray) -> None:
+        """The sum's ``chunk`` on to the next host of the ring of ranks that is reachable, unless
+        that one is, or is past, the chunk's owner (every host has it then). ``data``: a copy
+        this send may keep (the step's result may be a training process's, which it may write)."""
+        assert st.relayed is not None
+        owner, hosts = st.owners.owner(chunk), self.hosts
+        here = (self.rank - owner) % hosts
+        for d in range(1, hosts):
+            r = (self.rank + d) % hosts
+            if (r - owner) % hosts <= here:
+                break   # round to the owner: none left to tell
+            if self.ports.send.reachable(r):
+                layout = st.layout
+                self.ports.send.in_turn((r,), st.step, Piece(st.step, GATHER, chunk, layout.total,
+                                                             layout.dtype_name), data, keep=True)
+                st.relayed[chunk] = r
+                return
+
+    def _relay_copy(self, st: SpreadStep, chunk: int) -> None:
+        a, b = st.layout.bounds(chunk)
+        assert st.result is not None
+        data = self.ports.memory.alloc(b - a, st.layout.dtype)
+        np.copyto(data, st.result[a:b])
+        self._relay(st, chunk, data)
+
+    def peer_unreachable(self, rank: int) -> None:
+        """This host's link to ``rank`` is down: the sum's chunks it was the next host for
+        go on to the one after it (steps still open here; those decided here are not held)."""
+        for st in list(self.steps.values()):
+            if st.relayed is not None:
+                for c in [c for c, r in st.relayed.items() if r == rank]:
+                    self._relay_copy(st, c)
 
     def _check_complete(self, st: SpreadStep) -> None:
         if not st.complete or self.steps.get(st.step) is not st:
@@ -269,10 +349,13 @@ class Spread(Scheme):
         return owners(total, dtype, self.place.chunk_bytes, self.hosts, self.map.excluded(step))
 
     def _new_step(self, step: int, total: int, dtype: str) -> SpreadStep:
-        return SpreadStep(
-            step, self._cut(step, total, dtype), self.recursion, self.rank,
-            alloc=self.ports.memory.alloc,
+        cut = self._cut(step, total, dtype)
+        st = SpreadStep(
+            step, cut, self.recursion, self.rank, alloc=self.ports.memory.alloc,
             result_alloc=lambda total, dtype: self.ports.memory.alloc_result(step, total, dtype))
+        if cut.share_bytes > RELAYED_SHARE:
+            st.relayed = {}
+        return st
 
     def peer_silent(self, rank: int) -> None:
         """Peer ``rank``'s link is gone: the sum's chunks it owns will not come for the steps
@@ -282,7 +365,8 @@ class Spread(Scheme):
             self._exclude({rank}, self.newest + 1, f"rank {rank}'s link to the master is gone")
         for st in list(self.steps.values()):
             missing = [c for c in st.owners.chunks_of(rank) if c not in st.gathered]
-            if missing and rank != self.rank:
+            # (round the ring, its chunks may be on their way still: they fail at the deadline)
+            if missing and rank != self.rank and st.relayed is None:
                 self.ports.steps.stall(st.step, f"owner rank {rank} (chunks {missing[0]}.."
                                        f"{missing[-1]} of the sum) disconnected", here=True)
 
@@ -290,7 +374,9 @@ class Spread(Scheme):
         st = self.steps.get(step)
         if st is not None and self.place.is_master:
             # Owners whose chunks did not come and whose own pieces did not either: their
-            # daemons are gone or frozen (one that only lacked pieces is not to blame).
+            # daemons are gone or frozen (one that only lacked pieces is not to blame; one
+            # whose piece this host said it could do without may be, and owns again after
+            # ON_TIME steps: the master tells excluded hosts no MOOT).
             silent = {st.owners.owner(c) for c in range(st.layout.chunks)
                       if c not in st.gathered} - st.senders - {0}
             if silent:

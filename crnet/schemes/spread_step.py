@@ -56,16 +56,28 @@ class Recursion:
     def hosts(self) -> int:
         return len(self.parent)
 
+    def below(self, v: int) -> list[int]:
+        """The nodes of ``v``'s subtree, ``v`` not included."""
+        out, todo = [], list(self.children[v])
+        while todo:
+            u = todo.pop()
+            out.append(u)
+            todo.extend(self.children[u])
+        return out
+
 
 class _Chunk:
-    """One owned chunk's recursion: whose pieces are in, who is available."""
+    """One owned chunk's recursion: whose pieces are in, who is available, who was told
+    that its piece is moot."""
 
-    __slots__ = ("avail", "count", "done", "has")
+    __slots__ = ("avail", "count", "done", "fresh", "has", "told")
 
     def __init__(self, hosts: int):
         self.has = bytearray(hosts)
         self.avail = bytearray(hosts)
+        self.told = bytearray(hosts)
         self.count = [0] * hosts
+        self.fresh: list[int] = []   # nodes available since ``moot`` last looked
         self.done = False
 
 
@@ -88,6 +100,9 @@ class SpreadStep:
         self.gathered: set[int] = set()              # chunks of the sum this host has
         self.used: set[int] = set()                  # ranks some owned chunk was decoded from
         self.senders: set[int] = set()               # ranks whose pieces came
+        # The sum goes round the ring (spread.py): chunk -> the host it went on to; None: not.
+        self.relayed: dict[int, int] | None = None
+        self.not_needed: set[int] = set()            # chunks whose owners need not this host's piece (MOOT)
         self.decoded = 0
 
     # -- where pieces land
@@ -141,11 +156,25 @@ class SpreadStep:
             if (u and not state.has[u]) or state.count[u] < rec.need[u]:
                 return False
             state.avail[u] = 1
+            state.fresh.append(u)
             if u == 0:
                 return True
             u = rec.parent[u]
             state.count[u] += 1
         return False
+
+    def moot(self, chunk: int) -> list[int]:
+        """The ranks whose pieces of owned ``chunk`` are not in and no longer needed (a node
+        above them is available), each told once."""
+        state = self._chunks[chunk]
+        out = []
+        for v in state.fresh:
+            for u in self.recursion.below(v):
+                if not state.has[u] and not state.told[u] and u != self.rank:
+                    state.told[u] = 1
+                    out.append(u)
+        state.fresh.clear()
+        return out
 
     # -- decoding
     def decode(self, chunk: int) -> np.ndarray:

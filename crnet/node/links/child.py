@@ -10,7 +10,7 @@ state           may send
 NEW             HELLO, PEER_HELLO, STATUS_HELLO
 CHILD           CHUNK, JOINED, FAIL, OPEN, JOB, BCAST, WANT_STATE, BARRIER,
                 STATUS_REPLY, REFUSE (it cannot take the place it was welcomed to)
-PEER            SEGMENT (rar), PIECE and OWNERS (spread)
+PEER            SEGMENT (rar), PIECE, OWNERS and MOOT (spread)
 STATUS          STATUS (it may ask again: ``crnet status --watch``)
 REFUSED         anything: REFUSE was sent, what it sent before reading it is moot
 ==============  ==============================================================
@@ -33,6 +33,7 @@ from ...messages import (
     Job,
     Joined,
     Message,
+    Moot,
     Open,
     Owners,
     PeerHello,
@@ -207,6 +208,10 @@ class ChildLink(StateMachine):
         assert self.rank is not None
         self.engine.owners(self.rank, msg)
 
+    def _moot(self, conn: Connection, msg: Moot, payload) -> None:
+        assert self.rank is not None
+        self.engine.moot(self.rank, msg)
+
     def _piece(self, conn: Connection, msg: Piece, payload) -> None:
         assert self.rank is not None
         if payload is not None:   # (else it was dropped unread: moot, or another layout)
@@ -220,7 +225,7 @@ class ChildLink(StateMachine):
         ChildState.CHILD: {Chunk: _chunk, Joined: _joined, Fail: _fail, Open: _open, Job: _job,
                            Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
                            StatusReply: _status_reply, Refuse: _leaving},
-        ChildState.PEER: {Segment: _segment, Piece: _piece, Owners: _owners},
+        ChildState.PEER: {Segment: _segment, Piece: _piece, Owners: _owners, Moot: _moot},
         ChildState.STATUS: {StatusRequest: _status_request},
         ChildState.REFUSED: {Message: ignore},
     }

@@ -40,7 +40,7 @@ import numpy as np
 
 from ...dtypes import DTYPES, dtype_name
 from ...errors import ProtocolError
-from ...messages import Chunk, Fail, FailKind, Message, Open, Owners, Phase, Piece, Result, Segment
+from ...messages import Chunk, Fail, FailKind, Message, Moot, Open, Owners, Phase, Piece, Result, Segment
 from ...peer_text import Throttle, shown
 from ...schemes import Place, Ports, Scheme, Stall, driver
 from ...stats import Stats
@@ -290,7 +290,7 @@ class StepEngine:
             return False
         return True
 
-    def _check_size(self, msg: Chunk | Result | Segment | Piece) -> None:
+    def _check_size(self, msg: Chunk | Result | Segment | Piece | Moot) -> None:
         """A piece claiming a vector no host could hold closes its connection (ProtocolError)
         before anything is allocated for it."""
         nbytes = msg.total * DTYPES[msg.dtype].itemsize   # (a dtype the message checked)
@@ -385,11 +385,20 @@ class StepEngine:
             raise ProtocolError("OWNERS before this node has its share")
         self.scheme.owners(rank, msg)
 
+    def moot(self, rank: int, msg: Moot) -> None:
+        if self._admit_peer(msg):
+            assert self.scheme is not None
+            self.scheme.moot(rank, msg)
+
+    def peer_unreachable(self, rank: int) -> None:
+        if self.scheme is not None:
+            self.scheme.peer_unreachable(rank)
+
     def peer_lost(self, rank: int) -> None:
         if self.scheme is not None:
             self.scheme.peer_silent(rank)
 
-    def _admit_peer(self, msg: Segment | Piece) -> bool:
+    def _admit_peer(self, msg: Segment | Piece | Moot) -> bool:
         """A peer's piece of a step in the window and not decided: the step opens here. A
         chunk of spread's sum is taken beyond the window, as a parent's RESULT is: the tree
         decoded it, and a host that fell behind (restarted while the others ran on) learns

@@ -41,10 +41,16 @@ class TreeSends:
         self.neighbours.to_peer(rank, step, msg.frame(payload))
 
     def in_turn(self, ranks: Sequence[int], step: int, msg: Message, payload,
-                keep: bool = False) -> None:
+                keep: bool = False, tag: int | None = None) -> None:
         frame = msg.frame(payload)   # one encoding for every peer
         for rank in ranks:
-            self.neighbours.in_turn(rank, step, frame, keep)
+            self.neighbours.in_turn(rank, step, frame, keep, tag)
+
+    def withdraw(self, rank: int, step: int, tag: int) -> bool:
+        return self.neighbours.withdraw(rank, step, tag)
+
+    def reachable(self, rank: int) -> bool:
+        return self.neighbours.reachable(rank)
 
     def announce(self, msg: Message) -> None:
         self.neighbours.announce(msg.frame())
