@@ -226,22 +226,35 @@ class Spread(Scheme):
 
     # -- the sum round the ring (large shares)
     def _relay(self, st: SpreadStep, chunk: int, data: np.ndarray) -> None:
-        """The sum's ``chunk`` on to the next host of the ring of ranks that is reachable, unless
-        that one is, or is past, the chunk's owner (every host has it then). ``data``: a copy
-        this send may keep (the step's result may be a training process's, which it may write)."""
+        """The sum's ``chunk`` on to the next host of the ring of ranks that is reachable and
+        not excluded, unless that one is, or is past, the chunk's owner (every host has it
+        then). An excluded host between (one the master found silent: frozen, say, with
+        its kernel still taking bytes it never reads) gets its copy but relays nothing, so
+        that a host that is gone holds up no other host's sum. ``data``: a copy this send may
+        keep (the step's result may be a training process's, which it may write)."""
         assert st.relayed is not None
+        excluded = self.map.excluded(st.step)
+        if self.rank in excluded:
+            return   # the host before this one relays past it
         owner, hosts = st.owners.owner(chunk), self.hosts
         here = (self.rank - owner) % hosts
+        layout = st.layout
+        msg = Piece(st.step, GATHER, chunk, layout.total, layout.dtype_name)
+        passed = []
         for d in range(1, hosts):
             r = (self.rank + d) % hosts
             if (r - owner) % hosts <= here:
                 break   # round to the owner: none left to tell
-            if self.ports.send.reachable(r):
-                layout = st.layout
-                self.ports.send.in_turn((r,), st.step, Piece(st.step, GATHER, chunk, layout.total,
-                                                             layout.dtype_name), data, keep=True)
-                st.relayed[chunk] = r
-                return
+            if not self.ports.send.reachable(r):
+                continue
+            if r in excluded:
+                passed.append(r)
+                continue
+            self.ports.send.in_turn((r,), st.step, msg, data, keep=True)
+            st.relayed[chunk] = r
+            break
+        if passed:
+            self.ports.send.in_turn(passed, st.step, msg, data, keep=True)
 
     def _relay_copy(self, st: SpreadStep, chunk: int) -> None:
         a, b = st.layout.bounds(chunk)
@@ -377,11 +390,18 @@ class Spread(Scheme):
             # daemons are gone or frozen (one that only lacked pieces is not to blame; one
             # whose piece this host said it could do without may be, and owns again after
             # ON_TIME steps: the master tells excluded hosts no MOOT).
-            silent = {st.owners.owner(c) for c in range(st.layout.chunks)
-                      if c not in st.gathered} - st.senders - {0}
+            missing = {st.owners.owner(c) for c in range(st.layout.chunks) if c not in st.gathered}
+            silent = missing - st.senders - {0}
+            if missing and st.relayed is not None:
+                # Round the ring, a host that froze holds every chunk relayed to it: the
+                # chunks missing here are those of the owners up to it, and it is one of the
+                # hosts from the last of them to the next owner whose chunks came.
+                last = max(missing)
+                after = min((o for o in st.owners.ranks if o > last), default=self.hosts)
+                silent |= set(range(last, after)) - st.senders - {0}
             if silent:
-                self._exclude(silent, step + 1, f"step {step}'s chunks from them did not come, "
-                              "nor their pieces")
+                self._exclude(silent, step + 1, f"step {step}'s chunks from them (or relayed "
+                              "through them) did not come, nor their pieces")
         if st is None:
             lacking = ("the pieces of the step" if self.place.is_master
                        else "this host's training process's vector and the sum")
