@@ -1,5 +1,6 @@
 """spread's faults: an owner (a host that decodes chunks of the sum) killed, frozen or
-restarted mid-step, the master restarted, and all of them at random.
+restarted mid-step, a host that only relays the sum frozen, the master restarted, and all
+of them at random.
 
 As tests/test_faults.py does for CodedReduce's tree (its helpers and bounds): every wait
 ends within BOUND, every result is exact or the step fails cleanly, and the tree completes
@@ -19,7 +20,7 @@ import pytest
 from crnet import StepFailed, StepLost
 from crnet.launch import MASTER
 from crnet.plan import Tree
-from crnet.schemes.owners import owner_count
+from crnet.schemes.owners import owner_count, owners
 
 from .conftest import KILL, rel_error, wait_for_log, wait_until
 from .test_faults import (
@@ -152,6 +153,30 @@ async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(l
         step = await steps_complete_again(clients, grads, newest + 1,
                                           within=RECOVERY - (time.monotonic() - thawed))
         await owns_again(lt, clients, grads, step + 1)
+    finally:
+        lt.signal(VICTIM, signal.SIGCONT)
+        close_all(clients)
+    assert f"rank(s) {rank(VICTIM)} own no chunks" in lt.log_path(MASTER).read_text()
+
+
+async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(local_tree):
+    """A vector of 3 x 64 KiB has 3 owners of the 7 hosts (ranks 0, 2, 4): the victim (rank
+    5) decodes nothing and only relays the sum round the ring. Frozen, its kernel takes rank
+    4's chunks and it passes none on; the master finds it where the ring broke (its pieces
+    did not come either), and the others relay past it within RECOVERY."""
+    dim = 3 * (64 << 10) // 8
+    assert owners(dim, "float64", CHUNK, len(NAMES)).ranks == (0, 2, 4) and rank(VICTIM) == 5
+    lt = spread_tree(local_tree)
+    grads = np.random.default_rng(3).standard_normal((M, dim))
+    clients = await connect_all(lt, NAMES)
+    others = {n: c for n, c in clients.items() if n != VICTIM}
+    try:
+        await exact_steps(clients, grads, 0, 1)
+        lt.signal(VICTIM, signal.SIGSTOP)
+        frozen = time.monotonic()
+        step = await steps_complete_again(others, grads, 1, within=RECOVERY)
+        assert time.monotonic() - frozen < RECOVERY
+        await exact_steps(others, grads, step + 1, 3)   # while it stays frozen
     finally:
         lt.signal(VICTIM, signal.SIGCONT)
         close_all(clients)
