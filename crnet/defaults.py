@@ -37,11 +37,15 @@ MAX_CONTROL_PAYLOAD = 64 << 20
 # SEND_QUEUE_VECTORS of the step's vectors (results keep coming whether or not it reads).
 SEND_QUEUE_BYTES = 64 << 20
 SEND_QUEUE_VECTORS = 4
-# A peer that connected has this long to get through HELLO (and the authentication);
-# at most this many such peers at once, and this many from one address.
+# A peer that connected has this long to get through HELLO (and the authentication; TLS
+# first, with --tls-*); at most this many strangers in there at once, this many more from
+# addresses that proved the secret here before (up to MAX_KNOWN_ADDRESSES of them are
+# remembered), and this many from one address (node/doorway.py).
 HANDSHAKE_DEADLINE = 10.0
 MAX_HANDSHAKES = 64
+MAX_HANDSHAKES_KNOWN = 64
 MAX_HANDSHAKES_PER_ADDRESS = 8
+MAX_KNOWN_ADDRESSES = 4096
 
 # Sends in turn (``node.neighbours.Neighbours.in_turn``): the kernel holds at most this much
 # of a paced link's bytes (its send buffer, and no more of it unsent), so the next send starts

@@ -17,6 +17,7 @@ straggler.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import socket
@@ -31,6 +32,7 @@ except ImportError:   # a core dependency, but crnet still runs on asyncio's own
 from . import defaults
 from .errors import ProtocolError
 from .messages import Message, parse
+from .peer_text import Throttle
 from .wire import FrameReader, Limits, MsgType
 
 log = logging.getLogger("crnet.transport")
@@ -47,7 +49,7 @@ DEFAULT_LIMITS = Limits()
 LOWAT_MIN = 16 << 10
 LOWAT_MAX = 256 << 10
 
-__all__ = ["Connection", "Handler", "loop_name", "new_loop", "run"]
+__all__ = ["Connection", "Handler", "address_group", "closing", "loop_name", "new_loop", "run"]
 
 
 class Handler(Protocol):
@@ -91,6 +93,10 @@ class Connection(asyncio.BufferedProtocol):
         # that aborted this connection: the handler's ``lost`` can tell it from the peer
         # going away.
         self.failure: Exception | None = None
+        # Where the lines about closing it go through: a daemon's connections share one
+        # Throttle (a flood of them is a line per address and kind of reason every 10 s);
+        # None: every line is logged.
+        self.closings: Throttle | None = None
 
     def set_limits(self, limits: Limits) -> None:
         """What the peer may send from now on (e.g. more, once it has authenticated)."""
@@ -159,7 +165,7 @@ class Connection(asyncio.BufferedProtocol):
             self._sock.close()     # the duplicate descriptor only
             self._sock = None
         if not self._reader.idle:
-            log.warning("%s: connection closed mid-frame", self.label)
+            closing(self.closings, self.label, "", "%s: connection closed mid-frame")
         self._reader.release()
         if not self.closed.done():
             self.closed.set_result(exc)
@@ -224,7 +230,7 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def abort(self, reason: str) -> None:
-        log.warning("%s: closing connection: %s", self.label, reason)
+        closing(self.closings, self.label, reason)
         if self.transport is not None:
             self.transport.abort()
 
@@ -239,6 +245,35 @@ class Connection(asyncio.BufferedProtocol):
             msg = parse(msg_type, header, 0)
         assert msg is not None
         self.handler.received(self, msg, payload)
+
+
+def closing(throttle: Throttle | None, label: str, reason: str,
+            msg: str = "%s: closing connection: %s") -> None:
+    """Log that the connection ``label`` (``host:port``) is closed on its peer, for
+    ``reason``: through ``throttle``, if given, keyed by the peer's ``address_group``
+    and the reason's kind (what comes before its first colon), so that 2,000 strangers'
+    connections closed in 9 s are a few lines, not 4,000."""
+    args = (label, reason) if reason else (label,)
+    if throttle is None:
+        log.warning(msg, *args)
+    else:
+        key = (address_group(label.rpartition(":")[0]), reason.partition(":")[0])
+        throttle.warning(key, msg, *args)
+
+
+def address_group(host: str) -> str:
+    """Where a connection from ``host`` comes from, as floods are counted: the address, or
+    for IPv6 its /64 (one host may hold a whole /64); an IPv4-mapped IPv6 address is the
+    IPv4 address. Anything else (a name, a Unix socket's label) is itself."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]").partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def silence_limits(sock: socket.socket, seconds: float) -> None:

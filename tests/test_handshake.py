@@ -69,11 +69,14 @@ async def test_the_doorway_caps_handshakes_per_address_and_in_all_and_times_them
     assert door.enter(a1) and door.enter(a2)
     assert not door.enter(a3)                             # a third from the same address
     others = [FakeConn(f"10.0.0.{i}:1") for i in range(2, 6)]
-    assert [door.enter(c) for c in others] == [True, True, True, False]   # 5 in all
-    door.leave(a1)                                        # through its handshake: no deadline
+    # 5 in all: the fifth newcomer gets the place of the oldest connection of the address
+    # holding the most (issue 26: refused, it let a few addresses keep everyone out).
+    assert [door.enter(c) for c in others] == [True, True, True, True] and len(door) == 5
+    assert "made room" in a1.aborted
+    door.leave(a2)                                        # through its handshake: no deadline
     await asyncio.sleep(0.3)
-    assert a1.aborted is None
-    assert "no hello" in a2.aborted and all(c.aborted for c in others[:3])
+    assert a2.aborted is None
+    assert all("no hello" in c.aborted for c in others)
     assert len(door) == 0
 
 

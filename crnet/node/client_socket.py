@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from .. import defaults
 from ..errors import ProtocolError
 from ..messages import Attach, Message, parse
+from ..peer_text import Throttle
 from ..shm import SharedRegion
 from ..wire import MAGIC, PREFIX, VERSION, FrameReader, Limits, MsgType
 
@@ -37,6 +38,10 @@ log = logging.getLogger("crnet.node")
 ATTACH_LIMITS = Limits(max_header=256, max_payload=0, max_str=128, max_items=8,
                        types=frozenset({MsgType.ATTACH}))
 _CREDS = struct.Struct("3i")         # struct ucred: pid, uid, gid
+# accept() failing with these is this process or host short of something, not the peer
+# gone: the listener waits this long and tries again (asyncio's ACCEPT_RETRY_DELAY).
+RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_RETRY_DELAY = 1.0
 SUN_PATH_BYTES = 108                 # sizeof(sockaddr_un.sun_path) on Linux, its NUL included
 
 
@@ -60,6 +65,7 @@ class ClientSocket:
         self.links: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._sock: socket.socket | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._warnings = Throttle(log)
 
     async def start(self) -> None:
         self._make_directory()
@@ -91,7 +97,9 @@ class ClientSocket:
             raise
         sock.setblocking(False)
         self._sock = sock
-        self._tasks.add(asyncio.create_task(self._accept(), name="client socket"))
+        accepting = asyncio.create_task(self._accept(), name="client socket")
+        accepting.add_done_callback(_died)
+        self._tasks.add(accepting)
 
     def close(self) -> None:
         for task in self._tasks:
@@ -161,7 +169,19 @@ class ClientSocket:
         loop = asyncio.get_running_loop()
         assert self._sock is not None
         while True:
-            conn, _ = await loop.sock_accept(self._sock)
+            try:
+                conn, _ = await loop.sock_accept(self._sock)
+            except OSError as e:
+                if e.errno not in RESOURCE_ERRORS:
+                    continue      # that connection is gone already (ECONNABORTED, ...)
+                # Out of descriptors (or memory): as asyncio's TCP listener does, say so and
+                # try again in a moment; the connections wait in the backlog meanwhile.
+                # Before, this task died silently and no training process got in again.
+                self._warnings.log(logging.ERROR, "accept", "cannot accept training processes "
+                                   "on %s: %s; trying again in %g s", self.path, e.strerror,
+                                   ACCEPT_RETRY_DELAY)
+                await asyncio.sleep(ACCEPT_RETRY_DELAY)
+                continue
             task = asyncio.create_task(self._admit(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -204,6 +224,15 @@ class ClientSocket:
         finally:
             for fd in fds:
                 os.close(fd)
+
+
+def _died(task: asyncio.Task) -> None:
+    """The accepting task ended other than by ``close``: a bug, which must not pass in
+    silence (no training process could connect again)."""
+    if not task.cancelled() and task.exception() is not None:
+        asyncio.get_running_loop().call_exception_handler({
+            "message": "the client socket stopped accepting", "exception": task.exception(),
+            "task": task})
 
 
 async def _readable(conn: socket.socket) -> None:

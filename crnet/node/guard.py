@@ -1,6 +1,8 @@
 """The authentication handshake in front of a tree link (``crnet.auth`` has the math).
 
-``Accepting`` stands before a ``ChildLink`` on every accepted TCP connection, and
+``Accepting`` stands before a ``ChildLink`` on every accepted TCP connection (admitted
+and timed by the ``Doorway``, ``doorway.py``; with TLS, from before its TLS handshake:
+``tls_door.py``), and
 ``Dialing`` (``crnet/handshake.py``, which the ``crnet status`` client uses too) before a
 ``ParentLink`` or ``PeerLink`` on every dialed one. Each is a
 ``transport.Handler`` that lets nothing through to the link until the peer has proved
@@ -15,11 +17,9 @@ good stops a node (exit 2).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
-from .. import defaults
 from ..auth import mac, new_nonce, verify
 from ..errors import ProtocolError
 from ..handshake import claim
@@ -27,6 +27,7 @@ from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse, Stat
 from ..peer_text import Throttle, shown
 from ..transport import Connection, Handler
 from ..wire import Limits
+from .doorway import Doorway
 
 log = logging.getLogger("crnet.node")
 
@@ -35,41 +36,6 @@ log = logging.getLogger("crnet.node")
 # checked before their headers are decoded (wire.Limits).
 HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_items=16,
                           types=before_auth())   # HELLO, PEER_HELLO, PROOF, STATUS_HELLO
-
-
-class Doorway:
-    """The accepted connections still in their handshake: at most ``total`` at once and
-    ``per_address`` from one address, each with ``deadline`` seconds to get through."""
-
-    def __init__(self, total: int = defaults.MAX_HANDSHAKES,
-                 per_address: int = defaults.MAX_HANDSHAKES_PER_ADDRESS,
-                 deadline: float = defaults.HANDSHAKE_DEADLINE):
-        self.total, self.per_address, self.deadline = total, per_address, deadline
-        self._pending: dict[Connection, tuple[str, asyncio.TimerHandle]] = {}
-        self._warnings = Throttle(log)     # a flood is one line per 10 s, not one per try
-
-    def enter(self, conn: Connection) -> bool:
-        address = conn.label.rpartition(":")[0]
-        same = sum(1 for a, _ in self._pending.values() if a == address)
-        if len(self._pending) >= self.total or same >= self.per_address:
-            self._warnings.warning("flood", "refusing connections: %d handshakes under way "
-                                   "(%d from %s)", len(self._pending), same, address)
-            return False
-        timer = asyncio.get_running_loop().call_later(self.deadline, self._expire, conn)
-        self._pending[conn] = (address, timer)
-        return True
-
-    def leave(self, conn: Connection) -> None:
-        entry = self._pending.pop(conn, None)
-        if entry is not None:
-            entry[1].cancel()
-
-    def _expire(self, conn: Connection) -> None:
-        self._pending.pop(conn, None)
-        conn.abort(f"no hello and authentication within {self.deadline:g} s")
-
-    def __len__(self) -> int:
-        return len(self._pending)
 
 
 class Accepting:
@@ -96,6 +62,8 @@ class Accepting:
         """Through the handshake: the link takes over, with its own limits."""
         self.open = True
         self._doorway.leave(conn)
+        if conn.authenticated:   # a host of the tree: it gets the doorway's reserve from now on
+            self._doorway.know(_address(conn))
         conn.set_limits(self._limits())
         self.inner.received(conn, hello, None)
 

@@ -42,7 +42,8 @@ from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes, plural
 from ..wire import Limits
 from .client_socket import ClientSocket
-from .guard import HANDSHAKE_LIMITS, Accepting, Doorway
+from .doorway import Doorway
+from .guard import HANDSHAKE_LIMITS, Accepting
 from .links import ChildLink, ClientLink, ParentLink, PeerLink
 from .local import LocalProcesses, Seat
 from .membership import Membership
@@ -51,6 +52,7 @@ from .neighbours import Neighbours
 from .notify import Notifier, Readiness
 from .rooms import Rooms
 from .steps import EngineSettings, StepEngine
+from .tls_door import TlsDoor
 
 log = logging.getLogger("crnet.node")
 
@@ -113,6 +115,7 @@ class Node:
         self._servers: list[asyncio.AbstractServer] = []
         self.doorway = Doorway()                 # accepted peers still in their handshake
         self.warnings = Throttle(log)            # what peers do: a line per peer now and then
+        self.closings = Throttle(logging.getLogger("crnet.transport"))   # connections closed on peers
         self.client_socket: ClientSocket | None = None
         self.metrics: MetricsServer | None = None
         self._tls_accept: ssl.SSLContext | None = None
@@ -143,12 +146,7 @@ class Node:
         log.info("keeping up to %s of results for training processes that fall behind "
                  "(--result-memory)", format_bytes(s.result_memory))
         if s.listen is not None:
-            server = await loop.create_server(
-                lambda: self._connection(
-                    Accepting(self._child_link(), s.secret, self.doorway, self._limits,
-                              self.warnings), HANDSHAKE_LIMITS),
-                *s.listen,
-                ssl=self._tls_accept)
+            server = await loop.create_server(self._accepted, *s.listen)
             self._servers.append(server)
             host, port = server.sockets[0].getsockname()[:2]
             self.membership.listen_address = f"{host}:{port}"
@@ -158,7 +156,7 @@ class Node:
         if s.metrics is not None:   # before the client socket: that one says "up"
             tls = None if s.tls is None else server_context(s.tls.cert, s.tls.key)
             self.metrics = MetricsServer(registry_for(self._scraped()), s.metrics,
-                                         s.metrics_token, tls)
+                                         s.metrics_token, tls, self.closings)
             await self.metrics.start()
             assert self.metrics.bound is not None
             log.info("metrics on %s://%s:%d/metrics (%s)", "https" if tls else "http",
@@ -236,8 +234,22 @@ class Node:
                     label: str = "peer") -> Connection:
         """Every connection this node makes or accepts: tracked until it closes."""
         conn = Connection(handler, limits or self._limits(), label, self.settings.link_timeout)
+        if label != "client":   # a local process the socket checked: its every line is logged
+            conn.closings = self.closings
         self._conns.add(conn)
         return conn
+
+    def _accepted(self) -> asyncio.BaseProtocol:
+        """The protocol of a TCP connection accepted on --listen: a tree link behind the
+        handshake (``guard.py``), admitted by the doorway; with TLS, a ``TlsDoor`` admits
+        it and runs the TLS handshake first."""
+        def link() -> Connection:
+            s = self.settings
+            return self._connection(Accepting(self._child_link(), s.secret, self.doorway,
+                                              self._limits, self.warnings), HANDSHAKE_LIMITS)
+        if self._tls_accept is None:
+            return link()
+        return TlsDoor(link, self.doorway, self._tls_accept, self.closings)
 
     async def _client(self, sock) -> None:
         """A training process's control connection (node/client_socket.py checked who)."""

@@ -18,10 +18,13 @@ a bearer token (``--metrics-token-file``; Prometheus' ``authorization:
 {credentials_file: ...}``) unless ``--insecure``, and uses TLS when the daemon has
 ``--tls-cert/--tls-key`` (server-side only: Prometheus need not hold a certificate of
 the cluster CA). A request without the right token gets 401 and nothing else. The
-server reads at most ``MAX_REQUEST`` bytes of a request, serves only ``GET /metrics``,
-answers at most ``MAX_CONNECTIONS`` scrapers at once and drops one that has not sent
-its request within ``REQUEST_DEADLINE`` seconds (bounded like the tree's handshakes,
-``guard.py``). The metrics are listed in docs/operations.md, "Metrics".
+server reads at most ``MAX_REQUEST`` bytes of a request and serves only ``GET
+/metrics``. Until its request is in, a scraper is in a ``Doorway`` as the tree's
+handshakes are (``doorway.py``; under TLS from before its handshake, ``tls_door.py``):
+at most ``MAX_CONNECTIONS`` at once, ``MAX_PER_ADDRESS`` from one address, dropped after
+``REQUEST_DEADLINE`` seconds, and a newcomer closes an idle one rather than being kept
+out by them. At most ``MAX_CONNECTIONS`` more are taking their answers, each for at
+most ``REQUEST_DEADLINE`` seconds. The metrics are listed in docs/operations.md, "Metrics".
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import logging
 import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -41,18 +45,22 @@ from prometheus_client.core import (
     Metric,
 )
 
-from .. import __version__, defaults
+from .. import __version__
+from ..peer_text import Throttle
 from ..schemes.base import Place
 from ..stats import Histogram, Stats
-from ..transport import Connection
+from ..transport import Connection, closing
+from .doorway import Doorway
 from .membership import JoinState
 from .neighbours import Neighbours
+from .tls_door import TlsDoor
 
 log = logging.getLogger("crnet.node")
 
-MAX_REQUEST = 4096                           # bytes of request line and headers
-MAX_CONNECTIONS = 16                         # scrapers served at once
-REQUEST_DEADLINE = defaults.HANDSHAKE_DEADLINE   # seconds to send the request / take the answer
+MAX_REQUEST = 4096          # bytes of request line and headers
+MAX_CONNECTIONS = 16        # scrapers waiting for their request at once, and as many being answered
+MAX_PER_ADDRESS = 4         # of them from one address (an IPv6 /64)
+REQUEST_DEADLINE = 3.0      # seconds from connecting to the request (TLS included), and to take the answer
 
 
 @dataclass(frozen=True)
@@ -194,52 +202,56 @@ def server_context(cert: str, key: str) -> ssl.SSLContext:
 
 
 class MetricsServer:
-    """``GET /metrics`` on ``address``, with a bearer ``token`` if given."""
+    """``GET /metrics`` on ``address``, with a bearer ``token`` if given (TLS with ``tls``)."""
 
     def __init__(self, registry: CollectorRegistry, address: tuple[str, int],
-                 token: bytes | None = None, tls: ssl.SSLContext | None = None):
+                 token: bytes | None = None, tls: ssl.SSLContext | None = None,
+                 closings: Throttle | None = None):
         self.registry = registry
         self.address = address
         self.token = token
         self.tls = tls
         self.bound: tuple[str, int] | None = None
+        self.closings = closings or Throttle(logging.getLogger("crnet.transport"))
+        # Scrapers until their request is in (under TLS, from before the handshake): a
+        # Prometheus sends it at once, so an idle one gets little time, and a newcomer
+        # closes the oldest idle one of the address holding the most (doorway.py): idle
+        # connections, however many, do not keep a scrape out.
+        self.doorway = Doorway(MAX_CONNECTIONS, MAX_PER_ADDRESS, REQUEST_DEADLINE, reserve=0,
+                               awaited="request")
         self._server: asyncio.AbstractServer | None = None
-        self._serving: set[asyncio.Task] = set()
+        self.scrapes: set[Scrape] = set()            # every connection, to close at the end
+        self._answering: dict[Scrape, None] = {}      # answered, not yet taken: oldest first
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, *self.address, ssl=self.tls,
-                                                  limit=MAX_REQUEST)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accepted, *self.address)
         self.bound = self._server.sockets[0].getsockname()[:2]
 
     def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in self._serving:
-            task.cancel()
+        for scrape in list(self.scrapes):
+            scrape.drop()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if len(self._serving) >= MAX_CONNECTIONS or task is None:
-            writer.transport.abort()
-            return
-        self._serving.add(task)
-        try:
-            done, _ = await asyncio.wait({asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))},
-                                         timeout=REQUEST_DEADLINE)
-            head = done.pop().result() if done else None
-            if head is None:
-                return                                   # too slow: dropped
-            status, body, kind = self.answer(head)
-            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind.encode()
-                         + b"\r\nContent-Length: " + str(len(body)).encode()
-                         + b"\r\nConnection: close\r\n\r\n" + body)
-            await asyncio.wait_for(writer.drain(), REQUEST_DEADLINE)
-        except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, ValueError, OSError,
-                asyncio.TimeoutError):
-            pass                                         # too long, cut short, or gone
-        finally:
-            self._serving.discard(task)
-            writer.close()
+    def _accepted(self) -> asyncio.BaseProtocol:
+        if self.tls is None:
+            return Scrape(self)
+        return TlsDoor(lambda: Scrape(self), self.doorway, self.tls, self.closings)
+
+    def answering(self, scrape: Scrape) -> None:
+        """``scrape`` has its answer to take: at most MAX_CONNECTIONS do at once (the
+        oldest is cut off), each for at most REQUEST_DEADLINE seconds."""
+        self._answering[scrape] = None
+        while len(self._answering) > MAX_CONNECTIONS:
+            oldest = next(iter(self._answering))
+            self._answering.pop(oldest)
+            oldest.drop()
+
+    def gone(self, scrape: Scrape) -> None:
+        self.doorway.leave(scrape)
+        self.scrapes.discard(scrape)
+        self._answering.pop(scrape, None)
 
     def answer(self, head: bytes) -> tuple[bytes, bytes, str]:
         """(status, body, content type) for one request's line and headers."""
@@ -264,3 +276,61 @@ class MetricsServer:
                 return scheme.lower() == "bearer" and hmac.compare_digest(
                     credentials.strip().encode("latin-1"), self.token)
         return False
+
+
+class Scrape(asyncio.Protocol):
+    """One scraper's connection: its request (at most MAX_REQUEST bytes, within
+    REQUEST_DEADLINE of connecting), one answer, closed."""
+
+    def __init__(self, server: MetricsServer):
+        self.server = server
+        self.label = "scraper"
+        self.transport: asyncio.Transport | None = None
+        self._head = bytearray()
+        self._answered = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)   # uvloop's are not subclasses
+        self.server.scrapes.add(self)
+        peer = transport.get_extra_info("peername")
+        host = ""
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            host, self.label = str(peer[0]), f"scraper {peer[0]}:{peer[1]}"
+        if not self.server.doorway.enter(self, host):
+            self.abort("too many scrapers waiting")
+
+    def data_received(self, data: bytes) -> None:
+        if self._answered or self.transport is None:
+            return
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0 or end + 4 > MAX_REQUEST:
+            if len(self._head) >= MAX_REQUEST:     # too long: dropped without an answer
+                self._answered = True
+                self.server.doorway.leave(self)
+                self.transport.close()
+            return
+        self._answered = True
+        self.server.doorway.leave(self)
+        status, body, kind = self.server.answer(bytes(self._head[:end + 4]))
+        self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind.encode()
+                             + b"\r\nContent-Length: " + str(len(body)).encode()
+                             + b"\r\nConnection: close\r\n\r\n" + body)
+        self.transport.close()                     # once it is written
+        self._timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE, self.drop)
+        self.server.answering(self)
+
+    def abort(self, reason: str) -> None:
+        """Closed before its request was in (the doorway's deadline, or room made)."""
+        closing(self.server.closings, self.label, reason)
+        self.drop()
+
+    def drop(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.gone(self)
+        if self._timer is not None:
+            self._timer.cancel()

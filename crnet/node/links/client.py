@@ -61,11 +61,22 @@ class ClientState(enum.Enum):
     ATTACHED = "attached"    # it has a seat
 
 
+# A process asks one thing at a time and waits for its answer: a few requests held while
+# its output is lent, and a few answers it has not read yet, are all it ever has. Past
+# these it is told so (RequestRejected) and cut off: a local process bounds its own cost.
+MAX_HELD = 64                  # requests held while its output is lent
+MAX_UNREAD = 1 << 20           # bytes of answers queued for it, unread
+
+
 def _unless_lent(handler: Handler) -> Handler:
     """``handler``, or, while the engine receives a step's result into this process's
     output (it gave up waiting, or was told an error early), held until given back."""
     def held_while_lent(link: ClientLink, conn: Connection, msg: Message, payload) -> None:
         if link.engine.lends(link):
+            if len(link.held) >= MAX_HELD:
+                link.cut_off(f"more than {MAX_HELD} requests while the daemon receives a result "
+                             "into its shared memory: a process waits for each answer")
+                return
             link.held.append(msg)
         else:
             handler(link, conn, msg, payload)
@@ -101,6 +112,22 @@ class ClientLink(StateMachine):
         if self.state is ClientState.HELLO:
             return f"{msg.TYPE.name} before CLIENT_HELLO"
         return f"unexpected {msg.TYPE.name} from the training process"
+
+    def received(self, conn: Connection, msg: Message, payload) -> None:
+        if self.conn is not None and conn.is_closing:
+            return                                # cut off (below): the rest is dropped
+        if conn.write_buffer_size > MAX_UNREAD:   # it does not read what it asks for
+            conn.abort(f"training process {self.pid} reads none of its answers "
+                       f"({conn.write_buffer_size} bytes of them wait)")
+            return
+        super().received(conn, msg, payload)
+
+    def cut_off(self, reason: str) -> None:
+        """It asked more than a process ever has to: it is told so and disconnected."""
+        if self.conn is not None and not self.conn.is_closing:
+            log.warning("training process %s: %s; disconnecting it", self.pid, reason)
+            self.conn.send(ClientError(reason, ErrorKind.REQUEST))
+            self.conn.close()
 
     # ---------------------------------------------------------------- HELLO
     def _hello(self, conn: Connection, msg: ClientHello, payload) -> None:

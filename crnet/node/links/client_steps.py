@@ -29,6 +29,12 @@ class ClientSteps:
         self.state_request = state_request     # the newest state request (broadcasts.py)
         self.taken = -1                        # the newest step it was answered about
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
+        # What it asked the engine and was not answered yet: (step, contributes) for SUBMIT
+        # and FETCH, steps for WATCH. The same again adds nothing (the open request
+        # answers it), so a process that repeats itself holds at most one of each per
+        # step the engine has not decided: those in the window, a bounded few.
+        self.asked: set[tuple[int, bool]] = set()
+        self.watching: set[int] = set()
 
     def start(self) -> list[Callable[[], None]]:
         """The process is attached: it hears of decisions from now on. The disconnects."""
@@ -51,15 +57,23 @@ class ClientSteps:
         if vector is None:
             return
         self.waiting = (msg.step, msg.length, dtype)
+        asked = (msg.step, not isinstance(msg, Fetch))
+        if asked in self.asked:
+            return                   # asked again: the request still open answers it
+        self.asked.add(asked)
         if isinstance(msg, Fetch):
             self.engine.request(msg.step, None, self.answer)
         else:
             self.local.submit(self.seat, msg.step, vector)
 
     def watch(self, msg: Watch) -> None:
+        if msg.step in self.watching:
+            return                   # it is told once, when the step is decided
+        self.watching.add(msg.step)
         self.engine.request(msg.step, None, lambda outcome: self._decided(outcome.step))
 
     def _decided(self, step: int) -> None:
+        self.watching.discard(step)
         conn = self.process.conn
         if conn is not None:
             conn.send(Decided(step, self.engine.window.tree_step))
@@ -67,6 +81,8 @@ class ClientSteps:
     # ---------------------------------------------------------------- answers
     def answer(self, outcome: Outcome) -> None:
         """The outcome of the step this process waits on (anything else is ignored)."""
+        self.asked.discard((outcome.step, True))
+        self.asked.discard((outcome.step, False))
         conn = self.process.conn
         if self.waiting is None or self.waiting[0] != outcome.step or conn is None:
             return
