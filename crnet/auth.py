@@ -24,9 +24,10 @@ import hmac
 import ipaddress
 import os
 import secrets
-import stat
 
 import msgpack
+
+from .private_files import check_private
 
 PROTOCOL = "crnet-auth-1"
 NONCE_BYTES = 32
@@ -37,15 +38,14 @@ __all__ = ["MAC_BYTES", "NONCE_BYTES", "is_loopback", "load_secret", "mac", "new
            "verify"]
 
 
-def load_secret(path: str | os.PathLike) -> bytes:
+def load_secret(path: str | os.PathLike, shared_gid: int | None = None,
+                what: str = "the cluster secret") -> bytes:
     """The cluster secret in ``path`` (surrounding whitespace stripped). ValueError if it
-    is shorter than 16 bytes or if other users may read the file."""
+    is shorter than 16 bytes, or if other users may read, change or replace it
+    (``crnet.private_files``; ``shared_gid``: a group that must not read it)."""
     with open(path, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
+        check_private(path, os.fstat(f.fileno()), what, shared_gid)
         secret = f.read().strip()
-    if mode & (stat.S_IRWXG | stat.S_IRWXO) & ~stat.S_IRGRP:
-        raise ValueError(f"{os.fspath(path)} is readable or writable by other users "
-                         f"(mode {stat.S_IMODE(mode):o}): chmod 600 (or 640) it")
     if len(secret) < MIN_SECRET_BYTES:
         raise ValueError(f"{os.fspath(path)} holds {len(secret)} bytes; a cluster secret needs "
                          f"at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32 > {path}`)")

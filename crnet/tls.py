@@ -12,8 +12,11 @@ does not admit a host.
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass
+
+from .private_files import check_private
 
 __all__ = ["TlsFiles", "contexts"]
 
@@ -25,9 +28,12 @@ class TlsFiles:
     ca: str          # the cluster CA that signed every host's certificate (PEM)
 
 
-def contexts(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+def contexts(files: TlsFiles, shared_gid: int | None = None) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """(for accepting, for dialing): both require and verify the peer's certificate.
-    Raises ``ssl.SSLError`` or ``OSError`` for files that cannot be loaded."""
+    Raises ``ssl.SSLError`` or ``OSError`` for files that cannot be loaded, and
+    ``ValueError`` for a key other users may read, change or replace
+    (``crnet.private_files``; ``shared_gid``: a group that must not read it)."""
+    check_private(files.key, os.stat(files.key), "this host's TLS key", shared_gid)
     accept = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     dial = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     for ctx in (accept, dial):

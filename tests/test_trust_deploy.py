@@ -1,0 +1,183 @@
+"""Issue 26, deployment and output rows: separate users for crnetd and the training processes
+(row 9), a node's text printed escaped by ``crnet status`` (row 14), no loopback listener
+without a secret unless asked (row 15), the secret handshake bound to the TLS connection
+(row 16), and credential files others could read or replace refused (row 17)."""
+
+from __future__ import annotations
+
+import grp
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.certs import have_openssl, make_cluster_certs
+from crnet.client import Client
+from crnet.launch import LocalTree
+from crnet.plan import Tree
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parent.parent
+UNIT = ROOT / "scripts" / "systemd" / "crnetd.service"
+ENV_FILE = UNIT.with_name("crnetd.env")
+OPERATIONS = ROOT / "docs" / "operations.md"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
+needs_openssl = pytest.mark.skipif(not have_openssl(), reason="needs the openssl command")
+NOBODY = 65534
+LEAF = ["--role", "node", "--parent", "127.0.0.1:1"]
+MASTER_ARGS = ["--role", "master", "--listen", "127.0.0.1:0", "--samples", "4", "--fanout", "1",
+               "--layers", "1", "--stragglers", "0"]
+
+
+def crnetd(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """A real crnetd process (this worktree's crnet), its exit code and output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRNET_")}
+    return subprocess.run([sys.executable, "-m", "crnet", "daemon", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def private_file(path: Path, text: str = "s3cret-" * 8, mode: int = 0o600) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def nogroup() -> int:
+    return grp.getgrgid(NOBODY).gr_gid
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    if not have_openssl():
+        pytest.skip("needs the openssl command")
+    return make_cluster_certs(tmp_path_factory.mktemp("certs"))
+
+
+# ---------------------------------------------------------------- row 9: separate users
+def unit_options() -> dict[str, str]:
+    return dict(line.split("=", 1) for line in UNIT.read_text().splitlines()
+                if "=" in line and not line.startswith("#"))
+
+
+def test_the_unit_runs_crnetd_as_another_user_than_the_training_processes():
+    """crnetd is ``crnet``; the training processes are ``train`` and reach it only through
+    the client socket, whose group (CRNET_CLIENT_GROUP) is theirs; the docs install the
+    secret for crnet alone."""
+    options = unit_options()
+    env = dict(re.findall(r"^(CRNET_[A-Z_]+)=(.*)$", ENV_FILE.read_text(), re.MULTILINE))
+    assert options["User"] not in ("train", "root"), options["User"]
+    assert env.get("CRNET_CLIENT_GROUP") == "train"
+    assert options["Group"] in ("train", options["User"])     # the socket's directory: theirs
+    docs = OPERATIONS.read_text() + UNIT.read_text()
+    installs = [line for line in docs.splitlines() if "/etc/crnet/secret" in line and "install" in line]
+    assert installs and all("-m 600 -o crnet" in line for line in installs), installs
+    assert "-g train" not in docs
+
+
+@needs_root
+def test_a_secret_the_training_processes_group_may_read_is_refused(tmp_path):
+    secret = private_file(tmp_path / "secret", mode=0o640)
+    os.chown(secret, -1, nogroup())
+    group = grp.getgrgid(nogroup()).gr_name
+    got = crnetd(*LEAF, "--secret-file", str(secret), "--client-group", group, "--check-config")
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert "the training processes' (--client-group)" in got.stderr and "chmod 600" in got.stderr
+    secret.chmod(0o600)
+    got = crnetd(*LEAF, "--secret-file", str(secret), "--client-group", group, "--check-config")
+    assert got.returncode == 0, got.stderr
+
+
+@needs_root
+def test_a_training_process_of_the_client_group_runs_steps_without_the_secret():
+    """The deployment of the unit, on real daemons: crnetd with a secret only its user
+    reads and ``--client-group``; a training process of another user in that group
+    cannot read the secret, yet connects and runs steps."""
+    workdir = Path(tempfile.mkdtemp(prefix="crnet-deploy-"))
+    workdir.chmod(0o755)              # the client socket's directory: others may enter
+    group = grp.getgrgid(nogroup()).gr_name
+    lt = LocalTree(Tree((2,), (1,)), 4, workdir=workdir, secret=True, client_group=group,
+                   strict=True)
+    try:
+        lt.start()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:                  # the training process: another user, the client group
+            code = 1
+            try:
+                os.close(read)
+                os.setgid(nogroup())
+                os.setuid(NOBODY)
+                try:
+                    (workdir / "secret").read_bytes()
+                    said = "read the secret"
+                except PermissionError:
+                    with Client(lt.socket_path("0"), timeout=30) as c:
+                        got = c.allreduce(np.ones(8), step=0)
+                    said = f"step {got.shape} {bool(np.all(np.isfinite(got)))}"
+                os.write(write, said.encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        said = os.read(read, 200).decode()
+        os.close(read)
+        assert os.waitstatus_to_exitcode(status) == 0 and said == "step (8,) True", said
+    finally:
+        codes = lt.stop()
+        problems = lt.problems()
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert not problems and set(codes.values()) == {0}, (codes, problems)
+
+
+# ---------------------------------------------------------------- row 17: credential files
+@needs_root
+def test_a_secret_of_another_user_is_refused(tmp_path):
+    secret = private_file(tmp_path / "secret")
+    os.chown(secret, NOBODY, -1)
+    got = crnetd(*LEAF, "--secret-file", str(secret), "--check-config")
+    assert got.returncode == 2 and "belongs to" in got.stderr and "uid 65534" in got.stderr, \
+        got.stderr
+
+
+def test_a_secret_in_a_directory_others_may_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    secret = private_file(shared / "secret")
+    shared.chmod(0o777)
+    got = crnetd(*LEAF, "--secret-file", str(secret), "--check-config")
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert f"{shared} (mode 777), which other users may write to" in got.stderr
+    shared.chmod(0o1777)              # sticky, as /tmp: only the file's owner may replace it
+    got = crnetd(*LEAF, "--secret-file", str(secret), "--check-config")
+    assert got.returncode == 0, got.stderr
+    os.symlink(secret, tmp_path / "link")
+    shared.chmod(0o777)               # followed through a symbolic link: the same
+    got = crnetd(*LEAF, "--secret-file", str(tmp_path / "link"), "--check-config")
+    assert got.returncode == 2 and "which other users may write to" in got.stderr, got.stderr
+
+
+@needs_openssl
+def test_a_tls_key_others_may_read_is_refused(tmp_path, certs):
+    key = tmp_path / "host.key"
+    shutil.copy(certs.key, key)
+    tls = ["--tls-cert", certs.cert, "--tls-key", str(key), "--tls-ca", certs.ca]
+    for mode in (0o644, 0o604, 0o660):
+        key.chmod(mode)
+        got = crnetd(*LEAF, *tls, "--check-config")
+        assert got.returncode == 2, (mode, got.stderr)
+        assert "cannot load the TLS files" in got.stderr and f"(mode {mode:o})" in got.stderr
+    key.chmod(0o600)
+    got = crnetd(*LEAF, *tls, "--check-config")
+    assert got.returncode == 0, got.stderr
+    if os.geteuid() == 0:
+        os.chown(key, NOBODY, -1)
+        got = crnetd(*LEAF, *tls, "--check-config")
+        assert got.returncode == 2 and "belongs to" in got.stderr, got.stderr
