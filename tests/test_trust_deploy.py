@@ -5,6 +5,7 @@ without a secret unless asked (row 15), the secret handshake bound to the TLS co
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import os
 import re
@@ -20,6 +21,7 @@ import pytest
 from benchmarks.certs import have_openssl, make_cluster_certs
 from crnet.client import Client
 from crnet.launch import LocalTree
+from crnet.messages import StatusReply
 from crnet.plan import Tree
 
 pytestmark = pytest.mark.timeout(120)
@@ -135,6 +137,51 @@ def test_a_training_process_of_the_client_group_runs_steps_without_the_secret():
         problems = lt.problems()
         shutil.rmtree(workdir, ignore_errors=True)
     assert not problems and set(codes.values()) == {0}, (codes, problems)
+
+
+# ---------------------------------------------------------------- row 14: crnet status
+FORGED = "10.0.0.9:7070\x1b]52;c;Y3VybCBldmlsfHNo\x07\nmissing now: none\x1b[2K"
+
+
+class ForgedNode:
+    """A node's listen port that answers ``crnet status`` with text of its choosing."""
+
+    def __init__(self, node: dict):
+        self.frame = b"".join(bytes(p) for p in StatusReply(0, node).frame())
+
+    async def start(self) -> ForgedNode:
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _answer(self, reader, writer):
+        await reader.read(1024)       # the STATUS_HELLO
+        writer.write(self.frame)
+        await writer.drain()
+        await reader.read()           # until the client hangs up
+        writer.close()
+
+
+async def test_crnet_status_prints_a_nodes_text_escaped():
+    child = {"name": "0\x1b[31m", "host": "gpu-01", "address": FORGED, "state": "missing",
+             "tree_step": -1, "steps_done": 0, "last_step_seconds": None, "straggled": None,
+             "recent": None, "children": []}
+    node = await ForgedNode({**child, "name": "", "state": "joined", "tree_step": 3,
+                             "children": [child]}).start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "crnet", "status", f"127.0.0.1:{node.port}", cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        node.server.close()
+    text = out.decode()
+    assert proc.returncode == 0, err.decode()
+    assert "\x1b" not in text and "\x07" not in text
+    lines = text.splitlines()
+    assert [line for line in lines if line.startswith("missing now")] == [lines[-1]], text
+    assert lines[-1].startswith("missing now: 0\\x1b[31m (gpu-01)"), text
+    assert "10.0.0.9:7070\\x1b]52;c;Y3VybCBldmlsfHNo\\x07\\nmissing now: none" in text
 
 
 # ---------------------------------------------------------------- row 17: credential files
