@@ -185,6 +185,14 @@ def effective_config(ctx: click.Context) -> Config:
         f"refusing to serve metrics on {metrics and metrics[0]} without --metrics-token-file: "
         "they show the tree's hosts and state to anyone who reaches the port (--insecure to "
         "do it anyway)", what="the metrics token")
+    if secret is None and listen is not None and not p["insecure"]:
+        # On loopback too: the client socket admits only this user (and --client-group),
+        # and a tree link without a secret would admit every user of this host.
+        raise click.UsageError(
+            f"refusing to listen on {listen[0]}:{listen[1]} without --secret-file: every user "
+            "of this host could join the tree and read or corrupt every gradient. Give the "
+            "tree a secret (every daemon the same --secret-file, mode 600), or --insecure if "
+            "every local user may join")
     host_id = p["host_id"]
     if host_id is None:   # the master's too: crnet status shows it
         import socket

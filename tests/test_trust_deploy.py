@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks.certs import have_openssl, make_cluster_certs
 from crnet.client import Client
-from crnet.launch import LocalTree
+from crnet.launch import MASTER, LocalTree
 from crnet.messages import StatusReply
 from crnet.plan import Tree
 
@@ -182,6 +182,29 @@ async def test_crnet_status_prints_a_nodes_text_escaped():
     assert [line for line in lines if line.startswith("missing now")] == [lines[-1]], text
     assert lines[-1].startswith("missing now: 0\\x1b[31m (gpu-01)"), text
     assert "10.0.0.9:7070\\x1b]52;c;Y3VybCBldmlsfHNo\\x07\\nmissing now: none" in text
+
+
+# ---------------------------------------------------------------- row 15: loopback
+def test_crnetd_will_not_listen_on_loopback_without_a_secret_unless_insecure(tmp_path):
+    got = crnetd(*MASTER_ARGS, "--client-socket", str(tmp_path / "m.sock"))
+    assert got.returncode == 2, got.stderr
+    assert "refusing to listen on 127.0.0.1:0 without --secret-file: every user of this host" \
+        in got.stderr and "--insecure" in got.stderr and "Traceback" not in got.stderr
+    got = crnetd(*MASTER_ARGS, "--insecure", "--check-config")
+    assert got.returncode == 0, got.stderr
+    secret = private_file(tmp_path / "secret")
+    got = crnetd(*MASTER_ARGS, "--secret-file", str(secret), "--check-config")
+    assert got.returncode == 0, got.stderr
+
+
+def test_a_local_tree_without_a_secret_says_so(tmp_path):
+    """LocalTree's daemons on 127.0.0.1 (tests, benchmarks) get --insecure when it gives
+    them no secret; ``crnet demo`` and ``crnet run`` give theirs one."""
+    open_tree = LocalTree(Tree((1,), (0,)), 4, workdir=tmp_path / "a")
+    assert "--insecure" in open_tree.command(MASTER)
+    closed = LocalTree(Tree((1,), (0,)), 4, workdir=tmp_path / "b", secret=True)
+    assert "--insecure" not in closed.command(MASTER)
+    assert "--secret-file" in closed.command(MASTER)
 
 
 # ---------------------------------------------------------------- row 17: credential files
