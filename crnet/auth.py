@@ -11,8 +11,11 @@ The transcript binds both fresh nonces, the dialer's role (a child, a ring
 predecessor) and the name it claims, so a recorded handshake is useless on another
 connection (the other side's nonce differs) and a proof for one name does not
 admit another. The two MACs differ by a side label, so one side's answer cannot
-be reflected back as the other's. MACs are compared in constant time. Nothing
-else a dialer sends is read until its proof checks out (``node/guard.py``).
+be reflected back as the other's. Over TLS the transcript also binds the TLS
+connection itself (``crnet.tls.channel_binding``): a relay that holds a stolen
+certificate and passes the handshake between two TLS connections of its own makes
+both MACs wrong. MACs are compared in constant time. Nothing else a dialer sends is
+read until its proof checks out (``node/guard.py``).
 
 This module is pure: no sockets, no state.
 """
@@ -67,10 +70,14 @@ def new_nonce() -> bytes:
 
 
 def mac(secret: bytes, side: str, dialer_nonce: bytes, acceptor_nonce: bytes, role: str,
-        name: str) -> bytes:
-    """One side's MAC over the handshake's transcript (``side``: "dialer" or "acceptor")."""
-    transcript = msgpack.packb([PROTOCOL, side, role, name, dialer_nonce, acceptor_nonce])
-    return hmac.new(secret, transcript, hashlib.sha256).digest()
+        name: str, binding: bytes = b"") -> bytes:
+    """One side's MAC over the handshake's transcript (``side``: "dialer" or "acceptor").
+    ``binding``: the TLS channel's (``crnet.tls.channel_binding``; empty on plain TCP,
+    where the transcript is what it was before channel binding)."""
+    fields = [PROTOCOL, side, role, name, dialer_nonce, acceptor_nonce]
+    if binding:
+        fields.append(binding)
+    return hmac.new(secret, msgpack.packb(fields), hashlib.sha256).digest()
 
 
 def verify(expected: bytes, got: bytes) -> bool:

@@ -19,10 +19,14 @@ import numpy as np
 import pytest
 
 from benchmarks.certs import have_openssl, make_cluster_certs
+from crnet.auth import load_secret, mac
 from crnet.client import Client
+from crnet.errors import CrnetError
 from crnet.launch import MASTER, LocalTree
 from crnet.messages import StatusReply
 from crnet.plan import Tree
+from crnet.status import StatusClient
+from crnet.tls import TlsFiles, channel_binding, contexts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -205,6 +209,81 @@ def test_a_local_tree_without_a_secret_says_so(tmp_path):
     closed = LocalTree(Tree((1,), (0,)), 4, workdir=tmp_path / "b", secret=True)
     assert "--insecure" not in closed.command(MASTER)
     assert "--secret-file" in closed.command(MASTER)
+
+
+# ---------------------------------------------------------------- row 16: channel binding
+class TlsRelay:
+    """On the path, with a stolen certificate of the cluster: it ends the dialer's TLS
+    connection and dials the node in a TLS connection of its own, passing every byte of
+    the handshake (and, were it let through, of the link) between the two."""
+
+    def __init__(self, certs: TlsFiles, upstream: int):
+        self.accept, self.dial = contexts(certs)
+        self.upstream = upstream
+        self.relayed = 0
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> TlsRelay:
+        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", 0, ssl=self.accept)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _pipe(self, reader, writer):
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        mine = [writer]
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream,
+                                                                 ssl=self.dial)
+            mine.append(up_writer)
+            self._writers += mine
+            await asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for w in mine:
+                w.close()
+            self._tasks.discard(task)
+
+    async def _copy(self, reader, writer):
+        while data := await reader.read(1 << 16):
+            self.relayed += len(data)
+            writer.write(data)
+            await writer.drain()
+
+    async def close(self) -> None:
+        self.server.close()
+        for w in self._writers:
+            w.close()
+        await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 10)
+
+
+def test_the_handshake_binds_the_tls_connection():
+    a, b = os.urandom(32), os.urandom(32)
+    plain = mac(b"k" * 32, "dialer", a, b, "child", "0")
+    assert mac(b"k" * 32, "dialer", a, b, "child", "0", b"") == plain   # plain TCP: as before
+    assert mac(b"k" * 32, "dialer", a, b, "child", "0", b"one") != mac(
+        b"k" * 32, "dialer", a, b, "child", "0", b"two")
+    assert channel_binding(None) == b""
+
+
+@needs_openssl
+async def test_a_relay_with_a_stolen_certificate_cannot_pass_the_handshake_on(local_tree, certs):
+    lt = local_tree(Tree.regular(2, 1, 1), 4, secret=True, tls=certs)
+    key = load_secret(lt.workdir / "secret")
+    direct = await StatusClient.connect("127.0.0.1", lt.ports[MASTER], secret=key, tls=certs)
+    direct.close()                    # the real path: admitted
+    relay = await TlsRelay(certs, lt.ports[MASTER]).start()
+    try:
+        with pytest.raises(CrnetError, match="failed to authenticate"):
+            through = await StatusClient.connect("127.0.0.1", relay.port, secret=key, tls=certs,
+                                                 timeout=15)
+            through.close()
+    finally:
+        await relay.close()
+    assert relay.relayed > 0          # the relay did carry the handshake
 
 
 # ---------------------------------------------------------------- row 17: credential files
