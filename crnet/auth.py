@@ -11,8 +11,11 @@ The transcript binds both fresh nonces, the dialer's role (a child, a ring
 predecessor) and the name it claims, so a recorded handshake is useless on another
 connection (the other side's nonce differs) and a proof for one name does not
 admit another. The two MACs differ by a side label, so one side's answer cannot
-be reflected back as the other's. MACs are compared in constant time. Nothing
-else a dialer sends is read until its proof checks out (``node/guard.py``).
+be reflected back as the other's. Over TLS the transcript also binds the TLS
+connection itself (``crnet.tls.channel_binding``): a relay that holds a stolen
+certificate and passes the handshake between two TLS connections of its own makes
+both MACs wrong. MACs are compared in constant time. Nothing else a dialer sends is
+read until its proof checks out (``node/guard.py``).
 
 This module is pure: no sockets, no state.
 """
@@ -24,9 +27,10 @@ import hmac
 import ipaddress
 import os
 import secrets
-import stat
 
 import msgpack
+
+from .private_files import check_private
 
 PROTOCOL = "crnet-auth-1"
 NONCE_BYTES = 32
@@ -37,15 +41,14 @@ __all__ = ["MAC_BYTES", "NONCE_BYTES", "is_loopback", "load_secret", "mac", "new
            "verify"]
 
 
-def load_secret(path: str | os.PathLike) -> bytes:
+def load_secret(path: str | os.PathLike, shared_gid: int | None = None,
+                what: str = "the cluster secret") -> bytes:
     """The cluster secret in ``path`` (surrounding whitespace stripped). ValueError if it
-    is shorter than 16 bytes or if other users may read the file."""
+    is shorter than 16 bytes, or if other users may read, change or replace it
+    (``crnet.private_files``; ``shared_gid``: a group that must not read it)."""
     with open(path, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
+        check_private(path, os.fstat(f.fileno()), what, shared_gid)
         secret = f.read().strip()
-    if mode & (stat.S_IRWXG | stat.S_IRWXO) & ~stat.S_IRGRP:
-        raise ValueError(f"{os.fspath(path)} is readable or writable by other users "
-                         f"(mode {stat.S_IMODE(mode):o}): chmod 600 (or 640) it")
     if len(secret) < MIN_SECRET_BYTES:
         raise ValueError(f"{os.fspath(path)} holds {len(secret)} bytes; a cluster secret needs "
                          f"at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32 > {path}`)")
@@ -67,10 +70,14 @@ def new_nonce() -> bytes:
 
 
 def mac(secret: bytes, side: str, dialer_nonce: bytes, acceptor_nonce: bytes, role: str,
-        name: str) -> bytes:
-    """One side's MAC over the handshake's transcript (``side``: "dialer" or "acceptor")."""
-    transcript = msgpack.packb([PROTOCOL, side, role, name, dialer_nonce, acceptor_nonce])
-    return hmac.new(secret, transcript, hashlib.sha256).digest()
+        name: str, binding: bytes = b"") -> bytes:
+    """One side's MAC over the handshake's transcript (``side``: "dialer" or "acceptor").
+    ``binding``: the TLS channel's (``crnet.tls.channel_binding``; empty on plain TCP,
+    where the transcript is what it was before channel binding)."""
+    fields = [PROTOCOL, side, role, name, dialer_nonce, acceptor_nonce]
+    if binding:
+        fields.append(binding)
+    return hmac.new(secret, msgpack.packb(fields), hashlib.sha256).digest()
 
 
 def verify(expected: bytes, got: bytes) -> bool:

@@ -161,11 +161,12 @@ def effective_config(ctx: click.Context) -> Config:
         except KeyError:
             raise click.BadParameter(f"no group {p['client_group']!r}",
                                      param_hint="--client-group") from None
+    # The training processes' group (they run untrusted code) must not read the secret or key.
     secret = _credential(
         p["secret_file"], "--secret-file", listen, p["insecure"],
         f"refusing to listen on {listen and listen[0]} without --secret-file: any host that "
         "reaches the port could join the tree and read or corrupt every gradient "
-        "(--insecure to do it anyway)")
+        "(--insecure to do it anyway)", shared_gid=gid)
     tls = None
     named = [o for o in ("tls_cert", "tls_key", "tls_ca") if p[o] is not None]
     if named and len(named) < 3:
@@ -174,7 +175,7 @@ def effective_config(ctx: click.Context) -> Config:
     if named:
         tls = TlsFiles(p["tls_cert"], p["tls_key"], p["tls_ca"])
         try:
-            contexts(tls)
+            contexts(tls, shared_gid=gid)
         except (OSError, ValueError) as e:     # ssl.SSLError is an OSError
             raise click.BadParameter(f"cannot load the TLS files: {e}",
                                      param_hint="--tls-cert/--tls-key/--tls-ca") from None
@@ -183,7 +184,15 @@ def effective_config(ctx: click.Context) -> Config:
         p["metrics_token_file"], "--metrics-token-file", metrics, p["insecure"],
         f"refusing to serve metrics on {metrics and metrics[0]} without --metrics-token-file: "
         "they show the tree's hosts and state to anyone who reaches the port (--insecure to "
-        "do it anyway)")
+        "do it anyway)", what="the metrics token")
+    if secret is None and listen is not None and not p["insecure"]:
+        # On loopback too: the client socket admits only this user (and --client-group),
+        # and a tree link without a secret would admit every user of this host.
+        raise click.UsageError(
+            f"refusing to listen on {listen[0]}:{listen[1]} without --secret-file: every user "
+            "of this host could join the tree and read or corrupt every gradient. Give the "
+            "tree a secret (every daemon the same --secret-file, mode 600), or --insecure if "
+            "every local user may join")
     host_id = p["host_id"]
     if host_id is None:   # the master's too: crnet status shows it
         import socket
@@ -222,14 +231,16 @@ def _is_pipe(fd: int) -> bool:
 
 
 def _credential(path: str | None, option: str, address: tuple[str, int] | None,
-                insecure: bool, refusal: str) -> bytes | None:
+                insecure: bool, refusal: str, shared_gid: int | None = None,
+                what: str = "the cluster secret") -> bytes | None:
     """The secret in ``path`` (``option``'s file), or None where none is needed: a usage
-    error when ``address`` reaches beyond loopback without one (unless ``insecure``)."""
+    error when ``address`` reaches beyond loopback without one (unless ``insecure``).
+    ``shared_gid``: a group that must not read the file (``crnet.private_files``)."""
     from .auth import is_loopback, load_secret
 
     if path is not None:
         try:
-            return load_secret(path)
+            return load_secret(path, shared_gid, what)
         except (OSError, ValueError) as e:
             raise click.BadParameter(str(e), param_hint=option) from None
     if address is not None and not is_loopback(address[0]) and not insecure:

@@ -125,8 +125,9 @@ def run_demo(cfg: DemoConfig, progress=sys.stderr) -> dict:
     workers = []
     names = [n for n in tree.names() if n != MASTER]
     workdir = Path(tempfile.mkdtemp(prefix="crnet-demo-"))
+    # A secret even on 127.0.0.1: other users of this host cannot join the demo's tree.
     local = LocalTree(tree, cfg.samples, workdir=workdir, timeout=cfg.timeout, scheme=cfg.scheme,
-                      strict=cfg.strict)
+                      strict=cfg.strict, secret=True)
     error: Exception | None = None
     try:
         with local:

@@ -19,6 +19,7 @@ from .auth import mac, new_nonce, verify
 from .errors import ProtocolError
 from .messages import Challenge, Hello, Message, PeerHello, Proof, Refuse, StatusHello
 from .peer_text import shown
+from .tls import channel_binding
 from .transport import Connection, Handler
 
 
@@ -73,11 +74,12 @@ class Dialing:
             assert self.secret is not None and self._hello.nonce is not None
             role, name = claim(self._hello)
             ours = self._hello.nonce
-            if not verify(mac(self.secret, "acceptor", ours, msg.nonce, role, name), msg.mac):
+            bound = channel_binding(conn.transport)
+            if not verify(mac(self.secret, "acceptor", ours, msg.nonce, role, name, bound), msg.mac):
                 self.inner.reject(conn, f"{conn.label} failed to authenticate: it holds another "
                                         "secret (--secret-file), or is not this node's peer")
                 return
-            conn.send(Proof(mac(self.secret, "dialer", ours, msg.nonce, role, name)))
+            conn.send(Proof(mac(self.secret, "dialer", ours, msg.nonce, role, name, bound)))
             self.open = True
             conn.authenticated = True
         else:

@@ -103,8 +103,9 @@ class LocalTree:
                  port: int = 7070, secret: bool | None = None, tls: TlsFiles | None = None,
                  config: str | os.PathLike | None = None, **options: Any):
         """``secret``: authenticate every tree link with a cluster secret written into
-        ``workdir`` (default: when the daemons listen beyond loopback, which crnetd
-        refuses to do without one). ``tls``: mutual TLS on every tree link. ``config``: a
+        ``workdir`` (default: when the daemons listen beyond loopback; without one on
+        loopback the daemons get ``--insecure``, which crnetd asks for there too: every
+        user of this host may then join). ``tls``: mutual TLS on every tree link. ``config``: a
         crnetd --config file every daemon reads (the options given here win over it)."""
         unknown = sorted(set(options) - set(BY_NAME))
         if unknown:
@@ -126,11 +127,13 @@ class LocalTree:
         self.spawn = spawn
         self.config = config
         self.options: dict[str, Any] = dict(options)   # crnetd's options, by name
+        loopback = all(is_loopback(a) for a in self.addresses.values())
         if secret is None:
-            secret = ("secret_file" not in options
-                      and not all(is_loopback(a) for a in self.addresses.values()))
+            secret = "secret_file" not in options and not loopback
         if secret:
             self.options["secret_file"] = self._write_secret()
+        elif "secret_file" not in options and loopback:
+            self.options.setdefault("insecure", True)
         if tls is not None:
             self.options.update(tls_cert=tls.cert, tls_key=tls.key, tls_ca=tls.ca)
         # Parents listen for children; with peers (a ring, spread) every host listens for them.

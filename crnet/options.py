@@ -186,8 +186,8 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
     Option("tls_ca", click.Path(dir_okay=False, exists=True),
            help="The cluster CA that signed every host's certificate (PEM)."),
     Option("insecure", bool, is_flag=True,
-           help="Listen on a non-loopback address without --secret-file: any host that "
-                "reaches the port can join the tree."),
+           help="Listen without --secret-file: any host that reaches the port (on "
+                "127.0.0.1: any user of this host) can join the tree."),
     Option("metrics", MetricsAddress(),
            help="Serve Prometheus metrics at http://HOST:PORT/metrics (PORT alone: on "
                 "127.0.0.1). Beyond loopback it needs --metrics-token-file (or --insecure)."),

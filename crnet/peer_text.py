@@ -9,7 +9,8 @@ terminal escapes, or kilobytes, and it may send it again and again. So:
   part of the step's failure reason, for the parent and every training process):
   non-printable characters escaped, and unchanged when there are none, as in every
   reason crnet writes itself. (Its length is bounded where it is parsed,
-  ``fields.MAX_REASON``.)
+  ``fields.MAX_REASON``.) The CLI prints every peer's text through it too
+  (``crnet status``'s names, hosts and addresses).
 - ``Throttle`` keeps a peer that repeats itself to one log line per interval, per
   peer and kind, and the next line it lets through says how many it held back.
 """

@@ -195,9 +195,10 @@ class Run:
                 previous[sig] = signal.signal(sig, self._on_signal)
             if workdir is None:
                 workdir = Path(tempfile.mkdtemp(prefix="crnet-run-"))
+            # A secret even on 127.0.0.1: other users of this host cannot join the tree.
             self.lt = LocalTree(self.tree, self.samples, workdir=workdir, timeout=self.timeout,
                                 scheme=self.scheme, local_processes=self.local_processes,
-                                strict=self.strict)
+                                strict=self.strict, secret=True)
             self.lines.say(f"{len(self.seats)} training processes on a tree of "
                            f"{self.tree.workers + 1} crnetd (scheme {self.scheme}, "
                            f"{self.samples} samples per step), job {self.job}, daemon logs in "
@@ -215,6 +216,9 @@ class Run:
             finally:
                 if self.lt is not None:
                     self.lt.stop()
+                    # The tree's secret is no use once its daemons are gone: a kept
+                    # workdir keeps the logs only.
+                    (self.lt.workdir / "secret").unlink(missing_ok=True)
                     if self.strict:
                         code = self._daemon_problems(code)
                 # The pipes close when the processes are gone (or a helper that left its

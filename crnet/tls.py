@@ -6,16 +6,30 @@ between two hosts (and rewrite chunks), TLS does: every frame is encrypted and
 authenticated. Both sides present a certificate signed by the cluster's own CA and
 check the other's; host names are not checked (peers are addressed by IP, and any
 host holding a certificate from that CA is a member), so keep the CA to the cluster.
-TLS 1.3 only. The secret handshake still runs inside TLS: a stolen certificate alone
-does not admit a host.
+TLS 1.3 only.
+
+The secret handshake still runs inside TLS, bound to the TLS connection it runs on
+(``channel_binding``): a stolen certificate and key alone do not admit a host, and
+they do not let their holder relay a real host's handshake into a connection of its
+own either (what it would need on the path to read the gradients): the two sides of
+a relay hold two different TLS connections, so each side's MAC is wrong for the other.
+What a stolen key still allows: serving as one of the cluster's hosts to whoever
+checks nothing but the certificate (a metrics scraper over HTTPS), and, with the
+secret too, everything a host may. Since the binding is part of the MACs over TLS,
+every host of a tree that uses TLS must bind (crnet since issue 26), and no
+TLS-terminating proxy may stand between two hosts.
 """
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass
 
-__all__ = ["TlsFiles", "contexts"]
+from .errors import ProtocolError
+from .private_files import check_private
+
+__all__ = ["TlsFiles", "channel_binding", "contexts"]
 
 
 @dataclass(frozen=True)
@@ -25,9 +39,12 @@ class TlsFiles:
     ca: str          # the cluster CA that signed every host's certificate (PEM)
 
 
-def contexts(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+def contexts(files: TlsFiles, shared_gid: int | None = None) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """(for accepting, for dialing): both require and verify the peer's certificate.
-    Raises ``ssl.SSLError`` or ``OSError`` for files that cannot be loaded."""
+    Raises ``ssl.SSLError`` or ``OSError`` for files that cannot be loaded, and
+    ``ValueError`` for a key other users may read, change or replace
+    (``crnet.private_files``; ``shared_gid``: a group that must not read it)."""
+    check_private(files.key, os.stat(files.key), "this host's TLS key", shared_gid)
     accept = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     dial = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     for ctx in (accept, dial):
@@ -37,3 +54,20 @@ def contexts(files: TlsFiles) -> tuple[ssl.SSLContext, ssl.SSLContext]:
         ctx.verify_mode = ssl.CERT_REQUIRED
     dial.check_hostname = False          # see the module docstring
     return accept, dial
+
+
+def channel_binding(transport) -> bytes:
+    """What binds a handshake to this TLS connection (empty on plain TCP): the client's
+    Finished message of its TLS handshake, the same at both ends and different on every
+    connection (a MAC over the whole handshake, both sides' key shares and certificates
+    included, under a key only the two ends know; sent encrypted). Python's ``ssl``
+    offers no keying-material exporter (RFC 9266's ``tls-exporter``);
+    ``get_channel_binding("tls-unique")`` returns that Finished message under TLS 1.3
+    too, where RFC 8446 leaves ``tls-unique`` undefined."""
+    ssl_object = None if transport is None else transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return b""
+    binding = ssl_object.get_channel_binding("tls-unique")
+    if not binding:        # never after a completed handshake; fail closed if it were
+        raise ProtocolError("this TLS connection offers no channel binding")
+    return binding

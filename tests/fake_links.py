@@ -28,6 +28,7 @@ class FakeLink:
         self.aborted: str | None = None
         self.closed = False
         self.authenticated = False
+        self.transport = None      # as over plain TCP: no TLS channel (crnet.tls.channel_binding)
 
     def send(self, msg: Message, payload=None) -> bool:
         return self.write(msg.frame(payload))

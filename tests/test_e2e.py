@@ -358,7 +358,7 @@ def test_an_inner_node_without_listen_stops_and_the_master_says_why(tmp_path):
     with open(tmp_path / "master.log", "w") as log:
         master = subprocess.Popen(
             [sys.executable, "-m", "crnet", "daemon", "--role", "master", "--listen",
-             f"127.0.0.1:{port}", "--fanout", "1,1", "--samples", "4",
+             f"127.0.0.1:{port}", "--fanout", "1,1", "--samples", "4", "--insecure",
              "--client-socket", str(tmp_path / "master.sock")], stderr=log)
     try:
         deadline = time.monotonic() + 30

@@ -161,7 +161,7 @@ def test_daemons_stop_when_their_launcher_is_killed(tmp_path):
 
 
 MASTER_ARGS = ["--role", "master", "--listen", "127.0.0.1:0", "--samples", "4", "--fanout", "2",
-               "--layers", "1", "--stragglers", "0"]
+               "--layers", "1", "--stragglers", "0", "--insecure"]
 
 
 def test_exit_with_stdin_needs_a_pipe(tmp_path):

@@ -981,7 +981,7 @@ def lone_node(workdir: Path, parent_port: int, name: str = "0", listen: bool = F
            "--parent", f"127.0.0.1:{parent_port}", "--client-socket", str(sock),
            "--timeout", str(TIMEOUT), "--strict"]
     if listen:
-        cmd += ["--listen", f"127.0.0.1:{free_port()}"]
+        cmd += ["--listen", f"127.0.0.1:{free_port()}", "--insecure"]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -1278,7 +1278,8 @@ async def test_info_client_socket_mode_peer_and_stale_path(tmp_path, aspect):
                 inode = os.stat(path).st_ino
                 cmd = [sys.executable, "-m", "crnet", "daemon", "--role", "master", "--listen",
                        f"127.0.0.1:{free_port()}", "--samples", "4", "--fanout", "1",
-                       "--layers", "1", "--stragglers", "0", "--client-socket", path]
+                       "--layers", "1", "--stragglers", "0", "--client-socket", path,
+                       "--insecure"]
                 second = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True)
                 try:

@@ -8,6 +8,7 @@ import click
 
 from ..errors import CrnetError
 from ..option_types import Address
+from ..peer_text import tamed
 
 
 @click.command("status", short_help="Show the tree under a node: who is joined, slow or missing.")
@@ -66,10 +67,14 @@ def status_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, wat
     except KeyboardInterrupt:
         pass
     except (OSError, CrnetError, asyncio.TimeoutError) as e:
-        raise click.ClickException(f"{address[0]}:{address[1]}: {e or 'no answer'}") from None
+        # The message may quote what the node sent (a refusal's reason).
+        raise click.ClickException(f"{address[0]}:{address[1]}: {tamed(str(e)) or 'no answer'}") from None
 
 
 def _status_text(tree: dict) -> str:
+    """The table. Every name, host and address is the nodes' own word (a node with the
+    secret may say anything): each goes through ``tamed``, so an escape sequence or a
+    newline is printed as ``\\x1b``, ``\\n``, never acted on or starting a line."""
     from ..status import missing, rows
 
     lines = [f"{'NODE':<14} {'HOST':<20} {'ADDRESS':<22} {'STATE':<13} {'STEP':>7} "
@@ -77,10 +82,11 @@ def _status_text(tree: dict) -> str:
     for r in rows(tree):
         last = "-" if r.last_step_seconds is None else f"{1e3 * r.last_step_seconds:.1f} ms"
         straggled = "-" if r.recent is None else f"{r.straggled}/{r.recent}"
-        lines.append(f"{'  ' * r.depth + r.name:<14} {r.host or '-':<20} {r.address or '-':<22} "
-                     f"{r.state:<13} {r.tree_step:>7} {last:>10} {straggled:>10}")
+        lines.append(f"{'  ' * r.depth + tamed(r.name):<14} {tamed(r.host or '-'):<20} "
+                     f"{tamed(r.address or '-'):<22} {tamed(r.state):<13} {r.tree_step:>7} "
+                     f"{last:>10} {straggled:>10}")
     gone = missing(tree)
-    lines.append("missing now: " + (", ".join(f"{r.name} ({r.host or 'host unknown'})"
+    lines.append("missing now: " + (", ".join(f"{tamed(r.name)} ({tamed(r.host or 'host unknown')})"
                                               for r in gone) if gone else "none"))
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ from ..errors import ProtocolError
 from ..handshake import claim
 from ..messages import Challenge, Hello, Message, PeerHello, Proof, Refuse, StatusHello, before_auth
 from ..peer_text import Throttle, shown
+from ..tls import channel_binding
 from ..transport import Connection, Handler
 from ..wire import Limits
 from .doorway import Doorway
@@ -83,7 +84,8 @@ class Accepting:
             hello, theirs = self._hello, getattr(self._hello, "nonce", None)
             assert self.secret is not None and theirs is not None
             role, name = claim(hello)
-            if not verify(mac(self.secret, "dialer", theirs, self._nonce, role, name), msg.mac):
+            bound = channel_binding(conn.transport)
+            if not verify(mac(self.secret, "dialer", theirs, self._nonce, role, name, bound), msg.mac):
                 self._warnings.warning((_address(conn), "wrong secret"),
                                        "%s failed to authenticate as %s %s: wrong secret",
                                        conn.label, role, shown(name))
@@ -113,7 +115,7 @@ class Accepting:
         self._nonce = new_nonce()
         role, name = claim(msg)
         conn.send(Challenge(self._nonce, mac(self.secret, "acceptor", msg.nonce, self._nonce,
-                                             role, name)))
+                                             role, name, channel_binding(conn.transport))))
 
     def lost(self, conn: Connection, exc: Exception | None) -> None:
         self._doorway.leave(conn)
