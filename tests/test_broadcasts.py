@@ -1,11 +1,13 @@
 """node/broadcasts.py without sockets: who relays what, up and down, and what is refused."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from crnet.errors import ProtocolError
 from crnet.messages import Bcast, WantState, state_key
-from crnet.node.broadcasts import HELD, PER_SOURCE, Broadcasts
+from crnet.node.broadcasts import HELD, PER_SOURCE, STATE_PAUSE, Broadcasts
 from crnet.node.neighbours import ChildSlot, Neighbours
 from crnet.plan import Tree
 from crnet.schemes.base import Place
@@ -201,3 +203,16 @@ def test_a_child_without_processes_of_the_job_below_it_sends_no_broadcast_nor_re
     b.want_state(5, child=0)
     b.want_state(6, child=1)
     assert n.parent.messages(WantState) == [WantState(6)]
+
+
+@pytest.mark.timeout(30)
+async def test_the_master_sends_a_state_request_down_at_most_once_a_pause():
+    """Issue 26 row 7: however many requests come, each process is asked for its state at
+    most once every STATE_PAUSE seconds; a request that came sooner goes once its turn
+    comes (the newest of them)."""
+    b, n = node("")
+    for nonce in (1, 2, 3):
+        b.want_state(nonce, child=0)
+    assert [slot.link.messages(WantState) for slot in n.slots] == [[WantState(1)]] * 2
+    await asyncio.sleep(STATE_PAUSE + 0.2)
+    assert [slot.link.messages(WantState) for slot in n.slots] == [[WantState(1), WantState(3)]] * 2
