@@ -19,16 +19,17 @@ its receivers to their timeout, and the newcomer asks again.
 What a peer may make a node hold is bounded (a child may be broken or hostile): a claimed
 vector larger than this host's memory (``max_vector_bytes``) closes its link before
 anything is allocated; a vector is allocated piece by piece as its bytes arrive, in
-order, never for what is only claimed; and one source (a child slot, or the parent) has
-at most ``PER_SOURCE`` broadcasts half-received whose claims add up to at most that
-memory: more drops that source's own oldest, never another source's.
+order, never for what is only claimed; and one source has at most ``PER_SOURCE`` (a child
+slot) or ``IN_FLIGHT`` (the parent) broadcasts half-received, whose claims add up to at
+most that memory: more drops that source's own oldest, never another source's.
 
 A child speaks only for the processes of the job attached below it (``attached_below``,
 the JOB counts of ``jobs.py``): from a child that has none, broadcast pieces and state
 requests are dropped. The master sends a state request down at most once every
 ``STATE_PAUSE`` seconds (one that comes sooner waits for its turn, and the newest such
 request is the one that goes), so that however many requests come, each process
-uploads its state at most that often; answers to any request serve every asker.
+uploads its state at most that often; an answer to any request serves every asker
+waiting when it comes.
 """
 
 from __future__ import annotations
