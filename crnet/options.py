@@ -157,7 +157,7 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
            help="Seconds a step may wait for its quorum at a node before it fails there."),
     Option("keep_results", click.IntRange(min=1), defaults.KEEP_RESULTS, engine="keep_results",
            help="Finished steps' results kept for children that missed them."),
-    Option("local_processes", click.IntRange(1, 1024), 1,
+    Option("local_processes", click.IntRange(1, defaults.LOCAL_PROCESSES_MAX), 1,
            help="Training processes on this host (one per accelerator, say): the host's "
                 "share is cut among them and their vectors are summed here."),
     Option("result_memory", Size(), "1GiB", engine="result_memory",

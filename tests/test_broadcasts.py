@@ -1,11 +1,13 @@
 """node/broadcasts.py without sockets: who relays what, up and down, and what is refused."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from crnet.errors import ProtocolError
 from crnet.messages import Bcast, WantState, state_key
-from crnet.node.broadcasts import HELD, Broadcasts
+from crnet.node.broadcasts import HELD, PER_SOURCE, STATE_PAUSE, Broadcasts
 from crnet.node.neighbours import ChildSlot, Neighbours
 from crnet.plan import Tree
 from crnet.schemes.base import Place
@@ -157,3 +159,60 @@ def test_a_new_job_forgets_everything():
     b.state_requested(3)
     b.new_job()
     assert not b.held and b.state_request == 0
+
+
+def test_a_claim_no_host_could_hold_is_a_protocol_error_and_nothing_is_allocated_for_claims():
+    """Issue 26 row 3: a claim is checked against this host's memory, and a vector's
+    memory comes piece by piece with its bytes, never for what is only claimed."""
+    n = Neighbours()
+    n.parent = FakeLink("parent")
+    n.slots = [ChildSlot(link=FakeLink(f"child {k}")) for k in range(2)]
+    place = Place("0", TREE.layer("0"), TREE, "cr", "auto", CHUNK)
+    b = Broadcasts(n, lambda: place, max_bytes=1 << 20)
+    with pytest.raises(ProtocolError, match="more than this host's memory"):
+        b.child_dest(0, Bcast("k", 1, -1, 0, (1 << 17) + 1, "float64"), 8)
+    dest = b.child_dest(0, Bcast("k", 1, -1, 0, 1 << 17, "float64"), 8)   # 1 MiB claimed
+    assert dest is not None and len(dest) == 8 and dest.obj is not None and len(dest.obj) == 8
+
+
+def test_a_child_that_begins_many_broadcasts_drops_its_own_oldest_not_anothers():
+    b, _ = node("0")
+    first = pieces("theirs", np.arange(10.0), origin=1)[0]
+    assert b.child_dest(1, first[0], len(first[1])) is not None      # child 1's, half-sent
+    for i in range(PER_SOURCE + 2):                                   # child 0 begins many
+        msg, raw = pieces(f"mine/{i}", np.arange(10.0), origin=2)[0]
+        assert b.child_dest(0, msg, len(raw)) is not None
+    msg, raw = pieces("theirs", np.arange(10.0), origin=1)[1]
+    assert b.child_dest(1, msg, len(raw)) is not None                 # child 1's goes on
+    msg, raw = pieces("mine/0", np.arange(10.0), origin=2)[1]
+    with pytest.raises(ProtocolError, match="does not fit"):
+        b.child_dest(0, msg, len(raw))          # its oldest was dropped: begun anew, not at 0
+
+
+def test_a_child_without_processes_of_the_job_below_it_sends_no_broadcast_nor_request():
+    """Issue 26 row 7: only a child with processes of the job attached below it speaks for
+    them (``attached_below``): its copy of a key is dropped, its state requests too."""
+    n = Neighbours()
+    n.parent = FakeLink("parent")
+    n.slots = [ChildSlot(link=FakeLink(f"child {k}")) for k in range(2)]
+    place = Place("0", TREE.layer("0"), TREE, "cr", "auto", CHUNK)
+    b = Broadcasts(n, lambda: place, attached_below=lambda k: k)     # child 0: none
+    assert not any(from_child(b, 0, "params", np.full(10, 666.0), origin=1))
+    assert all(from_child(b, 1, "params", np.arange(10.0), origin=2))
+    np.testing.assert_array_equal(carried(n.parent, "params"), np.arange(10.0))
+    b.want_state(5, child=0)
+    b.want_state(6, child=1)
+    assert n.parent.messages(WantState) == [WantState(6)]
+
+
+@pytest.mark.timeout(30)
+async def test_the_master_sends_a_state_request_down_at_most_once_a_pause():
+    """Issue 26 row 7: however many requests come, each process is asked for its state at
+    most once every STATE_PAUSE seconds; a request that came sooner goes once its turn
+    comes (the newest of them)."""
+    b, n = node("")
+    for nonce in (1, 2, 3):
+        b.want_state(nonce, child=0)
+    assert [slot.link.messages(WantState) for slot in n.slots] == [[WantState(1)]] * 2
+    await asyncio.sleep(STATE_PAUSE + 0.2)
+    assert [slot.link.messages(WantState) for slot in n.slots] == [[WantState(1), WantState(3)]] * 2

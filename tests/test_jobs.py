@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from crnet import AsyncClient, JobEnded
+from crnet import AsyncClient, DaemonBusy
 from crnet.plan import Tree
 
 from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until, workers
@@ -45,18 +45,23 @@ async def test_two_jobs_one_after_the_other_on_the_same_daemons(local_tree):
             c.close()
 
 
-async def test_a_new_job_tells_a_process_of_the_old_one_that_it_is_over(local_tree):
+async def test_a_new_job_waits_until_no_process_of_the_running_one_is_attached(local_tree):
+    """Issue 26 row 6: a process of another job does not end a running one (it used to:
+    the old process got JobEnded); it is told which job runs, and starts once that job's
+    last process has gone."""
     lt = local_tree(Tree.regular(2, 1, 1), 10)
     old = await AsyncClient.connect(lt.socket_path("0"), timeout=30, job="old")
     try:
         grads = np.ones((10, 3))
         await gather_or_cancel(old.allreduce(local_gradient(old.assignment, grads), step=0))
-        new = await AsyncClient.connect(lt.socket_path("1"), timeout=30, job="new")
-        with pytest.raises(JobEnded, match="now run job 'new'"):
-            await old.allreduce(local_gradient(old.assignment, grads), step=1)
-        new.close()
+        with pytest.raises(DaemonBusy, match="run job 'old'"):
+            await AsyncClient.connect(lt.socket_path("1"), timeout=30, job="new")
+        await gather_or_cancel(old.allreduce(local_gradient(old.assignment, grads), step=1))
     finally:
         old.close()
+    new = await AsyncClient.connect(lt.socket_path("1"), timeout=30, job="new")
+    assert new.tree_step == -1
+    new.close()
 
 
 async def test_a_process_restarted_mid_job_joins_where_the_tree_is(local_tree):

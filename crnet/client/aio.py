@@ -103,7 +103,8 @@ class AsyncClient:
         """Connect; wait (up to ``timeout``) until the tree has assigned this host its share.
 
         ``job`` (default ``$CRNET_JOB``, else none) names the training job: the first process
-        of a new job makes the daemons drop the previous job's steps and start at step 0;
+        of a new job makes the daemons drop the previous job's steps and start at step 0,
+        once no process of the running job is attached anywhere (until then: DaemonBusy);
         a process that joins a running job sees the job's ``tree_step`` at once and is
         ``stale`` until it takes the job's state (``request_state``). Without a name, a
         process joins whatever job the daemons run: a rerun of a script whose job

@@ -130,15 +130,21 @@ def _pairs(h: Fields, name: str) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True, slots=True)
 class Job(Message):
-    """Up: a training process of job ``name`` joined below (the master starts it). Down: the
-    tree now runs job ``name``; the previous job's steps and results are dropped."""
+    """Up: ``attached`` training processes of job ``name`` are attached in this subtree
+    (when it is not the job the parent runs and ``attached`` > 0: they wait for it, and
+    the master starts it if no process of the running job is attached). Down: the tree
+    now runs job ``name`` (the previous job's steps and results are dropped); with
+    ``refused``: the job that cannot start while ``name`` has processes attached."""
 
     TYPE = MsgType.JOB
     name: str
+    attached: int = 0
+    refused: str = ""
 
     @classmethod
     def from_header(cls, h: Fields) -> Job:
-        return cls(h.text("name", 256))
+        return cls(h.text("name", 256), h.opt_integer("attached", 0, 1 << 31) or 0,
+                   h.opt_text("refused", 256) or "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,12 +15,29 @@ in shared memory at their next step boundary and answer as broadcast ``state/<no
 
 Nothing here waits: a broadcast that never completes (its sender died mid-way) leaves
 its receivers to their timeout, and the newcomer asks again.
+
+What a peer may make a node hold is bounded (a child may be broken or hostile): a claimed
+vector larger than this host's memory (``max_vector_bytes``) closes its link before
+anything is allocated; a vector is allocated piece by piece as its bytes arrive, in
+order, never for what is only claimed; and one source has at most ``PER_SOURCE`` (a child
+slot) or ``IN_FLIGHT`` (the parent) broadcasts half-received, whose claims add up to at
+most that memory: more drops that source's own oldest, never another source's.
+
+A child speaks only for the processes of the job attached below it (``attached_below``,
+the JOB counts of ``jobs.py``): from a child that has none, broadcast pieces and state
+requests are dropped. The master sends a state request down at most once every
+``STATE_PAUSE`` seconds (one that comes sooner waits for its turn, and the newest such
+request is the one that goes), so that however many requests come, each process
+uploads its state at most that often; an answer to any request serves every asker
+waiting when it comes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +48,7 @@ from .. import defaults
 from ..dtypes import DTYPES
 from ..errors import ProtocolError
 from ..messages import Bcast, WantState, state_key
+from ..peer_text import shown
 from ..schemes.base import Place
 from ..schemes.chunks import chunk_bytes_for
 from .neighbours import Neighbours
@@ -39,8 +57,10 @@ from .signal import Signal
 log = logging.getLogger("crnet.node")
 
 HELD = 4              # complete broadcasts a node keeps for processes that ask later
-IN_FLIGHT = 16        # incomplete ones it assembles at once (the oldest is dropped)
+IN_FLIGHT = 16        # incomplete ones from the parent it assembles at once (the oldest is dropped)
+PER_SOURCE = 4        # ... and from each child slot
 STATE = state_key(0).rpartition("/")[0] + "/"    # the keys of state answers
+STATE_PAUSE = 1.0     # seconds between state requests the master sends down
 
 
 @dataclass
@@ -53,28 +73,42 @@ class Held:
 
 @dataclass
 class _Assembly:
-    """A broadcast arriving piece by piece from one source (a child slot, the local
-    process, or the parent), into a buffer that its relayed pieces reference."""
+    """A broadcast arriving piece by piece, in order, from one source (a child slot, the
+    local process, or the parent): each piece in its own buffer, allocated as it comes
+    (what its relayed copies reference), joined into one vector once all are here."""
 
     source: object
     origin: int
     step: int
     total: int
     dtype: np.dtype
-    data: bytearray
-    pieces: set[int] = field(default_factory=set)   # offsets received
-    got: int = 0
+    pieces: list = field(default_factory=list)   # buffers, in offset order
+    got: int = 0                                 # bytes received (the next piece's offset)
+
+    @property
+    def nbytes(self) -> int:
+        return self.total * self.dtype.itemsize
 
     def fits(self, msg: Bcast, nbytes: int) -> bool:
         return (msg.origin, msg.step, msg.total, DTYPES[msg.dtype]) == (
-            self.origin, self.step, self.total, self.dtype) and msg.offset + nbytes <= len(self.data)
+            self.origin, self.step, self.total, self.dtype) and msg.offset == self.got \
+            and self.got + nbytes <= self.nbytes
 
     @property
     def complete(self) -> bool:
-        return self.got == len(self.data)
+        return self.got == self.nbytes
 
     def vector(self) -> np.ndarray:
-        return np.frombuffer(self.data, dtype=self.dtype, count=self.total)
+        if len(self.pieces) == 1:
+            data = self.pieces[0]
+        else:
+            data = bytearray(self.nbytes)
+            at = 0
+            for piece in self.pieces:
+                data[at:at + len(piece)] = piece
+                at += len(piece)
+            self.pieces = [data]
+        return np.frombuffer(data, dtype=self.dtype, count=self.total)
 
 
 Waiter = Callable[[Held], None]
@@ -85,9 +119,17 @@ def _nothing() -> None:
 
 
 class Broadcasts:
-    def __init__(self, neighbours: Neighbours, place: Callable[[], Place | None]):
+    def __init__(self, neighbours: Neighbours, place: Callable[[], Place | None],
+                 max_bytes: int = defaults.MAX_VECTOR_BYTES,
+                 attached_below: Callable[[int], int] | None = None):
         self.neighbours = neighbours
         self._place = place
+        self.max_bytes = max_bytes     # the largest vector a peer may claim (this host's memory)
+        # child slot -> the processes of the job attached below it (None: not counted)
+        self._attached_below = attached_below
+        self._state_sent = -STATE_PAUSE         # when the master last sent a request down
+        self._state_turn: asyncio.TimerHandle | None = None
+        self._state_next = 0                    # the request waiting for its turn
         self.held: OrderedDict[str, Held] = OrderedDict()
         self._up: OrderedDict[str, _Assembly] = OrderedDict()     # toward the master
         self._down: OrderedDict[str, _Assembly] = OrderedDict()   # from the master
@@ -112,9 +154,10 @@ class Broadcasts:
             return None
         if self.neighbours.parent is None:
             return "this node is cut off from its parent: the broadcast cannot reach the master"
-        a = _Assembly("local", secrets.randbits(62), step, vector.size, vector.dtype, data)
+        a = _Assembly("local", secrets.randbits(62), step, vector.size, vector.dtype, [data])
         a.got = len(data)
-        self._relay_up(key, a, 0, len(data), chunk=chunk_bytes_for(len(data), place.chunk_bytes))
+        self._relay_up(key, a, 0, memoryview(data),
+                       chunk=chunk_bytes_for(len(data), place.chunk_bytes))
         self._remember_relayed(key)
         return None
 
@@ -134,13 +177,32 @@ class Broadcasts:
                 del self._waiters[key]
         return cancel
 
-    def want_state(self, nonce: int) -> None:
-        """A process here or below wants a peer's state: the master asks everyone."""
+    def want_state(self, nonce: int, child: int | None = None) -> None:
+        """A process here (or below ``child``) wants a peer's state: the master asks
+        everyone, at most once every ``STATE_PAUSE`` seconds."""
+        if child is not None and not self._speaks_for(child):
+            return
         place = self._place()
-        if place is not None and place.is_master:
-            self.state_requested(nonce)
-        else:
+        if place is None or not place.is_master:
             self.neighbours.to_parent(WantState(nonce))
+            return
+        self._state_next = nonce
+        wait = self._state_sent + STATE_PAUSE - time.monotonic()
+        if wait <= 0:
+            self._ask_state()
+        elif self._state_turn is None:
+            self._state_turn = asyncio.get_running_loop().call_later(wait, self._ask_state)
+
+    def _ask_state(self) -> None:
+        self._state_turn = None
+        if self._state_next:
+            self._state_sent = time.monotonic()
+            nonce, self._state_next = self._state_next, 0
+            self.state_requested(nonce)
+
+    def _speaks_for(self, k: int) -> bool:
+        """Whether child ``k`` has processes of the job attached below it."""
+        return self._attached_below is None or self._attached_below(k) > 0
 
     def state_requested(self, nonce: int) -> None:
         """The master asks every process for its state: tell this subtree and this host."""
@@ -159,8 +221,9 @@ class Broadcasts:
             return None
         a = self._up.get(msg.key)
         if a is None:
-            a = self._up[msg.key] = self._start(("child", k), msg)
-            self._bound(self._up)
+            if not self._speaks_for(k):
+                return None              # no process of the job below it sent this
+            a = self._up[msg.key] = self._start(self._up, ("child", k), msg)
         elif a.source != ("child", k) or a.origin != msg.origin:
             return None
         return self._dest(a, msg, nbytes)
@@ -175,7 +238,7 @@ class Broadcasts:
                 del self._up[msg.key]
                 self._complete(msg.key, a.step, a.vector())
             return
-        self._relay_up(msg.key, a, msg.offset, len(payload), chunk=len(payload))
+        self._relay_up(msg.key, a, msg.offset, memoryview(a.pieces[-1]), chunk=len(payload))
         if a.complete:
             del self._up[msg.key]
             self._remember_relayed(msg.key)
@@ -185,8 +248,7 @@ class Broadcasts:
             return None
         a = self._down.get(msg.key)
         if a is None:
-            a = self._down[msg.key] = self._start("parent", msg)
-            self._bound(self._down)
+            a = self._down[msg.key] = self._start(self._down, "parent", msg)
         elif a.origin != msg.origin:
             raise ProtocolError(f"BCAST {msg.key!r}: two copies from the parent")
         return self._dest(a, msg, nbytes)
@@ -195,8 +257,7 @@ class Broadcasts:
         a = self._down.get(msg.key)
         if payload is None or a is None:
             return
-        piece = memoryview(a.data)[msg.offset:msg.offset + len(payload)]
-        self._to_children(msg, piece)     # on down at once: a large vector flows through
+        self._to_children(msg, memoryview(a.pieces[-1]))   # on down at once: a vector flows through
         if a.complete:
             del self._down[msg.key]
             self._keep(msg.key, a.step, a.vector())
@@ -219,27 +280,44 @@ class Broadcasts:
         self._relayed.clear()
         self._waiters.clear()
         self.state_request = 0
+        self._state_next = 0
 
     # ------------------------------------------------------------ the rest
-    def _start(self, source: object, msg: Bcast) -> _Assembly:
+    def _start(self, assemblies: OrderedDict[str, _Assembly], source: object,
+               msg: Bcast) -> _Assembly:
+        """A broadcast begun by ``source``: nothing is allocated for its claim. A claim no
+        host could hold closes the link (ProtocolError); room is made among the source's
+        own half-received broadcasts, never another's."""
         dtype = DTYPES[msg.dtype]
-        return _Assembly(source, msg.origin, msg.step, msg.total, dtype,
-                         bytearray(msg.total * dtype.itemsize))
+        a = _Assembly(source, msg.origin, msg.step, msg.total, dtype)
+        if a.nbytes > self.max_bytes:
+            raise ProtocolError(f"BCAST {msg.key!r} claims a vector of {msg.total} x {dtype} "
+                                f"({a.nbytes} bytes): more than this host's memory "
+                                f"({self.max_bytes} bytes)")
+        most = IN_FLIGHT if source == "parent" else PER_SOURCE
+        own = [k for k, b in assemblies.items() if b.source == source]
+        claimed = sum(assemblies[k].nbytes for k in own)
+        while own and (len(own) >= most or claimed + a.nbytes > self.max_bytes):
+            old = own.pop(0)
+            claimed -= assemblies.pop(old).nbytes
+            log.warning("broadcast %s dropped half-received: its sender began too many at once",
+                        shown(old))
+        return a
 
     def _dest(self, a: _Assembly, msg: Bcast, nbytes: int) -> memoryview:
-        if not a.fits(msg, nbytes) or msg.offset in a.pieces or msg.offset % a.dtype.itemsize:
+        if not a.fits(msg, nbytes) or msg.offset % a.dtype.itemsize:
             raise ProtocolError(f"BCAST {msg.key!r}: a piece at byte {msg.offset} ({nbytes} "
-                                f"bytes) does not fit the {a.total} x {a.dtype} vector begun")
-        a.pieces.add(msg.offset)
+                                f"bytes) does not fit the {a.total} x {a.dtype} vector begun "
+                                f"(its next piece is at byte {a.got})")
+        piece = bytearray(nbytes)       # allocated for bytes that are here, not for a claim
+        a.pieces.append(piece)
         a.got += nbytes
-        return memoryview(a.data)[msg.offset:msg.offset + nbytes]
+        return memoryview(piece)
 
-    def _relay_up(self, key: str, a: _Assembly, offset: int, nbytes: int, chunk: int) -> None:
-        view = memoryview(a.data)
-        for start in range(offset, offset + nbytes, chunk):
-            stop = min(start + chunk, offset + nbytes)
-            self.neighbours.to_parent(Bcast(key, a.origin, a.step, start, a.total, a.dtype.name),
-                                      view[start:stop])
+    def _relay_up(self, key: str, a: _Assembly, offset: int, piece: memoryview, chunk: int) -> None:
+        for start in range(0, len(piece), chunk):
+            self.neighbours.to_parent(Bcast(key, a.origin, a.step, offset + start, a.total,
+                                            a.dtype.name), piece[start:start + chunk])
 
     def _complete(self, key: str, step: int, vector: np.ndarray) -> None:
         """The master has the first complete copy of ``key``: it is the broadcast."""
@@ -280,9 +358,3 @@ class Broadcasts:
         self._relayed[key] = None
         while len(self._relayed) > 4 * IN_FLIGHT:
             self._relayed.popitem(last=False)
-
-    @staticmethod
-    def _bound(assemblies: OrderedDict) -> None:
-        while len(assemblies) > IN_FLIGHT:
-            key, _ = assemblies.popitem(last=False)
-            log.warning("broadcast %r dropped half-received: too many under way", key)

@@ -38,6 +38,7 @@ from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
+from .jobs import JobCounts
 from .mesh import Mesh
 from .neighbours import ChildSlot, Neighbours
 from .signal import Signal
@@ -74,13 +75,15 @@ class Membership:
         self.allocation: dict[str, NodeShare] | None = None   # this subtree's shares
         self.listen_address: str | None = None                 # where this node accepts children
         self.job = ""                                          # the training job the tree runs
-        self._wanted_job = ""                                  # asked of the master, not run yet
+        self.jobs = JobCounts(neighbours, lambda: self.job,   # processes attached, by job
+                              lambda: self.place is not None and self.place.is_master, self.run_job)
         # Who hears what (lifecycle.Node connects them; each listener keeps its disconnect):
         self.on_assigned: Signal[None] = Signal()   # this node holds its share (again)
         self.on_change: Signal[None] = Signal()     # the join moved (notify.py's STATUS)
         self.on_job: Signal[str] = Signal()         # the tree runs another job now
         self.on_job_reset: Signal[str] = Signal()   # ... and the previous one's state is moot
         self.on_child_lost: Signal[int] = Signal()  # child slot k is empty again
+        self.on_slot_contested: Signal[tuple[int, Connection]] = Signal()   # is its holder alive?
         self.on_parent_up: Signal[Connection] = Signal()
         self.on_parent_down: Signal[str] = Signal()   # why (the parent, or the master, lost)
         self._stop = stop
@@ -119,16 +122,28 @@ class Membership:
 
     # ---------------------------------------------------------------- jobs
     def join_job(self, name: str) -> bool:
-        """A training process of job ``name`` arrived here or below: True if the tree runs
-        that job (now). Else the master is asked to start it; ``on_job`` tells when."""
+        """A training process of job ``name`` arrived here (``jobs.attached`` counted it):
+        True if the tree runs that job (now). Else the master is asked to start it, which
+        it does once no process of the running job is attached anywhere (``on_job`` tells
+        when; ``jobs.on_refused`` if it cannot)."""
         if not name or name == self.job:
             return True
         if self.place is not None and self.place.is_master:
-            self.run_job(name)
-            return True
-        self._wanted_job = name   # asked again whenever the parent link comes (back) up
-        self.neighbours.to_parent(Job(name))
+            self.jobs.ask(name)
+            return name == self.job
+        self.jobs.report()   # a request, with this host's processes of the job
         return False
+
+    def child_job(self, k: int, msg: Job) -> None:
+        """Child ``k``'s processes, by job (``JobCounts.from_child``)."""
+        assert self.place is not None
+        self.jobs.from_child(k, msg, subtree_workers(self.place.tree, self.place.layer + 1))
+
+    def parent_job(self, msg: Job) -> None:
+        """The parent's JOB: the job the tree runs (with ``refused``: one that cannot)."""
+        if msg.refused:
+            self.jobs.refused(msg)
+        self.run_job(msg.name)
 
     def run_job(self, name: str) -> None:
         """The tree runs job ``name`` from now on (the master decided): drop the previous
@@ -144,6 +159,7 @@ class Membership:
             if slot.link is not None:
                 slot.link.send(Job(name))
         self.on_job.emit(name)
+        self.jobs.report()
 
     async def wait_closed(self) -> None:
         await asyncio.gather(*self._tasks, *self.mesh.tasks, return_exceptions=True)
@@ -166,14 +182,13 @@ class Membership:
                                   f"(its children are {children[0]}..{children[-1]})")
             k = children.index(hello.name)
             held = slots[k].link
-            if held is not None and conn.authenticated:
-                # The cluster's own node under that name: a restart, while the old connection
-                # has not noticed that its peer died. It takes the slot back at once.
-                log.warning("child %s reconnected from %s; closing its old connection from %s",
-                            hello.name, conn.label, held.label)
-                self.child_lost(k, held)
-                held.close()
-            elif held is not None:
+            if held is not None:
+                if conn.authenticated:
+                    # The cluster's own node under that name: a restart while the old
+                    # connection has not noticed that its peer died, or a broken host. The
+                    # holder is asked whether it is alive (``drop_child`` if not); until
+                    # then the newcomer is told to try again.
+                    self.on_slot_contested.emit((k, held))
                 raise JoinRefused(f"slot {hello.name} of {place.label} is held by a live "
                                   "connection", retry=True)
         else:
@@ -239,6 +254,17 @@ class Membership:
         if self.allocation is not None and not slot.assigned and msg.workers:
             self._assign_child(k)
 
+    def drop_child(self, k: int, conn: Connection) -> None:
+        """Child ``k``'s connection ``conn`` failed a liveness check while another node
+        asked for its slot: close it (the other takes the slot when it tries again)."""
+        if self.neighbours.slots[k].link is conn:
+            assert self.place is not None
+            log.warning("child %s did not answer while a node asked for its slot; closing its "
+                        "old connection from %s", self.place.tree.children(self.place.name)[k],
+                        conn.label)
+            self.child_lost(k, conn)
+            conn.close()
+
     def child_lost(self, k: int, conn: Connection) -> None:
         slot = self.neighbours.slots[k]
         if slot.link is not conn:
@@ -246,6 +272,7 @@ class Membership:
         self.neighbours.slots[k] = ChildSlot(address=slot.address, host=slot.host, peer=slot.peer,
                                              below=slot.below)
         self.on_child_lost.emit(k)
+        self.jobs.child_lost(k)
         assert self.place is not None
         if not self._closing:   # at shutdown this node closes its links itself
             log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
@@ -342,8 +369,7 @@ class Membership:
         self._joined_reported = -1
         self._report_joined()
         self.on_parent_up.emit(conn)
-        if self._wanted_job and self._wanted_job != self.job:
-            conn.send(Job(self._wanted_job))
+        self.jobs.parent_up()
 
     def _parent_down(self, what: str) -> None:
         self.neighbours.parent = None

@@ -15,6 +15,8 @@ from .broadcasts import Broadcasts
 from .membership import JoinState, Membership
 from .status import StatusService, StatusView
 
+LIVENESS = 2.0    # seconds a child has to answer when another node asks for its slot
+
 
 @dataclass(frozen=True)
 class Rooms:
@@ -26,8 +28,9 @@ class Rooms:
     def beside(cls, membership: Membership) -> Rooms:
         m = membership
         nb, engine = m.neighbours, m.engine
-        broadcasts = Broadcasts(nb, lambda: m.place)
-        barriers = Barriers(nb, lambda: m.place)
+        broadcasts = Broadcasts(nb, lambda: m.place, engine.settings.max_vector_bytes,
+                                m.jobs.below)
+        barriers = Barriers(nb, lambda: m.place, m.jobs.below)
         status = StatusService(StatusView(
             place=lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,
             listen_address=lambda: m.listen_address, parent_up=lambda: nb.parent is not None,
@@ -39,5 +42,9 @@ class Rooms:
         m.on_job_reset.connect(lambda _: broadcasts.new_job())
         m.on_job_reset.connect(lambda _: barriers.new_job())
         m.on_parent_up.connect(lambda _: barriers.parent_up())
+        m.on_job.connect(lambda _: barriers.recount())           # whose processes count changed
+        m.jobs.on_counts.connect(lambda _: barriers.recount())
         m.on_parent_down.connect(lambda _: broadcasts.parent_lost())
+        m.on_slot_contested.connect(lambda held: status.probe(
+            *held, LIVENESS, lambda: m.drop_child(*held)))
         return cls(broadcasts, barriers, status)

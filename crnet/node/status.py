@@ -59,6 +59,7 @@ class StatusService:
         self._ids = itertools.count(1)
         self._pending: dict[tuple[int, int], asyncio.Future[dict]] = {}   # (id, slot)
         self._busy: set[Connection] = set()   # connections whose question is being answered
+        self._probes: dict[int, asyncio.Future[None]] = {}   # slot -> is its link alive?
 
     # ---------------------------------------------------------------- asked
     def asked(self, conn: Connection, request_id: int, deadline: float = DEADLINE) -> None:
@@ -75,7 +76,31 @@ class StatusService:
                 self._busy.discard(conn)
         supervised(answer(), "status")
 
+    def probe(self, k: int, conn: Connection, within: float, dead: Callable[[], None]) -> None:
+        """Is child ``k``'s link ``conn`` alive? It is asked for its status (its own entry
+        only: deadline 0); any answer from it will do (it may be answering another
+        question); ``dead()`` if none comes within ``within`` seconds."""
+        if k in self._probes:
+            return
+        request_id = next(self._ids)
+        answer = self._probes[k] = asyncio.get_running_loop().create_future()
+
+        async def wait() -> None:
+            try:
+                if conn.send(StatusRequest(request_id, 0.0)):
+                    await asyncio.wait_for(answer, within)
+                    return
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                del self._probes[k]
+            dead()
+        supervised(wait(), "liveness check")
+
     def child_reply(self, k: int, msg: StatusReply) -> None:
+        probe = self._probes.get(k)
+        if probe is not None and not probe.done():
+            probe.set_result(None)               # it answers: alive
         waiting = self._pending.get((msg.id, k))
         if waiting is None or waiting.done():
             return                               # late, or never asked: moot

@@ -163,14 +163,15 @@ class ChildLink(StateMachine):
         self.engine.child_opened(self.slot, msg)
 
     def _job(self, conn: Connection, msg: Job, payload) -> None:
-        self.membership.join_job(msg.name)
+        assert self.slot is not None
+        self.membership.child_job(self.slot, msg)
 
     def _bcast(self, conn: Connection, msg: Bcast, payload) -> None:
         assert self.slot is not None
         self.broadcasts.from_child(self.slot, msg, payload)
 
     def _want_state(self, conn: Connection, msg: WantState, payload) -> None:
-        self.broadcasts.want_state(msg.nonce)
+        self.broadcasts.want_state(msg.nonce, self.slot)
 
     def _barrier(self, conn: Connection, msg: Barrier, payload) -> None:
         assert self.slot is not None

@@ -46,6 +46,7 @@ from ...stats import Stats
 from ...transport import Connection
 from ..barriers import Barriers
 from ..broadcasts import Broadcasts
+from ..jobs import busy_reason
 from ..local import LocalProcesses
 from ..membership import Membership
 from ..steps import Outcome, StepEngine
@@ -145,12 +146,26 @@ class ClientLink(StateMachine):
         self.job = msg.job
         log.info("training process %s attached (%d of %d)%s", self.pid, self.index + 1,
                  self.local.k, f" for job {shown(msg.job)}" if msg.job else "")
+        jobs = self.membership.jobs
         self._disconnect += [self.membership.on_assigned.connect(lambda _: self._welcome()),
                              self.membership.on_job.connect(lambda _: self._welcome()),
-                             *self.steps.start()]
+                             jobs.on_refused.connect(self._job_refused),
+                             lambda: jobs.left(self), *self.steps.start()]
         self.group.start()
+        jobs.attached(self, self.job)
         if self.membership.join_job(self.job):
             self._welcome()   # else once the master has started this job
+
+    def _job_refused(self, refusal: tuple[str, str]) -> None:
+        """Its job cannot start while another one's processes are attached: it is told
+        which (DaemonBusy), and let go."""
+        job, running = refusal
+        if job != self.job or self.conn is None or self.assignment is not None:
+            return
+        log.warning("training process %s of job %s turned away: job %s runs", self.pid,
+                    shown(job), shown(running))
+        self.conn.send(ClientError(busy_reason(job, running), ErrorKind.BUSY))
+        self.conn.close()
 
     def _welcome(self) -> None:
         """This host's share: once the tree assigned it (the process waits for it), and

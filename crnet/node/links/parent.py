@@ -93,7 +93,7 @@ class ParentLink(DialedLink):
         self.membership.assigned(msg, payload)
 
     def _job(self, conn: Connection, msg: Job, payload) -> None:
-        self.membership.run_job(msg.name)
+        self.membership.parent_job(msg)
 
     def _bcast(self, conn: Connection, msg: Bcast, payload) -> None:
         self.broadcasts.from_parent(msg, payload)
