@@ -87,6 +87,7 @@ FULL_FILES = frozenset({
     "test_train_digits.py",
     "test_transport.py",
     "test_trust.py",
+    "test_trust_claims.py",  # issue 26: a child's claims (tree_step, OPEN, listen, sizes)
 })
 
 # Async tests in these files run twice, on asyncio's loop and on uvloop's: they test the
