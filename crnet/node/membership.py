@@ -31,6 +31,7 @@ from math import prod
 
 from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
+from ..fields import check_address
 from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
 from ..plan import PEER_SCHEMES, Tree, cut
@@ -158,6 +159,9 @@ class Membership:
         if place.is_leaf:
             raise JoinRefused(f"{place.label} is a leaf (layer {place.layer} of "
                               f"{place.tree.layers}): it accepts no children")
+        bad = None if hello.listen is None else check_address(hello.listen)
+        if bad:   # its ring predecessor or its peers would dial it there (mesh.py)
+            raise JoinRefused(f"HELLO: the address it listens at is no good: {bad}")
         slots = self.neighbours.slots
         children = place.tree.children(place.name)
         if hello.name is not None:
