@@ -88,15 +88,16 @@ class UpStep:
 
     def child_arrived(self, child: int, chunk: int) -> list[int]:
         """Record a child's chunk; returns the chunks now ready to decode."""
-        if chunk in self._done:
-            return []
         arrived = self._arrived.get(chunk)
-        if arrived is None:
-            arrived = self._arrived[chunk] = []
-        elif child in arrived:
+        if arrived is None:     # its first copy (a decoded chunk had copies)
+            arrived = self._arrived[chunk] = [child]
+        elif child in arrived or chunk in self._done:
             return []
-        arrived.append(child)
-        return self._ready((chunk,))
+        else:
+            arrived.append(child)
+        if (self.has_local and self.local is None) or len(arrived) < self.needed:
+            return []
+        return [chunk]
 
     def local_arrived(self, vector: np.ndarray) -> list[int]:
         """The training process's local weighted gradient; returns ready chunks."""
