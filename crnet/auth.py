@@ -8,7 +8,8 @@ authenticated in one round trip on top of the hello the dialer sends anyway:
 3. dialer -> acceptor: PROOF(MAC of the dialer over the same transcript).
 
 The transcript binds both fresh nonces, the dialer's role (a child, a ring
-predecessor) and the name it claims, so a recorded handshake is useless on another
+predecessor) and the name it claims (a child's host id and listening address
+too: ``handshake.claim``), so a recorded handshake is useless on another
 connection (the other side's nonce differs) and a proof for one name does not
 admit another. The two MACs differ by a side label, so one side's answer cannot
 be reflected back as the other's. Over TLS the transcript also binds the TLS

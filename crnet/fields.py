@@ -10,6 +10,9 @@ is closed. The allocation (``crnet.allocation``) and the status tree
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 from .errors import ProtocolError
 from .wire import MsgType
 
@@ -104,3 +107,26 @@ def check_host_id(host: str) -> str | None:
     if not all("!" <= c <= "~" for c in host):
         return f"a host id is printable ASCII without spaces: {host[:MAX_HOST_ID]!r} is not"
     return None
+
+
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})"
+                        r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
+
+
+def check_address(address: str) -> str | None:
+    """Why ``address`` is no host:port a node could dial (None if it is one): a host name
+    or an IP address (IPv6 bare or in brackets), a colon, a port in 1..65535. A peer's
+    word for where a node listens (HELLO's ``listen``, JOINED's ``peers``, ASSIGN's) is
+    checked once, where it comes in: a dial never meets a port that is not a number."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{address[:80]!r} is not host:port with a port in 1..65535"
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        ipaddress.ip_address(host[1:-1] if bracketed else host)
+        return None
+    except ValueError:
+        pass
+    if not bracketed and _HOST_NAME.fullmatch(host):
+        return None
+    return f"{address[:80]!r}: {host[:80]!r} is neither a host name nor an IP address"

@@ -24,13 +24,17 @@ from .transport import Connection, Handler
 
 
 def claim(hello: Hello | PeerHello | StatusHello) -> tuple[str, str]:
-    """The role and name a hello claims: what its handshake binds (a child's host id
-    too: it picks the slot; NUL cannot occur in a host id, so the pair is unambiguous)."""
+    """The role and name a hello claims: what its handshake binds. A child's host id
+    too (it picks the slot), and where it listens (its ring predecessor and peers dial
+    it there): NUL cannot occur in a host id or an address the parent takes, so the
+    parts are unambiguous; without ``listen`` the claim is as before."""
     if isinstance(hello, PeerHello):
         return "ring", str(hello.rank)
     if isinstance(hello, StatusHello):
         return "status", ""
     name = hello.name or ""
+    if hello.listen is not None:
+        return "child", f"{name}\0{hello.host or ''}\0{hello.listen}"
     return "child", name if hello.host is None else f"{name}\0{hello.host}"
 
 

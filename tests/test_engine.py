@@ -716,8 +716,8 @@ async def test_a_node_whose_step_waits_below_tells_its_parent_once(engine_at):
     parent, children = FakeLink("parent"), [FakeLink() for _ in range(3)]
     engine = engine_at(node("0"), children, parent)
     assert all(send_vector(engine, 0, 7, np.ones(10)))
+    assert all(send_vector(engine, 1, 7, np.ones(10)))   # s + 1 children: the step began here
     await wait_until(lambda: parent.messages() == [Open(7)], "OPEN once nothing went up")
-    assert all(send_vector(engine, 1, 7, np.ones(10)))
     engine.request(7, np.ones(10), recorder())        # the local vector: chunks go up
     assert parent.messages(Open) == [Open(7)] and parent.messages()[0] == Open(7)
     assert [m.chunk for m in parent.messages(Chunk)] == [0, 1, 2]
@@ -740,6 +740,10 @@ async def test_a_nodes_open_goes_on_up(engine_at):
     engine = engine_at(node("0"), [FakeLink() for _ in range(3)], parent)
     engine.child_opened(1, Open(9))
     assert engine.open_steps == [9]
+    await asyncio.sleep(3 * defaults.OPEN_DELAY)    # one child (s = 1) may be lying: not yet
+    assert parent.messages() == []
+    engine.child_opened(1, Open(9))                 # ... however often it says so
+    engine.child_opened(2, Open(9))                 # s + 1 children: the step began below
     await wait_until(lambda: parent.messages() == [Open(9)], "OPEN up")
 
 
@@ -761,6 +765,7 @@ async def test_open_from_a_child_starts_the_masters_clock(engine_at):
     engine = engine_at(master(), links, timeout=timeout)
     t0 = loop.time()
     engine.child_opened(0, Open(4))
+    engine.child_opened(1, Open(4))      # s + 1 children say it began: its clock runs
     assert engine.open_steps == [4]
     await asyncio.sleep(timeout / 2)   # the delay under test: the request comes later
     answer, reference = recorder(loop), recorder(loop)
@@ -777,6 +782,32 @@ async def test_open_from_a_child_starts_the_masters_clock(engine_at):
     await reference.future
     for link in links:
         assert link.messages(Fail)[0] == Fail(4, outcome.reason, FailKind.TREE)
+
+
+async def test_one_childs_open_starts_no_clock_at_the_master(engine_at):
+    """Issue 26, row 2: a child (s = 1 of them may straggle, or lie) that says every step
+    began below it opens them, but their clocks start only when s + 1 children (or a
+    process here) say so: no honest step times out early."""
+    timeout = 0.2
+    links = [FakeLink() for _ in range(3)]
+    engine = engine_at(master(), links, timeout=timeout)
+    for step in range(1, 5):
+        engine.child_opened(2, Open(step))
+    engine.child_opened(2, Open(1))
+    await asyncio.sleep(2 * timeout)
+    assert engine.open_steps == [1, 2, 3, 4] and not any(map(engine.is_decided, range(1, 5)))
+    messages, want = coded(STAR)
+    for k in (0, 1):                      # the honest children, late: step 1 resolves
+        assert all(send_vector(engine, k, 1, messages[k]))
+    answer = recorder()
+    engine.request(1, None, answer)
+    assert len(answer.got) == 1 and np.allclose(answer.got[0].vector, want)
+    started = asyncio.get_running_loop().time()
+    late = recorder(asyncio.get_running_loop())
+    engine.child_opened(0, Open(2))       # a second child: step 2's clock runs from now
+    engine.request(2, None, late)
+    outcome = await late.future
+    assert isinstance(outcome, Failed) and late.times[0] >= started + timeout - SLACK
 
 
 # ---------------------------------------------------------------- what the tree knows

@@ -19,7 +19,7 @@ from crnet.messages import (
 )
 from crnet.node.dial import keep_connected
 from crnet.node.membership import JoinState, subtree_workers
-from crnet.node.steps import Failed, Lost
+from crnet.node.steps import Failed, Lost, vouched
 from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
@@ -387,11 +387,42 @@ def test_a_restarted_master_resumes_where_its_children_are(master):
     a, b = FakeLink(), FakeLink()
     master.child_hello(a, Hello())
     master.child_joined(0, Joined(3, 57))   # its children knew step 57's result
-    assert master.engine.window.tree_step == 57
+    assert master.engine.window.tree_step == -1   # taken when all have joined, not before
     master.child_hello(b, Hello())
-    master.child_joined(1, Joined(3, 50))   # an older count changes nothing
+    master.child_joined(1, Joined(3, 50))   # an older one, within the window of 57
     assert master.engine.window.tree_step == 57
-    assert b.messages()[0] == welcome("1", tree_step=57)
+    master.child_lost(1, b)
+    c = FakeLink()
+    master.child_hello(c, Hello())
+    assert c.messages()[0] == welcome("1", tree_step=57)
+
+
+def test_a_claim_far_ahead_of_the_other_childrens_moves_no_master(master):
+    """Issue 26, row 1: a child's word for where the tree is counts only as far as s + 1
+    children vouch for it (a restarted master), and not at all once the master has a
+    state of its own (every step it decided)."""
+    master.child_hello(FakeLink(), Hello())
+    master.child_hello(FakeLink(), Hello())
+    master.child_joined(0, Joined(3, 10 ** 6))
+    master.child_joined(1, Joined(3, 57))   # 6 of 6: planned
+    assert master.engine.window.tree_step == 57
+    master.child_joined(0, Joined(2, 10 ** 6))   # once running, no claim moves it
+    master.child_joined(0, Joined(3, 10 ** 6))
+    assert master.engine.window.tree_step == 57
+
+
+@pytest.mark.parametrize(("claims", "s", "want"), [
+    ([], 1, -1),
+    ([-1, -1], 1, -1),                 # restarted children know nothing
+    ([57], 1, 57),                     # one that knows: its word (nobody says otherwise)
+    ([57, -1, 10 ** 6], 1, 57),        # one far ahead of the other that knows
+    ([57, 50, 60], 1, 60),             # honest children, a few steps apart: the newest
+    ([57, 10 ** 6, 10 ** 6 + 1], 1, 10 ** 6 + 1),   # s + 1 vouch for it
+    ([57, 57, 10 ** 6, 10 ** 6], 2, 57),
+    ([57, 70, 80], 1, 80),             # within the window of the second newest
+])
+def test_vouched_takes_what_s_plus_1_children_vouch_for(claims, s, want):
+    assert vouched(claims, s, 16) == want
 
 
 # ---------------------------------------------------------------- staying joined (dial.py)

@@ -224,6 +224,13 @@ def client_welcome(**fields):
 
 
 BAD_FIELDS = [
+    # addresses a node would dial (issue 26, row 12)
+    (MsgType.JOINED, {"workers": 1, "tree_step": -1, "peers": [["0.1", "10.0.0.2:notaport"]]}, 0,
+     "JOINED: field 'peers': '10.0.0.2:notaport' is not host:port with a port in 1..65535"),
+    (MsgType.ASSIGN, {"samples": 10, "peers": [None, "a host:7000"]}, 8,
+     "ASSIGN: field 'peers': 'a host:7000': 'a host' is neither a host name nor an IP address"),
+    (MsgType.ASSIGN, {"samples": 10, "ring": {"rank": 0, "size": 3, "successor": "h:0"}}, 8,
+     "ASSIGN ring: field 'successor': 'h:0' is not host:port with a port in 1..65535"),
     # wrong types: a string, a bool, a float where an integer goes
     (MsgType.JOINED, {"workers": "3"}, 0,
      "JOINED: field 'workers' must be an integer in 0..2147483648, got '3'"),

@@ -10,7 +10,7 @@ from typing import Any
 from ..auth import MAC_BYTES, NONCE_BYTES
 from ..dtypes import DTYPE_NAMES, DTYPES
 from ..errors import ProtocolError
-from ..fields import MAX_HOST_ID, MAX_STEP, Fields, check_host_id
+from ..fields import MAX_HOST_ID, MAX_STEP, Fields, check_address, check_host_id
 from ..plan import SCHEMES, Tree
 from ..wire import MsgType
 from .base import Message
@@ -125,7 +125,16 @@ def _pairs(h: Fields, name: str) -> tuple[tuple[str, str], ...]:
             or any(not isinstance(p, list) or len(p) != 2 or any(not isinstance(x, str) or len(x) > 256
                                                                  for x in p) for p in v)):
         raise h.bad(name, f"a list of at most {MAX_PEERS} [name, address] pairs")
+    _addresses(h, name, [b for _, b in v])
     return tuple((a, b) for a, b in v)
+
+
+def _addresses(h: Fields, name: str, addresses: list) -> None:
+    """Where peers listen, as a peer says: each one a host:port a node could dial."""
+    for address in addresses:
+        bad = None if address is None else check_address(address)
+        if bad:
+            raise ProtocolError(f"{h.what}: field {name!r}: {bad}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +172,9 @@ class RingPlace:
     @classmethod
     def from_header(cls, h: Fields) -> RingPlace:
         size = h.integer("size", 2, 1 << 16)
-        return cls(h.integer("rank", 0, size - 2), size, h.opt_text("successor"))
+        successor = h.opt_text("successor")
+        _addresses(h, "successor", [successor])
+        return cls(h.integer("rank", 0, size - 2), size, successor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +199,7 @@ class Assign(Message):
         if (not isinstance(peers, list) or len(peers) > MAX_PEERS
                 or any(p is not None and (not isinstance(p, str) or len(p) > 256) for p in peers)):
             raise h.bad("peers", f"a list of at most {MAX_PEERS} addresses (or nil)")
+        _addresses(h, "peers", peers)
         return cls(h.integer("samples", 1, 1 << 40), ring, tuple(peers))
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from .. import __version__, defaults, kernels, logs
+from ..errors import ProtocolError
+from ..fields import check_address
 from ..handshake import Dialing
 from ..options import defaults_of, engine_values
 from ..peer_text import Throttle
@@ -291,9 +293,14 @@ class Node:
         if address is None:
             address = self._parent_address()
             assert address is not None
+        # A peer said where (messages check every address they carry): one that is still no
+        # host:port is a link that is no good, tried again (dial.py), never a dead task.
+        bad = check_address(address)
         host, _, port = address.rpartition(":")
 
         async def dial(hello):
+            if bad:
+                raise ProtocolError(f"cannot dial {bad}")
             link = PeerLink()
             guard = Dialing(link, self.settings.secret)
             _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(

@@ -31,6 +31,7 @@ from math import prod
 
 from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
+from ..fields import check_address
 from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
 from ..plan import PEER_SCHEMES, Tree, cut
@@ -42,7 +43,7 @@ from .jobs import JobCounts
 from .mesh import Mesh
 from .neighbours import ChildSlot, Neighbours
 from .signal import Signal
-from .steps import StepEngine
+from .steps import StepEngine, vouched
 
 log = logging.getLogger("crnet.node")
 
@@ -174,6 +175,9 @@ class Membership:
         if place.is_leaf:
             raise JoinRefused(f"{place.label} is a leaf (layer {place.layer} of "
                               f"{place.tree.layers}): it accepts no children")
+        bad = None if hello.listen is None else check_address(hello.listen)
+        if bad:   # its ring predecessor or its peers would dial it there (mesh.py)
+            raise JoinRefused(f"HELLO: the address it listens at is no good: {bad}")
         slots = self.neighbours.slots
         children = place.tree.children(place.name)
         if hello.name is not None:
@@ -249,7 +253,10 @@ class Membership:
             slot.below = dict(msg.peers)
         if msg.job and not self.job and self.engine.window.tree_step < 0:
             self.job = msg.job             # a restarted master: the job its children run
-        self.engine.learn(msg.tree_step)   # a restarted master resumes where its children are
+        # Kept, not learned now: a node takes its children's word for where the tree is
+        # only when it gets its share (``_assigned``: a restarted master, when all have
+        # joined), and then only as far as s + 1 of them vouch for it (``vouched``).
+        slot.tree_step = msg.tree_step
         self._report_joined()
         if self.allocation is not None and not slot.assigned and msg.workers:
             self._assign_child(k)
@@ -295,7 +302,8 @@ class Membership:
         self._changed()
         if not place.is_master:
             below = (Mesh.below(place.tree, place.name, slots) if place.scheme == "spread" else ())
-            self.neighbours.to_parent(Joined(count, self.engine.window.tree_step, self.job, below))
+            tree_step = max(self.engine.window.tree_step, self._children_claim())
+            self.neighbours.to_parent(Joined(count, tree_step, self.job, below))
             return
         if count < before:   # workers left (daemons stopped, links lost): none joined
             log.info("%d/%d workers connected (%d left)", count, place.tree.workers, before - count)
@@ -310,8 +318,20 @@ class Membership:
                      self.samples, p.optimal_load, p.max_local_samples)
             self._assigned()
 
+    def _children_claim(self) -> int:
+        """Where the tree is, as this node's children vouch for it (-1: they do not know)."""
+        place = self.place
+        if place is None or place.is_leaf:
+            return -1
+        claims = [slot.tree_step for slot in self.neighbours.slots if slot.link is not None]
+        return vouched(claims, place.tree.stragglers[place.layer], self.engine.window.ahead)
+
     def _assigned(self) -> None:
         assert self.place is not None
+        # A node that restarted resumes where its children are (the master: all of them
+        # have joined now; a node's parent told it in WELCOME too). One that knows more
+        # itself moves nothing back.
+        self.engine.learn(self._children_claim())
         self.state = JoinState.ASSIGNED
         if self.place.is_master and self.place.scheme == "rar" and self.place.ring is None:
             # The master is the ring's last member (ring_allreduce.py); it dials worker 0.

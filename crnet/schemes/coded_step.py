@@ -43,8 +43,11 @@ class UpStep:
         # Quorum -> (children, weights) with the zero coefficients dropped. Chunks of a
         # step mostly share a quorum; the code's own cache still validates per call.
         self._weights: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}
-        self._arrived: list[list[int]] = [[] for _ in range(layout.chunks)]
-        self._done = [False] * layout.chunks
+        # Per chunk, only for the chunks that came: a layout is a sender's claim until the
+        # step settles it, and a claimed vector of millions of small chunks costs no list
+        # per chunk before any of them came.
+        self._arrived: dict[int, list[int]] = {}      # chunk -> the children it came from
+        self._done: set[int] = set()                  # chunks decoded
         self._remaining = layout.chunks
         self._out: np.ndarray | None = None
         if code is not None and (child_buffers is None or len(child_buffers) != code.n):
@@ -85,10 +88,16 @@ class UpStep:
 
     def child_arrived(self, child: int, chunk: int) -> list[int]:
         """Record a child's chunk; returns the chunks now ready to decode."""
-        if self._done[chunk] or child in self._arrived[chunk]:
+        arrived = self._arrived.get(chunk)
+        if arrived is None:     # its first copy (a decoded chunk had copies)
+            arrived = self._arrived[chunk] = [child]
+        elif child in arrived or chunk in self._done:
             return []
-        self._arrived[chunk].append(child)
-        return self._ready((chunk,))
+        else:
+            arrived.append(child)
+        if (self.has_local and self.local is None) or len(arrived) < self.needed:
+            return []
+        return [chunk]
 
     def local_arrived(self, vector: np.ndarray) -> list[int]:
         """The training process's local weighted gradient; returns ready chunks."""
@@ -101,7 +110,8 @@ class UpStep:
         if self.has_local and self.local is None:
             missing.append("the local training process's gradient")
         if self.code is not None:
-            worst = min(len(a) for a in self._arrived)
+            worst = (min(len(a) for a in self._arrived.values())
+                     if len(self._arrived) == self.layout.chunks else 0)
             if worst < self.needed:
                 missing.append(f"{self.needed} of {self.code.n} children (got {worst})")
         return " and ".join(missing) or "nothing"
@@ -109,7 +119,7 @@ class UpStep:
     def decode(self, chunk: int) -> np.ndarray:
         """Chunk ``chunk`` of this node's message (computed once)."""
         start, stop = self.layout.bounds(chunk)
-        self._done[chunk] = True
+        self._done.add(chunk)
         self._remaining -= 1
         assert self.local is not None or not self.has_local
         if self.code is None:
@@ -151,7 +161,8 @@ class UpStep:
         if self.has_local and self.local is None:
             return []
         need = self.needed
-        return [c for c in chunks if not self._done[c] and len(self._arrived[c]) >= need]
+        arrived = self._arrived
+        return [c for c in chunks if c not in self._done and len(arrived.get(c, ())) >= need]
 
 
 class ResultStep:
@@ -162,7 +173,7 @@ class ResultStep:
         self.step = step
         self.layout = layout
         self.vector = alloc(layout.total, layout.dtype) if buffer is None else buffer
-        self._have = [False] * layout.chunks
+        self._have: set[int] = set()       # chunks received (only those: a layout is a claim)
         self._remaining = layout.chunks
 
     @property
@@ -171,7 +182,7 @@ class ResultStep:
 
     def dest(self, chunk: int) -> memoryview | None:
         """Where chunk ``chunk`` is received, or None if it already was."""
-        if self._have[chunk]:
+        if chunk in self._have:
             return None
         start, stop = self.layout.bounds(chunk)
         return byte_view(self.vector[start:stop])
@@ -181,6 +192,6 @@ class ResultStep:
         return self.vector[start:stop]
 
     def arrived(self, chunk: int) -> None:
-        if not self._have[chunk]:
-            self._have[chunk] = True
+        if chunk not in self._have:
+            self._have.add(chunk)
             self._remaining -= 1

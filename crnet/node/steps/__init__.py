@@ -5,6 +5,7 @@ from .engine import StepEngine
 from .lending import Lend, Lender
 from .outcomes import Failed, Lost, Mismatched, Outcome, Refused, Resolved
 from .settings import EngineSettings
+from .window import vouched
 
 __all__ = ["EngineSettings", "Failed", "Lend", "Lender", "Lost", "Mismatched", "Outcome",
-           "Refused", "Resolved", "StepEngine"]
+           "Refused", "Resolved", "StepEngine", "vouched"]

@@ -6,7 +6,15 @@ gives up for its own subtree only if no decision came ``grace`` seconds later (i
 parent is gone or frozen). So every request a training process makes is answered
 within ``answer_within``. A node tells its parent when a step begins below it (OPEN)
 unless its own first chunk goes up soon, so the master's clock starts when the step
-begins anywhere.
+begins in the tree.
+
+A step's clock at a parent starts when this node's own training process asks for it, or
+when s + 1 of its children (all of them, if fewer are connected) say it began below them
+(an OPEN, or a first chunk): any s children may straggle, so s + 1 include one that is
+not just straggling. A child that opens every step of the window opens them here (its
+pieces are taken, the window bounds them), but starts no clock: one broken or hostile
+child cannot make honest steps time out early. The processes below it still get their
+answer in time: their own node's clock runs from their request.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ class Deadlines:
         self._fail = fail
         self.place: Place | None = None
         self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
+        self._openers: dict[int, set[int]] = {}  # open steps without a clock: children that began them
         self._began: dict[int, float] = {}      # step -> when it began here (loop time)
         # ... and by a fine clock: uvloop's loop time counts whole milliseconds and stands
         # still within a loop turn, so a step decided within a millisecond measured 0.0 ms.
@@ -63,22 +72,48 @@ class Deadlines:
     def is_open(self, step: int) -> bool:
         return step in self._open
 
-    def open(self, step: int, announce: bool) -> bool:
-        """``step`` began here: its deadline runs from now. True the first time (not if it
-        is open or decided already)."""
-        if self.window.is_decided(step) or step in self._open:
+    def open(self, step: int, announce: bool, child: int | None = None) -> bool:
+        """``step`` began here (said so by ``child``; None: this node's own process, or a
+        peer): its deadline runs from now, or once s + 1 children said so (the module's
+        docstring). True the first time (not if it is open or decided already)."""
+        handles = self._open.get(step)
+        if handles is not None:
+            if not handles:      # open, no clock yet: does this child start it?
+                self._began_below(step, announce, child)
+            return False
+        if self.window.is_decided(step):
             return False
         self.window.seen(step)
+        self._open[step] = []
+        self._began_below(step, announce, child)
+        return True
+
+    def _began_below(self, step: int, announce: bool, child: int | None) -> None:
+        if child is not None:
+            openers = self._openers.setdefault(step, set())
+            if child in openers:
+                return
+            openers.add(child)
+            if len(openers) < self._vouchers():
+                return
+        self._openers.pop(step, None)
         loop = asyncio.get_running_loop()
-        handles = [loop.call_later(self.settings.timeout, self._deadline, step)]
+        handles = self._open[step]
+        handles.append(loop.call_later(self.settings.timeout, self._deadline, step))
         if announce and not self.is_master:
             # Unless this node's first chunk of the step goes up soon (the usual case,
             # and the parent then knows), tell the parent the step began here.
             handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
-        self._open[step] = handles
         self._began[step] = loop.time()
         self._clock[step] = time.perf_counter()
-        return True
+
+    def _vouchers(self) -> int:
+        """How many children must say a step began below for its clock to start here."""
+        place = self.place
+        if place is None or place.is_leaf:
+            return 1
+        connected = sum(1 for slot in self.neighbours.slots if slot.link is not None)
+        return max(1, min(place.tree.stragglers[place.layer] + 1, connected))
 
     def took(self, step: int) -> float | None:
         """Seconds since ``step`` began here (a fine clock), if it is open here."""
@@ -95,6 +130,7 @@ class Deadlines:
             handle.cancel()
         self._reported.discard(step)
         self._sent_up.discard(step)
+        self._openers.pop(step, None)
         self._clock.pop(step, None)
         return self._began.pop(step, None)
 
@@ -103,6 +139,7 @@ class Deadlines:
             for handle in handles:
                 handle.cancel()
         self._open.clear()
+        self._openers.clear()
         self._began.clear()
         self._clock.clear()
         self._reported.clear()

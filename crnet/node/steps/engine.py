@@ -189,10 +189,11 @@ class StepEngine:
         if self.scheme is not None:
             self.scheme.forget(step, resolved)
 
-    def _open(self, step: int, announce: bool) -> bool:
-        """Open ``step`` (its deadline runs) before the scheme sees a piece of it, and tell
-        the scheme it began; False if that decided it (too many children were out of it)."""
-        if self.deadlines.open(step, announce) and self.scheme is not None:
+    def _open(self, step: int, announce: bool, child: int | None = None) -> bool:
+        """Open ``step`` (its deadline runs: ``deadlines.py`` says when, if ``child`` opens
+        it) before the scheme sees a piece of it, and tell the scheme it began; False if
+        that decided it (too many children were out of it)."""
+        if self.deadlines.open(step, announce, child) and self.scheme is not None:
             self.scheme.opened(step)
         return not self.is_decided(step)
 
@@ -246,7 +247,7 @@ class StepEngine:
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
         self._check_size(msg)
         if (not self._admit_child(k, msg.step) or self.scheme is None
-                or not self._open(msg.step, announce=True)):
+                or not self._open(msg.step, announce=True, child=k)):
             return None  # decided (a straggler's late chunk: dropped unread), or refused
         return self.scheme.child_chunk_dest(k, msg, nbytes)
 
@@ -256,7 +257,7 @@ class StepEngine:
 
     def child_opened(self, k: int, msg: Open) -> None:
         if self._admit_child(k, msg.step):
-            self._open(msg.step, announce=True)
+            self._open(msg.step, announce=True, child=k)
 
     def child_failed(self, k: int, msg: Fail) -> None:
         # A child's text, and a child may report a failure of every step of the window:

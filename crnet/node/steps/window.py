@@ -10,7 +10,7 @@ more behind it count as decided. Pure state: no clocks, no sockets.
 
 from __future__ import annotations
 
-__all__ = ["StepWindow"]
+__all__ = ["StepWindow", "vouched"]
 
 
 class StepWindow:
@@ -83,3 +83,18 @@ class StepWindow:
     def forget_behind(self) -> None:
         low = self.low
         self.decided = {s for s in self.decided if s > low}
+
+
+def vouched(claims: list[int], stragglers: int, ahead: int) -> int:
+    """The newest step the master decided, as far as children's claims (JOINED) show it to a
+    node that knows nothing of its own (it restarted): the newest claim no more than ``ahead``
+    past the (s+1)-th newest (the oldest, with fewer claims); -1 if none. A child that
+    decided nothing (-1) claims nothing. So up to ``stragglers`` children, however far ahead
+    they claim the tree is, move it at most ``ahead`` past an honest child's claim: the
+    window still holds the honest steps. (With fewer than 2s+1 children claiming, s children
+    claiming an old step can hold such a node back: steps past its window are refused.)"""
+    known = sorted((c for c in claims if c >= 0), reverse=True)
+    if not known:
+        return -1
+    floor = known[min(stragglers, len(known) - 1)]
+    return max(c for c in known if c <= floor + ahead)
