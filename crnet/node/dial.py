@@ -13,6 +13,7 @@ only an authenticated peer can send: ``guard.py``) ends the loop.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import time
@@ -73,7 +74,9 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
                          failed: Callable[[], None] | None = None,
                          unresolved: tuple[float, Callable[[], None]] | None = None,
                          backoff: tuple[float, float] = defaults.RECONNECT_BACKOFF) -> None:
-    """``failed()``: a dial found nothing listening, or no answer (it is tried again).
+    """``failed()``: a dial found nothing listening there, or no route to it (it is tried
+    again). Not a connection closed in its handshake: a busy doorway does that to a live
+    host (13 spread hosts on one address dial each other at once).
     ``unresolved``: (seconds, give_up): when the peer's host name has not resolved
     for that long, ``give_up()`` is called and the loop ends (a typo in a name does not
     heal by retrying; a name missing from DNS for a while does, within the bound)."""
@@ -100,7 +103,7 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
             unresolved_since = None
             log.info("%s not reachable (%s); retrying in %.1f s", what,
                      getattr(e, "strerror", None) or e or "no welcome", delay)
-            if failed is not None:
+            if failed is not None and _nothing_there(e):
                 failed()
         except ProtocolError as e:
             unresolved_since = None
@@ -124,3 +127,9 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
             conn.close()
         await asyncio.sleep(delay)
         delay = min(delay * 2, backoff[1])
+
+
+def _nothing_there(e: BaseException) -> bool:
+    """A dial's failure that says no daemon is there: refused, or no route to the host."""
+    return isinstance(e, ConnectionRefusedError) or (
+        isinstance(e, OSError) and e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH))

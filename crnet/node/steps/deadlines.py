@@ -85,6 +85,10 @@ class Deadlines:
             return False
         self.window.seen(step)
         self._open[step] = []
+        # It began here now, clock or not: a parent may decode from n - s children before
+        # s + 1 said so (n < 2s + 1), and the step's time is from its first sign here.
+        self._began[step] = asyncio.get_running_loop().time()
+        self._clock[step] = time.perf_counter()
         self._began_below(step, announce, child)
         return True
 
@@ -104,8 +108,6 @@ class Deadlines:
             # Unless this node's first chunk of the step goes up soon (the usual case,
             # and the parent then knows), tell the parent the step began here.
             handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
-        self._began[step] = loop.time()
-        self._clock[step] = time.perf_counter()
 
     def _vouchers(self) -> int:
         """How many children must say a step began below for its clock to start here."""
