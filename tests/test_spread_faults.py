@@ -180,7 +180,9 @@ async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(local_tree
     finally:
         lt.signal(VICTIM, signal.SIGCONT)
         close_all(clients)
-    assert f"rank(s) {rank(VICTIM)} own no chunks" in lt.log_path(MASTER).read_text()
+    # (a live host next to it whose piece the master could do without may be suspected too)
+    excluded = re.findall(r"rank\(s\) ([\d, ]+) own no chunks", lt.log_path(MASTER).read_text())
+    assert any(str(rank(VICTIM)) in e.split(", ") for e in excluded), excluded
 
 
 async def test_an_owner_restarted_mid_step_owns_again_and_steps_are_exact(local_tree):
