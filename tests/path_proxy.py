@@ -6,18 +6,24 @@ at the proxy."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 import subprocess
 
 
 class PathProxy:
-    def __init__(self, victim: str):
+    """``accept`` and ``dial``: TLS contexts for its two ends (a relay that holds a
+    certificate of the cluster), None for plain TCP."""
+
+    def __init__(self, victim: str, accept: ssl.SSLContext | None = None,
+                 dial: ssl.SSLContext | None = None):
         self.victim = victim
         self.upstream: int | None = None
+        self._accept, self._dial = accept, dial
         self._tasks: set[asyncio.Task] = set()
         self._writers: list[asyncio.StreamWriter] = []
 
     async def start(self):
-        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", 0, ssl=self._accept)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 
@@ -32,14 +38,17 @@ class PathProxy:
         task = asyncio.current_task()
         assert task is not None and self.upstream is not None
         self._tasks.add(task)
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-        self._writers += [writer, up_writer]
+        mine = [writer]
         try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream,
+                                                                 ssl=self._dial)
+            mine.append(up_writer)
+            self._writers += mine
             await asyncio.gather(self._up(reader, up_writer), self._down(up_reader, writer))
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            for w in (writer, up_writer):
+            for w in mine:
                 w.close()
             self._tasks.discard(task)
 

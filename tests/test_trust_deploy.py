@@ -28,6 +28,8 @@ from crnet.plan import Tree
 from crnet.status import StatusClient
 from crnet.tls import TlsFiles, channel_binding, contexts
 
+from .path_proxy import PathProxy
+
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,52 +214,22 @@ def test_a_local_tree_without_a_secret_says_so(tmp_path):
 
 
 # ---------------------------------------------------------------- row 16: channel binding
-class TlsRelay:
+class TlsRelay(PathProxy):
     """On the path, with a stolen certificate of the cluster: it ends the dialer's TLS
     connection and dials the node in a TLS connection of its own, passing every byte of
     the handshake (and, were it let through, of the link) between the two."""
 
     def __init__(self, certs: TlsFiles, upstream: int):
-        self.accept, self.dial = contexts(certs)
+        accept, dial = contexts(certs)
+        super().__init__("", accept, dial)
         self.upstream = upstream
         self.relayed = 0
-        self._writers: list[asyncio.StreamWriter] = []
-        self._tasks: set[asyncio.Task] = set()
 
-    async def start(self) -> TlsRelay:
-        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", 0, ssl=self.accept)
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def _pipe(self, reader, writer):
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        mine = [writer]
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream,
-                                                                 ssl=self.dial)
-            mine.append(up_writer)
-            self._writers += mine
-            await asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            for w in mine:
-                w.close()
-            self._tasks.discard(task)
-
-    async def _copy(self, reader, writer):
+    async def _down(self, reader, writer):   # both ways (PathProxy._up passes through here)
         while data := await reader.read(1 << 16):
             self.relayed += len(data)
             writer.write(data)
             await writer.drain()
-
-    async def close(self) -> None:
-        self.server.close()
-        for w in self._writers:
-            w.close()
-        await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 10)
 
 
 def test_the_handshake_binds_the_tls_connection():

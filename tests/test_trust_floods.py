@@ -33,7 +33,7 @@ from crnet.tls import contexts
 from crnet.transport import log
 
 from .conftest import wait_until
-from .test_trust import Peer, open_fds
+from .test_trust import Peer, open_fds, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,25 +86,9 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
-@contextlib.contextmanager
 def tree(workdir: Path, only=(MASTER,), spawn=None, **options):
-    """A LocalTree of strict daemons, ``only`` these started; a daemon that exited non-zero
-    unasked or logged a traceback fails the test on the way out."""
-    options.setdefault("timeout", TIMEOUT)
-    if spawn is not None:
-        options["spawn"] = spawn
-    lt = LocalTree(PAIR, 4, workdir=workdir, strict=True, **options)
-    try:
-        for name in only:
-            lt.start_node(name)
-        lt.wait_sockets(list(only), 30)
-        yield lt
-    except BaseException:
-        lt.stop()
-        raise
-    lt.stop()
-    problems = lt.problems()
-    assert not problems, "\n".join(problems)
+    """``test_trust.running`` on the master and one worker, ``only`` these started."""
+    return running(workdir, PAIR, 4, only=only, spawn=spawn, **options)
 
 
 def with_metrics(ports: dict[str, int]):
