@@ -115,6 +115,14 @@ def test_free_ports_come_from_below_the_ephemeral_range():
             s.bind(("127.0.0.1", port))   # it is free
 
 
+def test_a_tree_never_gets_one_port_twice():
+    """Ports are taken for every daemon before any binds: two picks of one free port
+    made the second daemon fail with "address already in use" (CI, test_spread)."""
+    from crnet.launch import free_port
+    ports = [free_port() for _ in range(2000)]
+    assert len(set(ports)) == len(ports)
+
+
 LAUNCHER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[2])
