@@ -159,7 +159,8 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
            help="Finished steps' results kept for children that missed them."),
     Option("local_processes", click.IntRange(1, defaults.LOCAL_PROCESSES_MAX), 1,
            help="Training processes on this host (one per accelerator, say): the host's "
-                "share is cut among them and their vectors are summed here."),
+                "share is cut among them and their vectors are summed here. Every host of "
+                "a tree runs as many as the master."),
     Option("result_memory", Size(), "1GiB", engine="result_memory",
            help="Results kept for this host's training processes until they take them "
                 "(they catch up on every step they missed, up to this much)."),

@@ -12,6 +12,7 @@ another host's memory, or take a live child's slot.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,47 @@ async def test_row7_a_barrier_is_neither_released_early_nor_squatted_nor_evicted
                 first, clients["1"].barrier("third", processes=2, timeout=30)), 10)
         finally:
             close_all(clients)
+
+
+async def test_row7_a_host_counts_no_more_processes_than_it_seats(tmp_path, peers):
+    """| 7 | medium | a barrier released early |, by a host that claims processes: the
+    insider says 1000 processes of the job are attached below it (it could seat 1024 as
+    long as any host could run that many) and that 2 of them are at "early" of 3. Every
+    host of a tree seats as many processes as the master (--local-processes, here 1): the
+    claim closes the insider's link, and process 0 alone still waits for process 1."""
+    with tree(tmp_path) as lt:
+        spy, _ = await insider(peers, lt)       # slot 2: the tree is whole once it joined
+        clients = await connect(lt, ["0", "1"])
+        try:
+            spy.send_bytes(job_frame("", 1000))
+            spy.send(Barrier("early", 2, 3))
+            await asyncio.sleep(0.3)
+            first = asyncio.ensure_future(clients["0"].barrier("early", processes=3, timeout=30))
+            assert not await done_within(first, 1.5), "released with 1 process of 3 there"
+            assert await spy.closed_by_daemon(5), "a claim of 1000 processes on one host kept its link"
+            again, _ = await insider(peers, lt)
+            again.send_bytes(job_frame("", 1))
+            again.send(Barrier("early", 1, 3))
+            await asyncio.wait_for(asyncio.gather(
+                first, clients["1"].barrier("early", processes=3, timeout=30)), 10)
+        finally:
+            close_all(clients)
+
+
+async def test_row7_every_host_of_a_tree_runs_as_many_processes_as_the_master(tmp_path):
+    """What bounds a host's claims is the tree's own setting: a node started with another
+    --local-processes than the master's is refused at its join and exits 2, saying why."""
+    with tree(tmp_path) as lt:
+        command = lt.command("2") + ["--local-processes", "2"]
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            assert await asyncio.to_thread(proc.wait, 30) == 2
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            out = proc.communicate()[0].decode()
+        assert "runs --local-processes 2, but the tree runs 1 on every host" in out, out
 
 
 async def test_row7_a_broadcast_and_state_requests_come_only_from_processes_of_the_job(

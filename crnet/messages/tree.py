@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..auth import MAC_BYTES, NONCE_BYTES
+from ..defaults import LOCAL_PROCESSES_MAX
 from ..dtypes import DTYPE_NAMES, DTYPES
 from ..errors import ProtocolError
 from ..fields import MAX_HOST_ID, MAX_STEP, Fields, check_address, check_host_id
@@ -59,6 +60,7 @@ class Welcome(Message):
     total: int | None = None        # the tree's vector layout, once a step has a result
     dtype: str | None = None
     job: str = ""                   # the training job the tree runs
+    local_processes: int = 1        # training processes on every host (the master's --local-processes)
 
     @property
     def tree(self) -> Tree:
@@ -74,7 +76,9 @@ class Welcome(Message):
                   h.integers("stragglers", 0, 1 << 16), h.text("code", choices=CODE_KINDS),
                   h.integer("chunk_bytes", 0, 1 << 31), h.text("scheme", choices=SCHEMES),
                   h.integer("tree_step", -1), total, dtype,
-                  h.text("job", 256) if "job" in h.h else "")
+                  h.text("job", 256) if "job" in h.h else "",
+                  h.integer("local_processes", 1, LOCAL_PROCESSES_MAX) if "local_processes" in h.h
+                  else 1)
         try:
             tree = msg.tree
         except ValueError as e:

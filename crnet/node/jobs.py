@@ -12,8 +12,9 @@ running job). A process without a job name counts
 for whichever job runs (while the tree runs none by name, it keeps no named job from
 starting: it joins that one).
 
-A child's count is bounded by what its subtree can seat (its daemons times
-``LOCAL_PROCESSES_MAX``): a larger one closes its link. Within that bound a broken child
+A child's count is bounded by what its subtree can seat (its daemons times the processes
+every host of the tree runs, the master's ``--local-processes``): a larger one closes its
+link. Within that bound a broken child
 can only claim processes of its own, which keep the running job from ending: what it
 contributes, nothing more. The same counts bound what a child may say of the processes
 below it elsewhere (barriers, broadcasts, state requests).
@@ -25,7 +26,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .. import defaults
 from ..errors import ProtocolError
 from ..messages import Job
 from ..peer_text import shown
@@ -82,14 +82,13 @@ class JobCounts:
         self.reported = None
         self.report()
 
-    def from_child(self, k: int, msg: Job, nodes: int) -> None:
-        """Child ``k`` (its subtree: ``nodes`` daemons) reports: more processes than they
-        may seat is a ``ProtocolError`` (that link closes). Processes of another job than
+    def from_child(self, k: int, msg: Job, seats: int) -> None:
+        """Child ``k`` (its subtree: ``seats`` training processes at most) reports: more
+        processes than that is a ``ProtocolError`` (that link closes). Processes of another job than
         the running one ask for it: the count goes up, and the master decides (``ask``)."""
-        bound = nodes * defaults.LOCAL_PROCESSES_MAX
-        if msg.attached > bound:
+        if msg.attached > seats:
             raise ProtocolError(f"JOB: a child counts {msg.attached} processes attached, but its "
-                                f"subtree holds at most {bound}")
+                                f"subtree seats at most {seats}")
         if self.children.get(k) != (msg.name, msg.attached):
             self.children[k] = (msg.name, msg.attached)
             self.on_counts.emit(None)

@@ -108,7 +108,8 @@ class Node:
             self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
             dial_peer=self._dialer, resolve_timeout=settings.resolve_timeout,
-            host_id=settings.host_id, parent_address=self._parent_address())
+            host_id=settings.host_id, parent_address=self._parent_address(),
+            local_processes=settings.local_processes)
         self.local = LocalProcesses(settings.local_processes, self.engine)
         self.rooms = Rooms.beside(self.membership)   # broadcasts, barriers, crnet status
         self.readiness = Readiness(Notifier(), self.membership, self.engine, self.stats)  # systemd

@@ -60,13 +60,15 @@ class Membership:
                  name: str | None = None, dial_parent: Dialer | None = None,
                  dial_peer: Callable[[str | None], Dialer] | None = None,
                  resolve_timeout: float | None = None, host_id: str | None = None,
-                 parent_address: str | None = None):
+                 parent_address: str | None = None, local_processes: int = 1):
         """The master passes its ``place`` and ``samples`` (it knows the tree from its
         options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
         learns both from its parent. ``dial_peer(address)`` dials a peer: a ring successor,
         a spread host (``None``: the one at the parent's address, the master).
         A node whose parent's host name does not resolve for ``resolve_timeout`` s exits 2.
-        ``parent_address`` (host:port) is where it dials its parent."""
+        ``parent_address`` (host:port) is where it dials its parent. ``local_processes``:
+        this host's (``--local-processes``); every host of a tree runs as many as the master,
+        which is what bounds what a child may say of the processes below it (``jobs.py``)."""
         self.resolve_timeout = resolve_timeout
         self.engine = engine
         self.neighbours = neighbours
@@ -76,6 +78,7 @@ class Membership:
         self.allocation: dict[str, NodeShare] | None = None   # this subtree's shares
         self.listen_address: str | None = None                 # where this node accepts children
         self.job = ""                                          # the training job the tree runs
+        self.local_processes = local_processes
         self.jobs = JobCounts(neighbours, lambda: self.job,   # processes attached, by job
                               lambda: self.place is not None and self.place.is_master, self.run_job)
         # Who hears what (lifecycle.Node connects them; each listener keeps its disconnect):
@@ -138,7 +141,8 @@ class Membership:
     def child_job(self, k: int, msg: Job) -> None:
         """Child ``k``'s processes, by job (``JobCounts.from_child``)."""
         assert self.place is not None
-        self.jobs.from_child(k, msg, subtree_workers(self.place.tree, self.place.layer + 1))
+        self.jobs.from_child(k, msg, subtree_workers(self.place.tree, self.place.layer + 1)
+                             * self.local_processes)
 
     def parent_job(self, msg: Job) -> None:
         """The parent's JOB: the job the tree runs (with ``refused``: one that cannot)."""
@@ -213,7 +217,7 @@ class Membership:
         total, dtype = self.engine.window.tree_vector or (None, None)
         conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
                           place.code_kind, place.chunk_bytes, place.scheme,
-                          self.engine.window.tree_step, total, dtype, self.job))
+                          self.engine.window.tree_step, total, dtype, self.job, self.local_processes))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
 
@@ -431,6 +435,10 @@ class Membership:
         if place.fanout and not listening:
             raise JoinRefused(f"{place.label} is at layer {place.layer} of {tree.layers} and "
                               "must accept children: start it with --listen")
+        if msg.local_processes != self.local_processes:
+            raise JoinRefused(f"{place.label} runs --local-processes {self.local_processes}, but "
+                              f"the tree runs {msg.local_processes} on every host (the master's "
+                              "--local-processes): start it with the same")
         self.place = place
         if self.state is JoinState.JOINING:
             self.state = JoinState.WELCOMED
