@@ -31,6 +31,10 @@ from crnet.messages import (
     Joined,
     Message,
     Open,
+    PeerHello,
+    PeerWelcome,
+    Phase,
+    Piece,
     Proof,
     Refuse,
     RingPlace,
@@ -215,6 +219,45 @@ async def test_high_steps_opened_ahead_by_one_child_do_not_time_out(tmp_path, wi
         assert all(exact(o, want) for o in outcomes), outcomes
     else:
         assert all(isinstance(r, np.ndarray) for o in outcomes for r in o.values()), outcomes
+
+
+async def hostile_peer(peers, port: int, rank: int) -> Peer:
+    """A secret holder on a spread peer link: PEER_HELLO as ``rank``, the handshake's proof."""
+    secret = load_secret(os.environ["CRNET_SECRET_FILE"])
+    peer = await peers.tcp(port)
+    said = PeerHello(rank, new_nonce())
+    peer.send(said)
+    got = await peer.recv()
+    assert got is not None and isinstance(got[0], Challenge), got
+    role, claimed = claim(said)
+    assert said.nonce is not None
+    peer.send(Proof(mac(secret, "dialer", said.nonce, got[0].nonce, role, claimed)))
+    answer = await peer.recv()
+    assert answer is not None and isinstance(answer[0], PeerWelcome), answer
+    return peer
+
+
+async def test_high_steps_opened_ahead_by_one_spread_peer_do_not_time_out(tmp_path, with_secret,
+                                                                         peers):
+    """Row 2 for --scheme spread: pieces are a peer's word that a step began. A secret
+    holder in slot 2 (rank 3) sends the master, which owns the small vector's one chunk,
+    a piece of each of steps 1..16; the tree's processes get to those steps after
+    --timeout. No step fails (the hostile vector may be in a sum: s = 1)."""
+    grads = grads_for(29)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], scheme="spread") as lt:
+        await hostile_child(peers, lt)
+        clients = await connect(lt, [MASTER, "0", "1"])
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            hostile = await hostile_peer(peers, lt.ports[MASTER], STAR.rank("2"))
+            for t in range(1, 17):
+                hostile.send(Piece(t, Phase.REDUCE, 0, DIM, "float64"), np.zeros(DIM).tobytes())
+            await asyncio.sleep(TIMEOUT + 1)     # every clock those started has run out
+            outcomes = [await step(clients, grads, t) for t in (1, 2, 3, 4, 5)]
+        finally:
+            close_all(clients)
+    assert all(isinstance(r, np.ndarray) for o in outcomes for r in o.values()), outcomes
 
 
 # ------------------------------------------------------------------ row 12: HELLO's listen

@@ -11,10 +11,11 @@ begins in the tree.
 A step's clock at a parent starts when this node's own training process asks for it, or
 when s + 1 of its children (all of them, if fewer are connected) say it began below them
 (an OPEN, or a first chunk): any s children may straggle, so s + 1 include one that is
-not just straggling. A child that opens every step of the window opens them here (its
-pieces are taken, the window bounds them), but starts no clock: one broken or hostile
-child cannot make honest steps time out early. The processes below it still get their
-answer in time: their own node's clock runs from their request.
+not just straggling; or when ``PEER_VOUCHERS`` peers (spread, rar: hosts that send this
+one pieces) sent it one. A child or a peer that opens every step of the window opens
+them here (its pieces are taken, the window bounds them), but starts no clock: one
+broken or hostile host cannot make honest steps time out early. The processes below it
+still get their answer in time: their own node's clock runs from their request.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ log = logging.getLogger("crnet.node")
 
 __all__ = ["Deadlines"]
 
+PEER_VOUCHERS = 2    # peers whose pieces of a step start its clock here: one is not enough
+
 FailFn = Callable[[int, str, bool], None]     # (step, reason, tree_wide): decisions.fail
 
 
@@ -48,7 +51,9 @@ class Deadlines:
         self._fail = fail
         self.place: Place | None = None
         self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
-        self._openers: dict[int, set[int]] = {}  # open steps without a clock: children that began them
+        # Open steps without a clock: the children (slot k) and peers (("peer", rank)) that
+        # began them.
+        self._openers: dict[int, set[int | tuple[str, int]]] = {}
         self._began: dict[int, float] = {}      # step -> when it began here (loop time)
         # ... and by a fine clock: uvloop's loop time counts whole milliseconds and stands
         # still within a loop turn, so a step decided within a millisecond measured 0.0 ms.
@@ -72,14 +77,16 @@ class Deadlines:
     def is_open(self, step: int) -> bool:
         return step in self._open
 
-    def open(self, step: int, announce: bool, child: int | None = None) -> bool:
-        """``step`` began here (said so by ``child``; None: this node's own process, or a
-        peer): its deadline runs from now, or once s + 1 children said so (the module's
-        docstring). True the first time (not if it is open or decided already)."""
+    def open(self, step: int, announce: bool, child: int | None = None,
+             peer: int | None = None) -> bool:
+        """``step`` began here (said so by ``child`` or by ``peer``, a rank; neither: this
+        node's own process): its deadline runs from now, or once s + 1 children or
+        ``PEER_VOUCHERS`` peers said so (the module's docstring). True the first time (not
+        if it is open or decided already)."""
         handles = self._open.get(step)
         if handles is not None:
-            if not handles:      # open, no clock yet: does this child start it?
-                self._began_below(step, announce, child)
+            if not handles:      # open, no clock yet: does this child or peer start it?
+                self._began_below(step, announce, child, peer)
             return False
         if self.window.is_decided(step):
             return False
@@ -89,16 +96,23 @@ class Deadlines:
         # s + 1 said so (n < 2s + 1), and the step's time is from its first sign here.
         self._began[step] = asyncio.get_running_loop().time()
         self._clock[step] = time.perf_counter()
-        self._began_below(step, announce, child)
+        self._began_below(step, announce, child, peer)
         return True
 
-    def _began_below(self, step: int, announce: bool, child: int | None) -> None:
-        if child is not None:
+    def _began_below(self, step: int, announce: bool, child: int | None, peer: int | None) -> None:
+        if child is not None or peer is not None:
             openers = self._openers.setdefault(step, set())
-            if child in openers:
+            who: int | tuple[str, int]
+            if child is not None:
+                who = child
+            else:
+                assert peer is not None
+                who = ("peer", peer)
+            if who in openers:
                 return
-            openers.add(child)
-            if len(openers) < self._vouchers():
+            openers.add(who)
+            peers = sum(1 for o in openers if isinstance(o, tuple))
+            if peers < PEER_VOUCHERS and len(openers) - peers < self._vouchers():
                 return
         self._openers.pop(step, None)
         loop = asyncio.get_running_loop()

@@ -56,6 +56,8 @@ from .window import StepWindow
 
 log = logging.getLogger("crnet.node")
 
+RING_PREDECESSOR = -1    # rar: the one peer that sends this host segments, as a peer rank
+
 __all__ = ["StepEngine"]
 
 
@@ -189,11 +191,12 @@ class StepEngine:
         if self.scheme is not None:
             self.scheme.forget(step, resolved)
 
-    def _open(self, step: int, announce: bool, child: int | None = None) -> bool:
-        """Open ``step`` (its deadline runs: ``deadlines.py`` says when, if ``child`` opens
-        it) before the scheme sees a piece of it, and tell the scheme it began; False if
-        that decided it (too many children were out of it)."""
-        if self.deadlines.open(step, announce, child) and self.scheme is not None:
+    def _open(self, step: int, announce: bool, child: int | None = None,
+              peer: int | None = None) -> bool:
+        """Open ``step`` (its deadline runs: ``deadlines.py`` says when, if ``child`` or
+        ``peer`` opens it) before the scheme sees a piece of it, and tell the scheme it
+        began; False if that decided it (too many children were out of it)."""
+        if self.deadlines.open(step, announce, child, peer) and self.scheme is not None:
             self.scheme.opened(step)
         return not self.is_decided(step)
 
@@ -362,7 +365,7 @@ class StepEngine:
 
     # -- peers: the ring predecessor (rar), the other hosts (spread)
     def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
-        if not self._admit_peer(msg):
+        if not self._admit_peer(RING_PREDECESSOR, msg):
             return None
         assert self.scheme is not None
         return self.scheme.segment_dest(msg, nbytes)
@@ -372,7 +375,7 @@ class StepEngine:
             self.scheme.segment(msg)
 
     def piece_dest(self, rank: int, msg: Piece, nbytes: int) -> memoryview | None:
-        if not self._admit_peer(msg):
+        if not self._admit_peer(rank, msg):
             return None
         assert self.scheme is not None
         return self.scheme.piece_dest(rank, msg, nbytes)
@@ -387,7 +390,7 @@ class StepEngine:
         self.scheme.owners(rank, msg)
 
     def moot(self, rank: int, msg: Moot) -> None:
-        if self._admit_peer(msg):
+        if self._admit_peer(rank, msg):
             assert self.scheme is not None
             self.scheme.moot(rank, msg)
 
@@ -399,12 +402,13 @@ class StepEngine:
         if self.scheme is not None:
             self.scheme.peer_silent(rank)
 
-    def _admit_peer(self, msg: Segment | Piece | Moot) -> bool:
-        """A peer's piece of a step in the window and not decided: the step opens here. A
+    def _admit_peer(self, rank: int, msg: Segment | Piece | Moot) -> bool:
+        """Peer ``rank``'s piece of a step in the window and not decided: the step opens
+        here (its clock starts once another peer's piece came too: ``deadlines.py``). A
         chunk of spread's sum is taken beyond the window, as a parent's RESULT is: the tree
         decoded it, and a host that fell behind (restarted while the others ran on) learns
         so where the tree is, instead of failing its steps one deadline at a time."""
         self._check_size(msg)
         ahead = not (isinstance(msg, Piece) and msg.phase is Phase.GATHER) and self.refusal(msg.step)
         return not (self.is_decided(msg.step) or ahead or self.scheme is None
-                    or not self._open(msg.step, self._announces))
+                    or not self._open(msg.step, self._announces, peer=rank))
