@@ -221,8 +221,9 @@ async def test_high_steps_opened_ahead_by_one_child_do_not_time_out(tmp_path, wi
         assert all(isinstance(r, np.ndarray) for o in outcomes for r in o.values()), outcomes
 
 
-async def hostile_peer(peers, port: int, rank: int) -> Peer:
-    """A secret holder on a spread peer link: PEER_HELLO as ``rank``, the handshake's proof."""
+async def hostile_peer(peers, port: int, rank: int, welcome: bool = True) -> Peer:
+    """A secret holder on a spread peer link: PEER_HELLO as ``rank``, the handshake's proof
+    (and, with ``welcome``, the daemon's PEER_WELCOME)."""
     secret = load_secret(os.environ["CRNET_SECRET_FILE"])
     peer = await peers.tcp(port)
     said = PeerHello(rank, new_nonce())
@@ -233,7 +234,7 @@ async def hostile_peer(peers, port: int, rank: int) -> Peer:
     assert said.nonce is not None
     peer.send(Proof(mac(secret, "dialer", said.nonce, got[0].nonce, role, claimed)))
     answer = await peer.recv()
-    assert answer is not None and isinstance(answer[0], PeerWelcome), answer
+    assert not welcome or (answer is not None and isinstance(answer[0], PeerWelcome)), answer
     return peer
 
 
@@ -258,6 +259,28 @@ async def test_high_steps_opened_ahead_by_one_spread_peer_do_not_time_out(tmp_pa
         finally:
             close_all(clients)
     assert all(isinstance(r, np.ndarray) for o in outcomes for r in o.values()), outcomes
+
+
+async def test_high_a_peer_hello_for_a_live_peers_rank_does_not_cut_its_link(tmp_path, with_secret,
+                                                                           peers):
+    """Like a HELLO for a live child's slot (row 7): a secret holder dials the master as
+    every other host's rank, again and again, while the tree steps. The master used to close
+    the live link of that rank ("it reconnected: the old link is dead"). Every step is
+    exact, and no live peer link is closed (a rank may have a few links: the others are
+    told to try again)."""
+    grads = grads_for(31)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, scheme="spread") as lt:
+        clients = await connect(lt, list(STAR.names()))
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            for t in range(1, 6):
+                for name in ("0", "1", "2"):
+                    await hostile_peer(peers, lt.ports[MASTER], STAR.rank(name), welcome=False)
+                assert exact(await step(clients, grads, t), want)
+        finally:
+            close_all(clients)
+        assert "disconnected" not in lt.log_path(MASTER).read_text()
 
 
 # ------------------------------------------------------------------ row 12: HELLO's listen

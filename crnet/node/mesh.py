@@ -34,6 +34,11 @@ log = logging.getLogger("crnet.node")
 
 __all__ = ["Mesh"]
 
+# Links one peer rank may have to this node at once. A new one does not close the old:
+# anyone who holds the secret can say it is any rank, and a live peer's link must not be
+# cut by that; a restarted peer's dead link goes by itself (keepalive, --link-timeout).
+LINKS_PER_RANK = 4
+
 
 class Mesh:
     """This node's peer links (``neighbours.peers``, ``neighbours.peers_in``) and the
@@ -50,6 +55,7 @@ class Mesh:
         self._unreachable = unreachable
         self.addresses: tuple[str | None, ...] = ()   # spread: where every rank listens
         self.tasks: list[asyncio.Task] = []
+        self._inbound: dict[int, list[Connection]] = {}   # rank -> its links here, newest last
 
     # -- spread's addresses
     @staticmethod
@@ -136,18 +142,31 @@ class Mesh:
                 raise JoinRefused(f"rank {hello.rank} is not the ring predecessor of rank {ring.rank}")
         else:
             raise JoinRefused(f"{label} has no peers (yet)", retry=True)
-        old = self.neighbours.peers_in.get(hello.rank)
-        if old is not None:
-            old.close()   # it reconnected: the old link is dead
-        self.neighbours.peers_in[hello.rank] = conn
+        links = self._inbound.setdefault(hello.rank, [])
+        if len(links) >= LINKS_PER_RANK:
+            raise JoinRefused(f"rank {hello.rank} has {len(links)} links to {label} already",
+                              retry=True)
+        links.append(conn)
+        self.neighbours.peers_in[hello.rank] = conn   # pieces come on any; this one is shown
         conn.send(PeerWelcome())
 
-    def lost(self, rank: int, conn: Connection) -> None:
-        """An accepted peer link closed."""
-        if self.neighbours.peers_in.get(rank) is conn:
-            del self.neighbours.peers_in[rank]
-            self._lost(rank)
+    def lost(self, rank: int, conn: Connection) -> bool:
+        """An accepted peer link closed: True if it was that rank's last one here."""
+        links = self._inbound.get(rank, [])
+        if conn not in links:
+            return False
+        links.remove(conn)
+        if links:
+            self.neighbours.peers_in[rank] = links[-1]
+            return False
+        del self._inbound[rank]
+        self.neighbours.peers_in.pop(rank, None)
+        self._lost(rank)
+        return True
 
     def close(self) -> None:
         for task in self.tasks:
             task.cancel()
+        for links in self._inbound.values():
+            for conn in links:
+                conn.close()

@@ -89,8 +89,8 @@ class ChildLink(StateMachine):
     def lost(self, conn, exc):
         if self.state is ChildState.PEER:
             assert self.rank is not None
-            log.warning("peer %d disconnected", self.rank)
-            self.membership.mesh.lost(self.rank, conn)
+            if self.membership.mesh.lost(self.rank, conn):
+                log.warning("peer %d disconnected", self.rank)
         elif self.slot is not None:
             self.membership.child_lost(self.slot, conn)
 
