@@ -28,9 +28,9 @@ def node(name: str):
     return Broadcasts(n, lambda: place), n
 
 
-def pieces(key, vector, origin=7, step=-1, chunk=CHUNK):
+def pieces(key, vector, origin=7, step=-1, chunk=CHUNK, root=None):
     raw = vector.tobytes()
-    return [(Bcast(key, origin, step, at, vector.size, vector.dtype.name), raw[at:at + chunk])
+    return [(Bcast(key, origin, step, at, vector.size, vector.dtype.name, root), raw[at:at + chunk])
             for at in range(0, len(raw), chunk)]
 
 
@@ -46,8 +46,8 @@ def from_child(b, k, key, vector, origin=7):
     return taken
 
 
-def from_parent(b, key, vector, origin=9, step=-1):
-    for msg, raw in pieces(key, vector, origin, step):
+def from_parent(b, key, vector, origin=9, step=-1, root=None):
+    for msg, raw in pieces(key, vector, origin, step, root=root):
         dest = b.parent_dest(msg, len(raw))
         if dest is not None:
             dest[:] = raw
@@ -61,20 +61,40 @@ def carried(link, key):
     return np.frombuffer(b"".join(p for _, p in got), dtype)
 
 
-def test_a_node_relays_the_first_senders_copy_up_and_drops_the_others():
+def test_a_node_relays_the_first_senders_state_answer_up_and_drops_the_others():
     b, n = node("0")
     first, second = np.arange(10.0), np.arange(10.0) + 100
-    assert all(from_child(b, 0, "k", first, origin=1))
-    assert not any(from_child(b, 1, "k", second, origin=2))   # the same key: already sent
-    np.testing.assert_array_equal(carried(n.parent, "k"), first)
+    assert all(from_child(b, 0, "state/5", first, origin=1))
+    assert not any(from_child(b, 1, "state/5", second, origin=2))   # any one will do: sent
+    np.testing.assert_array_equal(carried(n.parent, "state/5"), first)
     assert {m.origin for m in n.parent.messages(Bcast)} == {1}
     assert not b.held                                          # held once the master's comes
+
+
+def test_a_broadcast_belongs_to_its_root():
+    """Issue 26 row 7: a copy of a key from another host is another broadcast. Each is
+    relayed with its root (the sender's host), which must be in the subtree it came from;
+    a receiver that names a root gets that root's copy, whichever came first."""
+    b, n = node("0")
+    assert all(from_child(b, 0, "params", np.full(10, 666.0), origin=1))     # root 0.0
+    assert all(from_child(b, 1, "params", np.arange(10.0), origin=2))        # root 0.1
+    assert {(m.origin, m.root) for m in n.parent.messages(Bcast)} == {(1, "0.0"), (2, "0.1")}
+    with pytest.raises(ProtocolError, match=r"not in the subtree of child 0\.0"):
+        b.child_dest(0, Bcast("other", 3, -1, 0, 10, "float64", root="0.1"), 8)
+    got: dict[str | None, list] = {"0.1": [], None: []}
+    for root, into in got.items():
+        b.receive("params", root, into.append)
+    from_parent(b, "params", np.full(10, 666.0), origin=8, root="0.0")
+    from_parent(b, "params", np.arange(10.0), origin=9, root="0.1")
+    np.testing.assert_array_equal(got[None][0].vector, np.full(10, 666.0))    # the first
+    np.testing.assert_array_equal(got["0.1"][0].vector, np.arange(10.0))      # root 0.1's
+    assert len(got["0.1"]) == len(got[None]) == 1
 
 
 def test_a_node_relays_each_piece_from_the_parent_to_its_children_and_keeps_the_whole():
     b, n = node("0")
     got = []
-    b.receive("k", lambda held: got.append(held))
+    b.receive("k", None, lambda held: got.append(held))
     vector = np.arange(10.0)
     from_parent(b, "k", vector, step=41)
     for slot in n.slots:
@@ -83,17 +103,17 @@ def test_a_node_relays_each_piece_from_the_parent_to_its_children_and_keeps_the_
     assert held.step == 41
     np.testing.assert_array_equal(held.vector, vector)
     late = []
-    b.receive("k", late.append)                                 # a later asker: at once
+    b.receive("k", None, late.append)                           # a later asker: at once
     assert late == [held]
 
 
 def test_a_receiver_that_gives_up_is_not_called():
     b, _ = node("0")
     gave_up, stayed = [], []
-    cancel = b.receive("k", gave_up.append)
-    b.receive("k", stayed.append)
+    cancel = b.receive("k", None, gave_up.append)
+    b.receive("k", None, stayed.append)
     cancel()
-    b.receive("other", gave_up.append)()          # asked and given up at once
+    b.receive("other", None, gave_up.append)()    # asked and given up at once
     from_parent(b, "k", np.arange(10.0))
     assert gave_up == [] and len(stayed) == 1
     from_parent(b, "other", np.arange(10.0), origin=8)
@@ -106,10 +126,10 @@ def test_the_master_sends_the_first_complete_copy_down_and_keeps_a_few():
     from_child(b, 1, "k", vector)
     for slot in n.slots:
         np.testing.assert_array_equal(carried(slot.link, "k"), vector)
-    assert not any(from_child(b, 0, "k", vector + 1, origin=8))   # done: a second copy is moot
+    assert not any(from_child(b, 1, "k", vector + 1, origin=8))   # done: a second copy is moot
     for i in range(HELD + 2):
         assert b.publish(f"more/{i}", -1, vector) is None
-    assert len(b.held) == HELD and "k" not in b.held
+    assert len(b.held) == HELD and not any(key == "k" for key, _ in b.held)
 
 
 def test_a_process_publishes_through_its_node_in_pieces():

@@ -274,6 +274,28 @@ async def test_row7_a_broadcast_and_state_requests_come_only_from_processes_of_t
             close_all(clients)
 
 
+async def test_row7_a_broadcast_belongs_to_its_root(tmp_path, peers):
+    """| 7 | medium | the first broadcast copy wins (every process received [666 666 666
+    666] for ``params``) |, from a host that claims a process of the job: its copy of
+    ``params`` reaches the master first. The processes name the root by its rank
+    (``assignment.rank``): process 1 gets process 0's vector, not the insider's."""
+    with tree(tmp_path) as lt:
+        spy, _ = await insider(peers, lt)       # slot 2: the tree is whole once it joined
+        clients = await connect(lt, ["0", "1"])
+        try:
+            spy.send_bytes(job_frame("", 1))     # it speaks for a process of the job
+            spy.send(Bcast("params", 5, -1, 0, 4, "float64", root="2"), np.full(4, 666.0).tobytes())
+            await asyncio.sleep(0.5)
+            root = clients["0"].assignment.rank
+            assert root == 1 and clients["1"].assignment.rank == 2   # master 0, then 0, 1, 2
+            real = np.arange(4.0)
+            got = await asyncio.gather(clients["0"].broadcast(real, "params", root=root),
+                                       clients["1"].broadcast(np.zeros(4), "params", root=root))
+            np.testing.assert_array_equal(got[1], real)
+        finally:
+            close_all(clients)
+
+
 async def test_row7_a_hello_for_a_live_childs_slot_does_not_take_it(tmp_path, peers):
     """| 7 | medium | an authenticated HELLO kicks a live child off its slot |
 

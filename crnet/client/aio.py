@@ -218,22 +218,26 @@ class AsyncClient:
         await self._ensure(like.nbytes)
         return await self._request(Fetch, step, like, out, timeout)
 
-    async def broadcast(self, vec, key: str, root: bool, out: np.ndarray | None = None,
+    async def broadcast(self, vec, key: str, root: bool | int, out: np.ndarray | None = None,
                         timeout: float | None = None) -> np.ndarray:
         """One process's vector to every process of the job (e.g. the parameters of a
         checkpoint): every process calls it with the same ``key`` (unique within the job);
-        the one with ``root`` gives its vector, the others a vector of the same length and
-        dtype whose values do not matter. Returns the root's vector (in ``out`` if given;
+        the root gives its vector, the others a vector of the same length and dtype whose
+        values do not matter. ``root``: the root's rank (``assignment.rank``), which every
+        process gets only from the root's host; or True in the root, False in the others,
+        which get the first copy of ``key`` to reach the master (from any host that holds
+        the cluster secret). Returns the root's vector (in ``out`` if given;
         ``out=result_buffer(...)`` costs no copy). The root returns once its daemon has
         taken the vector; the others once it is here (or CrnetTimeout)."""
         vec = self._flat(vec, "broadcast")
-        if root:
+        rank = None if isinstance(root, bool) else int(root)
+        if root is True or (rank is not None and rank == self.assignment.rank):
             await self._publish(key, -1, vec, timeout)
             if out is None:
                 return vec
             np.copyto(out.reshape(-1), vec)
             return out
-        return (await self._receive(key, vec, out, timeout))[0]
+        return (await self._receive(key, vec, out, timeout, root=rank))[0]
 
     def numbered_key(self, prefix: str) -> str:
         """``<prefix>/<k>``, k counting this client's calls with ``prefix`` from 0: a
@@ -397,10 +401,10 @@ class AsyncClient:
         await self._delivered(key, timeout)
 
     async def _receive(self, key: str, like: np.ndarray, out: np.ndarray | None,
-                       timeout: float | None) -> tuple[np.ndarray, int]:
+                       timeout: float | None, root: int | None = None) -> tuple[np.ndarray, int]:
         await self._ensure(like.nbytes)
         self._owed = None   # the daemon writes the shared output for this instead
-        self._ask(Receive(key, like.size, dtype_name(like.dtype)))
+        self._ask(Receive(key, like.size, dtype_name(like.dtype), root))
         step = await self._delivered(key, timeout)
         return self._take(like, out), step
 

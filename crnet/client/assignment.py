@@ -25,12 +25,15 @@ class Assignment:
     ranges: tuple[tuple[int, int, float], ...]
     process: int = 0            # which of this host's training processes (--local-processes)
     processes: int = 1
+    # Its place among every process of the tree: host by host (master first, then layer by
+    # layer, as ``crnet run`` ranks them: $CRNET_RANK), ``processes`` per host.
+    rank: int = 0
 
     @classmethod
     def from_wire(cls, doc: dict) -> Assignment:
         return cls(doc["name"], doc["layer"], doc["samples"], doc["workers"],
                    tuple((int(a), int(b), float(w)) for a, b, w in doc["ranges"]),
-                   doc.get("process", 0), doc.get("processes", 1))
+                   doc.get("process", 0), doc.get("processes", 1), doc.get("rank", 0))
 
     @property
     def local_samples(self) -> int:

@@ -66,7 +66,7 @@ class Client:
     def result(self, step: int, like, out=None, timeout: float | None = None) -> np.ndarray:
         return self._run(self._c.result(step, like, out, timeout))
 
-    def broadcast(self, vec, key: str, root: bool, out=None,
+    def broadcast(self, vec, key: str, root: bool | int, out=None,
                   timeout: float | None = None) -> np.ndarray:
         return self._run(self._c.broadcast(vec, key, root, out, timeout))
 

@@ -23,7 +23,9 @@ class Bcast(Message):
     """A piece of broadcast ``key``: bytes ``offset``.. of a ``total`` x ``dtype`` vector.
     Up (child -> parent): from the process that sent it (``origin``, chosen by its daemon),
     toward the master; down (parent -> child): the master's copy, to every node. ``step``
-    is what the sender says the vector belongs to (a state: the step it was taken after)."""
+    is what the sender says the vector belongs to (a state: the step it was taken after).
+    ``root``: the tree name of the host whose process sent it (each parent checks that it
+    is in the subtree it came from; None: an older peer, taken as the child's own)."""
 
     TYPE = MsgType.BCAST
     PAYLOAD = True
@@ -33,12 +35,13 @@ class Bcast(Message):
     offset: int
     total: int
     dtype: str
+    root: str | None = None
 
     @classmethod
     def from_header(cls, h: Fields) -> Bcast:
         return cls(h.text("key", MAX_KEY), h.integer("origin"), h.integer("step", -1),
                    h.integer("offset", 0, 1 << 48), h.integer("total", 1, 1 << 40),
-                   h.text("dtype", choices=DTYPE_NAMES))
+                   h.text("dtype", choices=DTYPE_NAMES), h.opt_text("root", 64))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +76,19 @@ class Publish(Message):
 
 @dataclass(frozen=True, slots=True)
 class Receive(Message):
-    """training process -> daemon: broadcast ``key`` into my shared output once it is here."""
+    """training process -> daemon: broadcast ``key`` into my shared output once it is here;
+    with ``root``, only the copy sent by the process of that rank (``Client.rank``)."""
 
     TYPE = MsgType.RECEIVE
     key: str
     length: int
     dtype: str
+    root: int | None = None
 
     @classmethod
     def from_header(cls, h: Fields) -> Receive:
         return cls(h.text("key", MAX_KEY), h.integer("length", 1, 1 << 40),
-                   h.text("dtype", choices=DTYPE_NAMES))
+                   h.text("dtype", choices=DTYPE_NAMES), h.opt_integer("root", 0, 1 << 31))
 
 
 @dataclass(frozen=True, slots=True)

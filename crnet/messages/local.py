@@ -47,6 +47,8 @@ class ClientWelcome(Message):
         if "processes" in a.h:   # --local-processes: which of this host's processes it is
             processes = a.integer("processes", 1, 1 << 10)
             assignment.update(processes=processes, process=a.integer("process", 0, processes - 1))
+        if "rank" in a.h:        # its place among every process of the tree
+            assignment["rank"] = a.integer("rank", 0, 1 << 31)
         return cls(assignment, h.integer("tree_step", -1), h.number("answer_within", 0.0, 1e7),
                    h.text("token", 64) if "token" in h.h else "")
 

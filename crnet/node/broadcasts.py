@@ -23,6 +23,12 @@ order, never for what is only claimed; and one source has at most ``PER_SOURCE``
 slot) or ``IN_FLIGHT`` (the parent) broadcasts half-received, whose claims add up to at
 most that memory: more drops that source's own oldest, never another source's.
 
+A broadcast belongs to its root: the host whose process sent it (``root``, its tree name,
+which each parent checks is in the subtree the piece came from). A copy of the same key
+from another host is another broadcast: a process that names the root it wants
+(``Receive.root``, a rank) gets that root's copy, whoever sent theirs first; one that names
+none gets the first copy here. State answers are the exception: any process's will do.
+
 A child speaks only for the processes of the job attached below it (``attached_below``,
 the JOB counts of ``jobs.py``): from a child that has none, broadcast pieces and state
 requests are dropped. The master sends a state request down at most once every
@@ -63,6 +69,15 @@ STATE = state_key(0).rpartition("/")[0] + "/"    # the keys of state answers
 STATE_PAUSE = 1.0     # seconds between state requests the master sends down
 
 
+Id = tuple[str, str]    # a broadcast: its key and its root (``ANY_ROOT`` for state answers)
+ANY_ROOT = "*"          # not a tree name
+
+
+def broadcast_id(key: str, root: str) -> Id:
+    """The broadcast that is ``key`` from host ``root``: for a state answer, any host's."""
+    return key, ANY_ROOT if key.startswith(STATE) else root
+
+
 @dataclass
 class Held:
     """A complete broadcast: what its sender said it belongs to, and the vector."""
@@ -78,6 +93,7 @@ class _Assembly:
     (what its relayed copies reference), joined into one vector once all are here."""
 
     source: object
+    root: str           # the host whose process sent it
     origin: int
     step: int
     total: int
@@ -130,11 +146,12 @@ class Broadcasts:
         self._state_sent = -STATE_PAUSE         # when the master last sent a request down
         self._state_turn: asyncio.TimerHandle | None = None
         self._state_next = 0                    # the request waiting for its turn
-        self.held: OrderedDict[str, Held] = OrderedDict()
-        self._up: OrderedDict[str, _Assembly] = OrderedDict()     # toward the master
-        self._down: OrderedDict[str, _Assembly] = OrderedDict()   # from the master
-        self._relayed: OrderedDict[str, None] = OrderedDict()     # keys sent up in full
-        self._waiters: dict[str, Signal[Held]] = {}                # key -> who waits for it
+        self.held: OrderedDict[Id, Held] = OrderedDict()
+        self._up: OrderedDict[Id, _Assembly] = OrderedDict()      # toward the master
+        self._down: OrderedDict[Id, _Assembly] = OrderedDict()    # from the master
+        self._relayed: OrderedDict[Id, None] = OrderedDict()      # sent up in full
+        # (key, root) -> who waits for it; root None: for the first copy of key, any root's
+        self._waiters: dict[tuple[str, str | None], Signal[Held]] = {}
         self.state_request = 0                                    # the newest one (nonce)
         self.on_state_request: Signal[int] = Signal()             # this host's processes
 
@@ -145,37 +162,55 @@ class Broadcasts:
         place = self._place()
         if place is None:
             return "this node has not joined the tree yet"
-        if key in self.held or key in self._relayed or key in self._up or key in self._down:
-            return None                       # someone else's copy went first: nothing to do
+        at = broadcast_id(key, place.name)
+        if at in self.held or at in self._relayed or at in self._up or at in self._down:
+            return None                       # another copy went first: nothing to do
         data = bytearray(vector.nbytes)
         np.frombuffer(data, dtype=vector.dtype)[:] = vector
         if place.is_master:
-            self._complete(key, step, np.frombuffer(data, dtype=vector.dtype))
+            self._complete(at, place.name, step, np.frombuffer(data, dtype=vector.dtype))
             return None
         if self.neighbours.parent is None:
             return "this node is cut off from its parent: the broadcast cannot reach the master"
-        a = _Assembly("local", secrets.randbits(62), step, vector.size, vector.dtype, [data])
+        a = _Assembly("local", place.name, secrets.randbits(62), step, vector.size, vector.dtype,
+                      [data])
         a.got = len(data)
         self._relay_up(key, a, 0, memoryview(data),
                        chunk=chunk_bytes_for(len(data), place.chunk_bytes))
-        self._remember_relayed(key)
+        self._remember_relayed(at)
         return None
 
-    def receive(self, key: str, waiter: Waiter) -> Callable[[], None]:
-        """``waiter(held)`` once broadcast ``key`` is here (now, if it is). The function
-        returned stops waiting (the process gave up, or left)."""
-        held = self.held.get(key)
+    def receive(self, key: str, root: str | None, waiter: Waiter) -> Callable[[], None]:
+        """``waiter(held)`` once broadcast ``key`` from host ``root`` (None: from any) is
+        here (now, if it is). The function returned stops waiting (the process gave up, or
+        left)."""
+        held = self._held(key, root)
         if held is not None:
             waiter(held)
             return _nothing
-        waiters = self._waiters.setdefault(key, Signal())
+        want = (key, None if root is None else broadcast_id(key, root)[1])
+        waiters = self._waiters.setdefault(want, Signal())
         disconnect = waiters.connect(waiter)
 
         def cancel() -> None:
             disconnect()
-            if not len(waiters) and self._waiters.get(key) is waiters:
-                del self._waiters[key]
+            if not len(waiters) and self._waiters.get(want) is waiters:
+                del self._waiters[want]
         return cancel
+
+    def host_of(self, rank: int, per_host: int) -> str | None:
+        """The tree name of the host of the process ranked ``rank`` (ranks go host by host,
+        in ``Tree.names`` order, ``per_host`` each: ``Client.rank``); None if none is."""
+        place = self._place()
+        if place is None:
+            return None
+        names = list(place.tree.names())
+        return names[rank // per_host] if 0 <= rank < len(names) * per_host else None
+
+    def _held(self, key: str, root: str | None) -> Held | None:
+        if root is not None:
+            return self.held.get(broadcast_id(key, root))
+        return next((h for (k, _), h in self.held.items() if k == key), None)
 
     def want_state(self, nonce: int, child: int | None = None) -> None:
         """A process here (or below ``child``) wants a peer's state: the master asks
@@ -216,51 +251,68 @@ class Broadcasts:
     # ------------------------------------------------------------ pieces from the tree
     def child_dest(self, k: int, msg: Bcast, nbytes: int) -> memoryview | None:
         """Where a child's piece goes: the assembly relayed up, or nowhere (another
-        sender's copy is already on its way, or done)."""
-        if msg.key in self.held or msg.key in self._relayed:
+        sender's copy is already on its way, or done). A root outside the child's subtree
+        is a ``ProtocolError``."""
+        at = broadcast_id(msg.key, self._root_below(k, msg))
+        if at in self.held or at in self._relayed:
             return None
-        a = self._up.get(msg.key)
+        a = self._up.get(at)
         if a is None:
             if not self._speaks_for(k):
                 return None              # no process of the job below it sent this
-            a = self._up[msg.key] = self._start(self._up, ("child", k), msg)
+            a = self._up[at] = self._start(self._up, ("child", k), msg, at[1])
         elif a.source != ("child", k) or a.origin != msg.origin:
             return None
         return self._dest(a, msg, nbytes)
 
     def from_child(self, k: int, msg: Bcast, payload) -> None:
-        a = self._up.get(msg.key)
+        at = broadcast_id(msg.key, self._root_below(k, msg))
+        a = self._up.get(at)
         if payload is None or a is None or a.source != ("child", k):
             return
         place = self._place()
         if place is not None and place.is_master:
             if a.complete:
-                del self._up[msg.key]
-                self._complete(msg.key, a.step, a.vector())
+                del self._up[at]
+                self._complete(at, a.root, a.step, a.vector())
             return
         self._relay_up(msg.key, a, msg.offset, memoryview(a.pieces[-1]), chunk=len(payload))
         if a.complete:
-            del self._up[msg.key]
-            self._remember_relayed(msg.key)
+            del self._up[at]
+            self._remember_relayed(at)
+
+    def _root_below(self, k: int, msg: Bcast) -> str:
+        """The root ``msg`` names, if it is in child ``k``'s subtree (None: the child)."""
+        place = self._place()
+        if place is None:
+            raise ProtocolError("BCAST before this node joined the tree")
+        child = place.tree.children(place.name)[k]
+        root = child if msg.root is None else msg.root
+        if root != child and not root.startswith(child + "."):
+            raise ProtocolError(f"BCAST {shown(msg.key)}: root {shown(root)} is not in the "
+                                f"subtree of child {child}")
+        return root
 
     def parent_dest(self, msg: Bcast, nbytes: int) -> memoryview | None:
-        if msg.key in self.held:
+        at = broadcast_id(msg.key, msg.root or "")
+        if at in self.held:
             return None
-        a = self._down.get(msg.key)
+        a = self._down.get(at)
         if a is None:
-            a = self._down[msg.key] = self._start(self._down, "parent", msg)
+            a = self._down[at] = self._start(self._down, "parent", msg, at[1])
         elif a.origin != msg.origin:
             raise ProtocolError(f"BCAST {msg.key!r}: two copies from the parent")
         return self._dest(a, msg, nbytes)
 
     def from_parent(self, msg: Bcast, payload) -> None:
-        a = self._down.get(msg.key)
+        at = broadcast_id(msg.key, msg.root or "")
+        a = self._down.get(at)
         if payload is None or a is None:
             return
         self._to_children(msg, memoryview(a.pieces[-1]))   # on down at once: a vector flows through
         if a.complete:
-            del self._down[msg.key]
-            self._keep(msg.key, a.step, a.vector())
+            del self._down[at]
+            self._keep(at, a.step, a.vector())
 
     # ------------------------------------------------------------ links and jobs
     def child_lost(self, k: int) -> None:
@@ -283,13 +335,13 @@ class Broadcasts:
         self._state_next = 0
 
     # ------------------------------------------------------------ the rest
-    def _start(self, assemblies: OrderedDict[str, _Assembly], source: object,
-               msg: Bcast) -> _Assembly:
+    def _start(self, assemblies: OrderedDict[Id, _Assembly], source: object,
+               msg: Bcast, root: str) -> _Assembly:
         """A broadcast begun by ``source``: nothing is allocated for its claim. A claim no
         host could hold closes the link (ProtocolError); room is made among the source's
         own half-received broadcasts, never another's."""
         dtype = DTYPES[msg.dtype]
-        a = _Assembly(source, msg.origin, msg.step, msg.total, dtype)
+        a = _Assembly(source, root, msg.origin, msg.step, msg.total, dtype)
         if a.nbytes > self.max_bytes:
             raise ProtocolError(f"BCAST {msg.key!r} claims a vector of {msg.total} x {dtype} "
                                 f"({a.nbytes} bytes): more than this host's memory "
@@ -301,7 +353,7 @@ class Broadcasts:
             old = own.pop(0)
             claimed -= assemblies.pop(old).nbytes
             log.warning("broadcast %s dropped half-received: its sender began too many at once",
-                        shown(old))
+                        shown(old[0]))
         return a
 
     def _dest(self, a: _Assembly, msg: Bcast, nbytes: int) -> memoryview:
@@ -317,44 +369,46 @@ class Broadcasts:
     def _relay_up(self, key: str, a: _Assembly, offset: int, piece: memoryview, chunk: int) -> None:
         for start in range(0, len(piece), chunk):
             self.neighbours.to_parent(Bcast(key, a.origin, a.step, offset + start, a.total,
-                                            a.dtype.name), piece[start:start + chunk])
+                                            a.dtype.name, a.root), piece[start:start + chunk])
 
-    def _complete(self, key: str, step: int, vector: np.ndarray) -> None:
-        """The master has the first complete copy of ``key``: it is the broadcast."""
+    def _complete(self, at: Id, root: str, step: int, vector: np.ndarray) -> None:
+        """The master has the first complete copy of ``at``: it is the broadcast."""
+        key = at[0]
         place = self._place()
         chunk = chunk_bytes_for(vector.nbytes, defaults.CHUNK_BYTES if place is None
                                 else place.chunk_bytes)
         origin = secrets.randbits(62)
         view = vector.data.cast("B")
         for start in range(0, view.nbytes, chunk):
-            msg = Bcast(key, origin, step, start, vector.size, vector.dtype.name)
+            msg = Bcast(key, origin, step, start, vector.size, vector.dtype.name, root)
             self._to_children(msg, view[start:start + chunk])
-        log.info("broadcast %r: %d x %s from step %d, sent down", key, vector.size,
-                 vector.dtype, step)
-        self._remember_relayed(key)
-        self._keep(key, step, vector)
+        log.info("broadcast %r from %s: %d x %s from step %d, sent down", key,
+                 "the master" if root == "" else f"node {root}", vector.size, vector.dtype, step)
+        self._remember_relayed(at)
+        self._keep(at, step, vector)
 
     def _to_children(self, msg: Bcast, piece: memoryview) -> None:
         for slot in self.neighbours.slots:
             if slot.link is not None:
                 slot.link.send(msg, piece)
 
-    def _keep(self, key: str, step: int, vector: np.ndarray) -> None:
-        held = self.held[key] = Held(step, vector)
+    def _keep(self, at: Id, step: int, vector: np.ndarray) -> None:
+        held = self.held[at] = Held(step, vector)
         while len(self.held) > HELD:
             self.held.popitem(last=False)
-        keys = [key]
+        key, root = at
+        wanted = [(key, root), (key, None)]
         if key.startswith(STATE):
             # Any peer's state is good for every process still waiting for one: requests
             # made at the same time are answered by the newest's answer (peers answer
             # only the newest request they see).
-            keys += [k for k in self._waiters if k.startswith(STATE) and k != key]
-        for k in keys:
-            waiters = self._waiters.pop(k, None)
+            wanted += [w for w in self._waiters if w[0].startswith(STATE) and w[0] != key]
+        for w in wanted:
+            waiters = self._waiters.pop(w, None)
             if waiters is not None:
                 waiters.emit(held)
 
-    def _remember_relayed(self, key: str) -> None:
-        self._relayed[key] = None
+    def _remember_relayed(self, at: Id) -> None:
+        self._relayed[at] = None
         while len(self._relayed) > 4 * IN_FLIGHT:
             self._relayed.popitem(last=False)

@@ -116,7 +116,8 @@ class Membership:
         ranges = cut(share.local, processes)[process]
         return {"name": self.place.name, "layer": share.layer, "samples": self.samples,
                 "workers": self.place.tree.workers, "ranges": [list(r) for r in ranges],
-                "process": process, "processes": processes}
+                "process": process, "processes": processes,
+                "rank": self.place.tree.rank(self.place.name) * processes + process}
 
     def close(self) -> None:
         self._closing = True    # the links closing now are the shutdown's: nothing to report

@@ -14,12 +14,16 @@ from .packing import model_tensors, pack, unpack
 
 
 def broadcast_parameters(model: torch.nn.Module | Mapping[str, torch.Tensor], client: Client,
-                         root: bool, key: str | None = None, timeout: float | None = None) -> None:
+                         root: bool | int, key: str | None = None,
+                         timeout: float | None = None) -> None:
     """Give every process the root's parameters and buffers (``model.state_dict()``).
 
-    Collective: every process of the job calls it, one with ``root=True`` (e.g. the one
-    that loaded the checkpoint). ``key`` names the broadcast within the job; by default
-    ``crnet.torch/parameters/<k>`` with k counting this process's calls
+    Collective: every process of the job calls it with the root's rank (``root=0``: the
+    process of ``client.assignment.rank`` 0, e.g. the one that loaded the checkpoint;
+    every process then takes that process's copy only), or one with ``root=True`` and the
+    others with False (the first copy to reach the master: ``Client.broadcast``). ``key``
+    names the broadcast within the job; by default ``crnet.torch/parameters/<k>`` with k
+    counting this process's calls
     (``Client.numbered_key``), so give it explicitly if the processes might not make the
     same calls in the same order.
 
@@ -40,15 +44,15 @@ def broadcast_parameters(model: torch.nn.Module | Mapping[str, torch.Tensor], cl
     n = sum(t.numel() for t in tensors)
     key = key or client.numbered_key("crnet.torch/parameters")
     vec = client.buffer(n, np_dtype)
-    if root:
+    if is_root(client, root):
         pack(tensors, vec)
-        client.broadcast(vec, key, root=True, timeout=timeout)
+        client.broadcast(vec, key, root=root, timeout=timeout)
     else:
-        unpack(tensors, client.broadcast(vec, key, root=False, out=client.result_buffer(n, np_dtype),
+        unpack(tensors, client.broadcast(vec, key, root=root, out=client.result_buffer(n, np_dtype),
                                          timeout=timeout))
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, client: Client, root: bool,
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, client: Client, root: bool | int,
                               key: str | None = None, timeout: float | None = None) -> None:
     """Give every process the root's optimizer state and numeric group options.
 
@@ -61,9 +65,16 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, client: Client, 
     layout = OptimizerLayout(optimizer)
     key = key or client.numbered_key("crnet.torch/optimizer")
     vec = client.buffer(layout.size, np.float64)
-    if root:
+    if is_root(client, root):
         layout.pack(optimizer, vec)
-        client.broadcast(vec, key, root=True, timeout=timeout)
+        client.broadcast(vec, key, root=root, timeout=timeout)
     else:
         out = client.result_buffer(layout.size, np.float64)
-        layout.unpack(optimizer, client.broadcast(vec, key, root=False, out=out, timeout=timeout))
+        layout.unpack(optimizer, client.broadcast(vec, key, root=root, out=out, timeout=timeout))
+
+
+def is_root(client: Client, root: bool | int) -> bool:
+    """Whether this process gives the broadcast: ``root`` is True, or its rank."""
+    if isinstance(root, bool):
+        return root
+    return root == client.assignment.rank

@@ -21,8 +21,10 @@ def _nothing() -> None:
 
 
 class ClientGroup:
-    def __init__(self, process: Process, broadcasts: Broadcasts, barriers: Barriers):
+    def __init__(self, process: Process, broadcasts: Broadcasts, barriers: Barriers,
+                 per_host: int = 1):
         self.process = process
+        self.per_host = per_host            # processes on every host: ranks go host by host
         self.broadcasts = broadcasts
         self.barriers = barriers
         self.receiving: tuple[str, int, np.dtype] | None = None  # broadcast key, length, dtype
@@ -59,9 +61,16 @@ class ClientGroup:
     def receive(self, msg: Receive) -> None:
         if self.process.job_over():
             return
+        root = None
+        if msg.root is not None:
+            root = self.broadcasts.host_of(msg.root, self.per_host)
+            if root is None:
+                self.process.error(f"broadcast {msg.key!r}: no process of the tree has rank "
+                                   f"{msg.root}", ErrorKind.REQUEST)
+                return
         self.receiving = (msg.key, msg.length, DTYPES[msg.dtype])
         self._stop_receiving()                        # a request it gave up on
-        self._stop_receiving = self.broadcasts.receive(msg.key, self._delivered)
+        self._stop_receiving = self.broadcasts.receive(msg.key, root, self._delivered)
 
     def _delivered(self, held: Held) -> None:
         conn = self.process.conn
