@@ -91,6 +91,7 @@ FULL_FILES = frozenset({
     "test_trust_deploy.py",   # issue 26: separate users, escaped status, credential files, TLS binding
     "test_trust_floods.py",   # issue 26: connection floods, exhausted descriptors, local clients
     "test_trust_keys.py",     # issue 26: jobs, barrier and broadcast keys, state answers, slots
+    "test_trust_liveness.py", # issue 26: every wait keeps its bound through a master restart
 })
 
 # Async tests in these files run twice, on asyncio's loop and on uvloop's: they test the
