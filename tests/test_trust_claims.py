@@ -94,9 +94,15 @@ async def enter(peers, port: int, name: str = "2", proof_of: Hello | None = None
     """A raw peer that holds the cluster secret says HELLO for slot ``name`` and proves it
     (over ``proof_of``'s claim if given: an on-path change of the HELLO); returns it and
     the daemon's answer (WELCOME, REFUSE, or None if it hung up)."""
+    return await prove(peers, port, Hello(name=name, nonce=new_nonce(), **hello), proof_of)
+
+
+async def prove(peers, port: int, said: Hello | PeerHello,
+                proof_of: Hello | None = None) -> tuple[Peer, Message | None]:
+    """``said``, then the handshake's proof with the cluster secret (over ``proof_of``'s
+    claim if given); the peer and the daemon's answer (None if it hung up)."""
     secret = load_secret(os.environ["CRNET_SECRET_FILE"])
     peer = await peers.tcp(port)
-    said = Hello(name=name, nonce=new_nonce(), **hello)
     peer.send(said)
     got = await peer.recv()
     assert got is not None and isinstance(got[0], Challenge), got
@@ -224,17 +230,8 @@ async def test_high_steps_opened_ahead_by_one_child_do_not_time_out(tmp_path, wi
 async def hostile_peer(peers, port: int, rank: int, welcome: bool = True) -> Peer:
     """A secret holder on a spread peer link: PEER_HELLO as ``rank``, the handshake's proof
     (and, with ``welcome``, the daemon's PEER_WELCOME)."""
-    secret = load_secret(os.environ["CRNET_SECRET_FILE"])
-    peer = await peers.tcp(port)
-    said = PeerHello(rank, new_nonce())
-    peer.send(said)
-    got = await peer.recv()
-    assert got is not None and isinstance(got[0], Challenge), got
-    role, claimed = claim(said)
-    assert said.nonce is not None
-    peer.send(Proof(mac(secret, "dialer", said.nonce, got[0].nonce, role, claimed)))
-    answer = await peer.recv()
-    assert not welcome or (answer is not None and isinstance(answer[0], PeerWelcome)), answer
+    peer, answer = await prove(peers, port, PeerHello(rank, new_nonce()))
+    assert not welcome or isinstance(answer, PeerWelcome), answer
     return peer
 
 
