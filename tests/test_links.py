@@ -383,7 +383,8 @@ def test_a_training_process_is_welcomed_once_its_host_is_assigned(master):
     assert answer_within == EngineSettings().timeout + EngineSettings().grace
     assert conn.messages() == [ClientWelcome({"name": "", "layer": 0, "samples": 10,
                                               "workers": 2, "process": 0, "processes": 1,
-                                              "ranges": ()}, -1, answer_within, link.token)]
+                                              "ranges": (), "rank": 0}, -1, answer_within,
+                                             link.token)]
     master.on_assigned.emit(None)            # assigned again, the same share: not told again
     assert len(conn.messages()) == 1
     link.lost(conn, None)

@@ -219,7 +219,7 @@ def test_once_all_workers_joined_each_child_is_assigned_its_subtree_once(master)
     master.child_joined(0, Joined(3))       # a repeated count sends no second ASSIGN
     assert len(a.messages(Assign)) == len(b.messages(Assign)) == 1
     assert master.assignment() == {"name": "", "layer": 0, "samples": SAMPLES, "workers": 6,
-                                   "ranges": [], "process": 0, "processes": 1}
+                                   "ranges": [], "process": 0, "processes": 1, "rank": 0}
     assert assigned == [JoinState.ASSIGNED]
 
 
@@ -332,7 +332,8 @@ def test_a_node_assigned_its_subtree_starts_its_steps(membership):
     assert m.engine.place == place("1") and m.engine.scheme is not None
     local = shares_of("1")["1"].local
     assert m.assignment() == {"name": "1", "layer": 1, "samples": SAMPLES, "workers": 6,
-                              "ranges": [list(r) for r in local], "process": 0, "processes": 1}
+                              "ranges": [list(r) for r in local], "process": 0, "processes": 1,
+                              "rank": 2}     # the master is 0, node 0 is 1
     first, second = m.assignment(0, 2)["ranges"], m.assignment(1, 2)["ranges"]
     assert sum(b - a for a, b, _ in first + second) == sum(b - a for a, b, _ in local)
 
