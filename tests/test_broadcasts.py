@@ -67,7 +67,7 @@ def test_a_node_relays_the_first_senders_state_answer_up_and_drops_the_others():
     assert all(from_child(b, 0, "state/5", first, origin=1))
     assert not any(from_child(b, 1, "state/5", second, origin=2))   # any one will do: sent
     np.testing.assert_array_equal(carried(n.parent, "state/5"), first)
-    assert {m.origin for m in n.parent.messages(Bcast)} == {1}
+    assert {(m.origin, m.root) for m in n.parent.messages(Bcast)} == {(1, "0.0")}   # its root
     assert not b.held                                          # held once the master's comes
 
 

@@ -253,14 +253,15 @@ class Broadcasts:
         """Where a child's piece goes: the assembly relayed up, or nowhere (another
         sender's copy is already on its way, or done). A root outside the child's subtree
         is a ``ProtocolError``."""
-        at = broadcast_id(msg.key, self._root_below(k, msg))
+        root = self._root_below(k, msg)
+        at = broadcast_id(msg.key, root)
         if at in self.held or at in self._relayed:
             return None
         a = self._up.get(at)
         if a is None:
             if not self._speaks_for(k):
                 return None              # no process of the job below it sent this
-            a = self._up[at] = self._start(self._up, ("child", k), msg, at[1])
+            a = self._up[at] = self._start(self._up, ("child", k), msg, root)
         elif a.source != ("child", k) or a.origin != msg.origin:
             return None
         return self._dest(a, msg, nbytes)
@@ -299,7 +300,7 @@ class Broadcasts:
             return None
         a = self._down.get(at)
         if a is None:
-            a = self._down[at] = self._start(self._down, "parent", msg, at[1])
+            a = self._down[at] = self._start(self._down, "parent", msg, msg.root or "")
         elif a.origin != msg.origin:
             raise ProtocolError(f"BCAST {msg.key!r}: two copies from the parent")
         return self._dest(a, msg, nbytes)
