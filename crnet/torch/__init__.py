@@ -54,14 +54,20 @@ from .dtypes import WIRE_DTYPES as WIRE_DTYPES  # public in the former module (n
 from .dtypes import wire_dtype as wire_dtype
 from .loss import weighted_loss
 from .optimizer import DistributedOptimizer
+from .process_group import CrnetProcessGroup, group_client
+from .process_group import register as _register_backend
 from .sampler import CodedSampler
+
+_register_backend()     # dist.init_process_group("crnet")
 
 __all__ = [
     "CodedSampler",
+    "CrnetProcessGroup",
     "DistributedOptimizer",
     "allreduce",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "group_client",
     "result",
     "weighted_loss",
 ]
