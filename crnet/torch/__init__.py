@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from .broadcast import broadcast_optimizer_state, broadcast_parameters
 from .collectives import allreduce, result
+from .ddp import DDPOptimizer, register_crnet_hook
 from .dtypes import WIRE_DTYPES as WIRE_DTYPES  # public in the former module (not in __all__)
 from .dtypes import wire_dtype as wire_dtype
 from .loss import weighted_loss
@@ -63,11 +64,13 @@ _register_backend()     # dist.init_process_group("crnet")
 __all__ = [
     "CodedSampler",
     "CrnetProcessGroup",
+    "DDPOptimizer",
     "DistributedOptimizer",
     "allreduce",
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "group_client",
+    "register_crnet_hook",
     "result",
     "weighted_loss",
 ]

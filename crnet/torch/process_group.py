@@ -137,7 +137,7 @@ class CrnetProcessGroup(dist.ProcessGroup):
         reduce_op = opts if isinstance(opts, dist.ReduceOp) else opts.reduceOp
         op = next((name for k, name in _REDUCTIONS.items() if reduce_op == k), None)
         if op is None:
-            raise _unsupported(f"all_reduce with {reduce_op}")
+            raise _unsupported(f"all_reduce with {getattr(reduce_op, 'op', reduce_op)}")
         got = self.ops.allgather(tensors)
         with torch.no_grad():
             for i, t in enumerate(tensors):
