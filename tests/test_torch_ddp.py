@@ -1,0 +1,148 @@
+"""crnet as a torch.distributed backend, and PyTorch DDP on it with the crnet hook.
+
+One ``crnet run`` (4 hosts, 2 processes each: torchrun's LOCAL_WORLD_SIZE = 2, cyclic
+repetition weights, stragglers injected) runs tests/ddp_script.py, a plain DDP script
+changed only by the backend name, the hook registration, the sampler and the weighted
+loss: every process must end with the parameters of single-process training on the
+same global batches (float64, 1e-9), bit-identical, after exactly one crnet step per
+training step although DDP made several buckets. The same run checks
+torch.distributed's collectives on the crnet group and their errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from crnet import BatchSampler  # noqa: E402
+from crnet.plan import Tree  # noqa: E402
+from crnet.torch import process_group  # noqa: E402
+
+from . import ddp_script  # noqa: E402
+from .conftest import rel_error  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parent.parent
+TREE = ["--fanout", "3", "--layers", "1", "--stragglers", "1", "--local-processes", "2"]
+WORLD = 8              # 4 hosts (the master's included) x 2
+SAMPLES = 24
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The DDP script under ``crnet run``: its output directory."""
+    out = tmp_path_factory.mktemp("ddp")
+    (out / "tmp").mkdir()
+    env = dict(os.environ, TMPDIR=str(out / "tmp"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(
+        [sys.executable, "-m", "crnet", "run", *TREE, "--samples", str(SAMPLES), "--",
+         sys.executable, "-W", "ignore", str(REPO / "tests" / "ddp_script.py"), "--out", str(out),
+         "--steps", str(STEPS), "--straggle-prob", "0.15", "--straggle-ms", "300"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def single_process() -> np.ndarray:
+    """The reference: rank 0's initial model, the whole global batch each step, mean loss."""
+    x, y = ddp_script.data()
+    model = ddp_script.make_model(0)
+    opt = ddp_script.make_optimizer(model.parameters())
+    batches = BatchSampler(ddp_script.DATASET, SAMPLES, ddp_script.SEED)
+    for t in range(STEPS):
+        idx = torch.from_numpy(batches.indices(t))
+        opt.zero_grad()
+        F.mse_loss(model(x[idx]), y[idx], reduction="none").mean(dim=1).mean().backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def test_a_ddp_script_trains_like_one_process_on_the_global_batch(run):
+    params = [np.load(run / f"params-{rank}.npy") for rank in range(WORLD)]
+    err = rel_error(params[0], single_process())
+    print(f"DDP on crnet: max rel. difference {err:.1e} vs single-process training")
+    assert err <= 1e-9, err
+    for rank, got in enumerate(params):
+        assert np.array_equal(got, params[0]), rank       # the very same updates everywhere
+    runs = [json.loads((run / f"run-{rank}.json").read_text()) for rank in range(WORLD)]
+    for r in runs:
+        # one crnet step per training step, however many buckets DDP made
+        assert r["reductions"] == r["applied"] == STEPS, r
+        assert r["buckets"] >= 2, r
+        assert r["skipped"] == r["resyncs"] == 0, r
+    assert sum(r["abandoned"] for r in runs) > 0           # stragglers left steps the tree had done
+
+
+def test_collectives_are_exact_and_the_same_on_every_process(run):
+    seen = [json.loads((run / f"collectives-{rank}.json").read_text()) for rank in range(WORLD)]
+    s = seen[0]
+    want_sum = 0.0
+    for rank in range(WORLD):                               # in rank order, as the backend adds
+        want_sum += 0.1 * (rank + 1)
+    assert s["sum"] == [want_sum] * 4
+    assert s["avg"] == [sum(range(WORLD)) / WORLD] * 2
+    assert s["max"] == [WORLD - 1, 0, 1 << 60]
+    assert s["bits"] == [-1, 2**53 + 1, WORLD - 1]          # bytes, not values: exact for any dtype
+    assert s["half"] == [1.5, WORLD - 1] and s["flags"] == [(WORLD - 1) % 2 == 0, True]
+    want = torch.cat([p.detach().reshape(-1) for p in ddp_script.make_model(0).parameters()])
+    assert s["params"] == want.tolist()                     # rank 0's, tensor by tensor
+    assert [o["rank"] for o in s["objects"]] == list(range(WORLD))
+    for other in seen[1:]:
+        assert other == s
+
+
+def test_unsupported_operations_raise_errors_that_name_what_is_supported(run):
+    errors = json.loads((run / "collectives-0.json").read_text())["errors"]
+    assert set(errors) == {"reduce", "reduce_scatter", "all_to_all", "band"}
+    for name, message in errors.items():
+        assert message is not None, name
+        assert "the crnet process group does not support" in message
+        assert "it supports broadcast, all_reduce (SUM, AVG, PRODUCT, MIN, MAX), all_gather" in message
+    assert "BAND" in errors["band"]
+
+
+@pytest.mark.parametrize("local_world, world, says", [
+    ("2", 3, "--local-processes 1) but this host runs LOCAL_WORLD_SIZE=2"),
+    ("1", 5, "its world is 2 processes (or 3 with the master's host), but WORLD_SIZE=5"),
+])
+def test_init_refuses_a_world_the_daemons_do_not_expect(local_tree, monkeypatch, local_world, world, says):
+    lt = local_tree(Tree.regular(2, 1, 1), 4)
+    monkeypatch.setenv("CRNET_CLIENT_SOCKET", lt.socket_path("0"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+    monkeypatch.delenv("CRNET_JOB", raising=False)
+    store = dist.HashStore()
+    with pytest.raises(RuntimeError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        process_group.create(store, 0, world, timedelta(seconds=30))
+
+
+def test_importing_crnet_imports_no_torch():
+    """The core has no torch dependency: every module but crnet.torch imports without it."""
+    code = ("import pkgutil, importlib, sys\n"
+            "def walk(name):\n"       # not pkgutil.walk_packages: it imports crnet.torch to walk it
+            "    package = importlib.import_module(name)\n"
+            "    for m in pkgutil.iter_modules(package.__path__, name + '.'):\n"
+            "        if m.name in ('crnet.torch', 'crnet.__main__'):\n"
+            "            continue\n"
+            "        walk(m.name) if m.ispkg else importlib.import_module(m.name)\n"
+            "walk('crnet')\n"
+            "assert 'crnet.run' in sys.modules and 'crnet.node.broadcasts' in sys.modules\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
