@@ -108,10 +108,13 @@ def test_collectives_are_exact_and_the_same_on_every_process(run):
 
 def test_unsupported_operations_raise_errors_that_name_what_is_supported(run):
     errors = json.loads((run / "collectives-0.json").read_text())["errors"]
-    assert set(errors) == {"reduce", "reduce_scatter", "all_to_all", "band"}
+    assert set(errors) == {"reduce", "reduce_scatter", "all_to_all", "band", "gather", "scatter",
+                           "send", "recv", "new_group"}
+    assert errors.pop("new_group") == ("RuntimeError: the crnet process group is the world's only: "
+                                       "dist.new_group is not supported with the crnet backend")
     for name, message in errors.items():
         assert message is not None, name
-        assert "the crnet process group does not support" in message
+        assert message.startswith("RuntimeError: the crnet process group does not support"), message
         assert "it supports broadcast, all_reduce (SUM, AVG, PRODUCT, MIN, MAX), all_gather" in message
     assert "BAND" in errors["band"]
 

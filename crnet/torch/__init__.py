@@ -34,6 +34,9 @@ The pieces, and why each is there:
 - ``broadcast_parameters`` / ``broadcast_optimizer_state``: one process's tensors to
   all (a checkpoint), and the state a process that starts mid-job takes from a peer.
 - ``allreduce`` / ``result``: the client's calls, with tensors in and out.
+- ``dist.init_process_group("crnet")`` (registered on import) and
+  ``register_crnet_hook(ddp_model, optimizer)``: a DDP script on crnet, its gradient one
+  crnet step per training step (docs/torch.md, "DDP and torch.distributed").
 
 crnet carries float32 and float64 vectors; other dtypes get a TypeError that says what
 to do. The core package never imports this package (torch is an optional extra).
@@ -43,7 +46,9 @@ One module per job: ``sampler`` (``CodedSampler``), ``loss`` (``weighted_loss``)
 (``.grad`` as views into the shared memory), ``replica_state`` (a replica's state as one
 vector, for peers), ``optimizer_layout`` (the optimizer's part of it), ``packing``
 (tensors into a flat vector and back), ``broadcast``, ``collectives`` (``allreduce``,
-``result``) and ``dtypes`` (what the wire carries).
+``result``), ``dtypes`` (what the wire carries), ``replica_steps`` (the steps' outcomes,
+shared by ``DistributedOptimizer`` and the DDP hook), ``ddp`` (the hook), ``process_group``
+(the backend) and ``exact_collectives`` (its collectives over broadcasts and barriers).
 """
 
 from __future__ import annotations

@@ -107,9 +107,6 @@ def _reduce(parts: list[torch.Tensor], op: str) -> torch.Tensor:
         else:
             torch.maximum(acc, p, out=acc)
     if op == "avg":
-        if not (acc.is_floating_point() or acc.is_complex()):
-            raise RuntimeError(f"all_reduce with AVG of a {acc.dtype} tensor: use SUM, or a "
-                               "floating point tensor")
         acc /= len(parts)
     return acc
 
@@ -138,6 +135,10 @@ class CrnetProcessGroup(dist.ProcessGroup):
         op = next((name for k, name in _REDUCTIONS.items() if reduce_op == k), None)
         if op is None:
             raise _unsupported(f"all_reduce with {getattr(reduce_op, 'op', reduce_op)}")
+        for t in tensors:
+            if op == "avg" and not (t.is_floating_point() or t.is_complex()):
+                raise RuntimeError(f"all_reduce with AVG of a {t.dtype} tensor: use SUM, or a "
+                                   "floating point tensor")
         got = self.ops.allgather(tensors)
         with torch.no_grad():
             for i, t in enumerate(tensors):
