@@ -42,29 +42,38 @@ SAMPLES = 24
 STEPS = 12
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """The DDP script under ``crnet run``: its output directory."""
-    out = tmp_path_factory.mktemp("ddp")
+def crnet_run(out: Path, tree: list[str], samples: int, *script_args: str) -> None:
+    """The DDP script under ``crnet run``, writing into ``out``."""
     (out / "tmp").mkdir()
     env = dict(os.environ, TMPDIR=str(out / "tmp"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     done = subprocess.run(
-        [sys.executable, "-m", "crnet", "run", *TREE, "--samples", str(SAMPLES), "--",
+        [sys.executable, "-m", "crnet", "run", *tree, "--samples", str(samples), "--",
          sys.executable, "-W", "ignore", str(REPO / "tests" / "ddp_script.py"), "--out", str(out),
-         "--steps", str(STEPS), "--straggle-prob", "0.15", "--straggle-ms", "300"],
+         *script_args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The DDP script under ``crnet run`` with stragglers: its output directory."""
+    out = tmp_path_factory.mktemp("ddp")
+    crnet_run(out, TREE, SAMPLES, "--steps", str(STEPS), "--straggle-prob", "0.15",
+              "--straggle-ms", "300")
     return out
 
 
-def single_process() -> np.ndarray:
-    """The reference: rank 0's initial model, the whole global batch each step, mean loss."""
+def single_process(samples: int = SAMPLES, steps: int = STEPS, skipped=()) -> np.ndarray:
+    """The reference: rank 0's initial model, the whole global batch each step, mean loss
+    (no update in the ``skipped`` steps)."""
     x, y = ddp_script.data()
     model = ddp_script.make_model(0)
     opt = ddp_script.make_optimizer(model.parameters())
-    batches = BatchSampler(ddp_script.DATASET, SAMPLES, ddp_script.SEED)
-    for t in range(STEPS):
+    batches = BatchSampler(ddp_script.DATASET, samples, ddp_script.SEED)
+    for t in range(steps):
+        if t in skipped:
+            continue
         idx = torch.from_numpy(batches.indices(t))
         opt.zero_grad()
         F.mse_loss(model(x[idx]), y[idx], reduction="none").mean(dim=1).mean().backward()
@@ -86,6 +95,21 @@ def test_a_ddp_script_trains_like_one_process_on_the_global_batch(run):
         assert r["buckets"] >= 2, r
         assert r["skipped"] == r["resyncs"] == 0, r
     assert sum(r["abandoned"] for r in runs) > 0           # stragglers left steps the tree had done
+
+
+def test_a_step_that_fails_tree_wide_is_skipped_by_every_ddp_replica(tmp_path):
+    """No straggler tolerated and rank 1 sits step 3 out: the master fails the step at
+    --timeout, the hook gets the same StepFailed everywhere, every replica's step()
+    applies nothing, and all go on equal to single-process training without that step."""
+    crnet_run(tmp_path, ["--fanout", "2", "--layers", "1", "--stragglers", "0", "--timeout", "1"],
+              12, "--steps", "6", "--sit-out", "1", "3")
+    params = [np.load(tmp_path / f"params-{rank}.npy") for rank in range(3)]
+    assert rel_error(params[0], single_process(12, 6, skipped={3})) <= 1e-9
+    for rank, got in enumerate(params):
+        assert np.array_equal(got, params[0]), rank
+    for rank in range(3):
+        r = json.loads((tmp_path / f"run-{rank}.json").read_text())
+        assert (r["skipped"], r["applied"], r["reductions"], r["resyncs"]) == (1, 5, 6, 0), r
 
 
 def test_collectives_are_exact_and_the_same_on_every_process(run):
