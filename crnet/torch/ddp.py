@@ -94,6 +94,7 @@ class DDPOptimizer(ReplicaSteps):
 
     @property
     def copied_bytes(self) -> int:
+        """The gradient into the shared input and the result out, each step (see the module)."""
         return self.grads.copied_bytes
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -163,14 +164,14 @@ class DDPOptimizer(ReplicaSteps):
 
     def _reduce_pending(self) -> None:
         """The one crnet step of this backward; every bucket's future from its result."""
+        pending, self._pending = self._pending, []    # the next backward starts afresh
+        self.buckets = len(pending)
         ok = False
         if not self.resync_pending:    # a stale replica's gradient would be refused
             self.reductions += 1
             ok = self.reduce(self.grads.input, self.grads.output)
         self._outcome = ok
         m = self.client.assignment.samples
-        pending, self._pending = self._pending, []
-        self.buckets = len(pending)
         for buffer, entries, fut in pending:
             if ok:       # else the gradient is left as it is: step() applies nothing
                 for i, g in entries:
