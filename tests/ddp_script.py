@@ -106,8 +106,8 @@ def main():
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--straggle-prob", type=float, default=0.0)
     ap.add_argument("--straggle-ms", type=float, default=0.0)
-    ap.add_argument("--sit-out", type=int, nargs=2, metavar=("RANK", "STEP"),
-                    help="this rank computes nothing of this step until the tree decided it")
+    ap.add_argument("--sit-out", type=int, metavar="STEP",
+                    help="compute nothing of this step until the tree decided it")
     a = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -121,7 +121,7 @@ def main():
     sampler = CodedSampler(DATASET, opt.client, seed=SEED)
     while opt.step_index < a.steps:
         idx, w = sampler.local(opt.step_index)
-        if a.sit_out and [rank, opt.step_index] == a.sit_out:
+        if opt.step_index == a.sit_out:
             while not opt.client.finished(opt.step_index):   # with no straggler tolerated, the
                 time.sleep(0.01)                              # master fails it at --timeout
         opt.zero_grad()

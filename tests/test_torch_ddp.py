@@ -1,18 +1,21 @@
 """crnet as a torch.distributed backend, and PyTorch DDP on it with the crnet hook.
 
-One ``crnet run`` (4 hosts, 2 processes each: torchrun's LOCAL_WORLD_SIZE = 2, cyclic
-repetition weights, stragglers injected) runs tests/ddp_script.py, a plain DDP script
-changed only by the backend name, the hook registration, the sampler and the weighted
-loss: every process must end with the parameters of single-process training on the
-same global batches (float64, 1e-9), bit-identical, after exactly one crnet step per
-training step although DDP made several buckets. The same run checks
-torch.distributed's collectives on the crnet group and their errors.
+tests/ddp_script.py is a plain DDP script changed only by the backend name, the hook
+registration, the sampler and the weighted loss. Under ``crnet run`` (4 hosts, 2
+processes each: LOCAL_WORLD_SIZE = 2, cyclic repetition weights, stragglers injected)
+every process must end with the parameters of single-process training on the same
+global batches (float64, 1e-9), bit-identical, after exactly one crnet step per training
+step although DDP made several buckets; the same run checks torch.distributed's
+collectives on the crnet group and their errors. Under one torchrun per daemon of a
+local tree (the multi-host launch, on one machine), a step that fails tree-wide is
+skipped by every replica.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -27,6 +30,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from crnet import BatchSampler  # noqa: E402
+from crnet.launch import free_port  # noqa: E402
 from crnet.plan import Tree  # noqa: E402
 from crnet.torch import process_group  # noqa: E402
 
@@ -97,21 +101,6 @@ def test_a_ddp_script_trains_like_one_process_on_the_global_batch(run):
     assert sum(r["abandoned"] for r in runs) > 0           # stragglers left steps the tree had done
 
 
-def test_a_step_that_fails_tree_wide_is_skipped_by_every_ddp_replica(tmp_path):
-    """No straggler tolerated and rank 1 sits step 3 out: the master fails the step at
-    --timeout, the hook gets the same StepFailed everywhere, every replica's step()
-    applies nothing, and all go on equal to single-process training without that step."""
-    crnet_run(tmp_path, ["--fanout", "2", "--layers", "1", "--stragglers", "0", "--timeout", "1"],
-              12, "--steps", "6", "--sit-out", "1", "3")
-    params = [np.load(tmp_path / f"params-{rank}.npy") for rank in range(3)]
-    assert rel_error(params[0], single_process(12, 6, skipped={3})) <= 1e-9
-    for rank, got in enumerate(params):
-        assert np.array_equal(got, params[0]), rank
-    for rank in range(3):
-        r = json.loads((tmp_path / f"run-{rank}.json").read_text())
-        assert (r["skipped"], r["applied"], r["reductions"], r["resyncs"]) == (1, 5, 6, 0), r
-
-
 def test_collectives_are_exact_and_the_same_on_every_process(run):
     seen = [json.loads((run / f"collectives-{rank}.json").read_text()) for rank in range(WORLD)]
     s = seen[0]
@@ -141,6 +130,48 @@ def test_unsupported_operations_raise_errors_that_name_what_is_supported(run):
         assert message.startswith("RuntimeError: the crnet process group does not support"), message
         assert "it supports broadcast, all_reduce (SUM, AVG, PRODUCT, MIN, MAX), all_gather" in message
     assert "BAND" in errors["band"]
+
+
+def test_hosts_each_running_torchrun_against_their_own_daemon_skip_a_failed_step_together(
+        local_tree, tmp_path):
+    """The multi-host launch on one machine: a tree of 3 daemons, and per daemon one
+    torchrun (c10d rendezvous, --nnodes 3) whose process finds that daemon through
+    CRNET_CLIENT_SOCKET; no CRNET_JOB: rank 0 names the job through torch's store, and
+    torch's ranks follow its rendezvous, not the tree. No straggler tolerated, and host
+    1's process sits step 3 out: the master fails the step at --timeout, the hook gets
+    the same StepFailed everywhere, every replica's step() applies nothing, and all end
+    equal to single-process training without that step."""
+    steps, skipped = 6, 3
+    lt = local_tree(Tree.regular(2, 1, 0), 12, timeout=1)
+    port = free_port()
+    env = dict(os.environ, TMPDIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env.pop("CRNET_JOB", None)
+    procs = []
+    try:
+        for host in ("", "0", "1"):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
+                 "--max-restarts", "0", str(REPO / "tests" / "ddp_script.py"), "--out", str(tmp_path),
+                 "--steps", str(steps), *(["--sit-out", str(skipped)] if host == "1" else [])],
+                env=dict(env, CRNET_CLIENT_SOCKET=lt.socket_path(host)), cwd=REPO,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        for p in procs:
+            out, _ = p.communicate(timeout=240)
+            assert p.returncode == 0, out[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    params = [np.load(tmp_path / f"params-{rank}.npy") for rank in range(3)]
+    assert rel_error(params[0], single_process(12, steps, skipped={skipped})) <= 1e-9
+    for rank, got in enumerate(params):
+        assert np.array_equal(got, params[0]), rank
+    for rank in range(3):
+        r = json.loads((tmp_path / f"run-{rank}.json").read_text())
+        assert (r["skipped"], r["applied"], r["reductions"], r["resyncs"]) == (1, steps - 1, steps, 0), r
 
 
 @pytest.mark.parametrize("local_world, world, says", [
