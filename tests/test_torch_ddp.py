@@ -51,12 +51,17 @@ def crnet_run(out: Path, tree: list[str], samples: int, *script_args: str) -> No
     (out / "tmp").mkdir()
     env = dict(os.environ, TMPDIR=str(out / "tmp"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "crnet", "run", *tree, "--samples", str(samples), "--",
          sys.executable, "-W", "ignore", str(REPO / "tests" / "ddp_script.py"), "--out", str(out),
          *script_args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=250)
+    except subprocess.TimeoutExpired:
+        proc.terminate()          # crnet run stops its processes and daemons (SIGKILL would not)
+        stdout, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
