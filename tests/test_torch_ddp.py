@@ -193,6 +193,22 @@ def test_init_refuses_a_world_the_daemons_do_not_expect(local_tree, monkeypatch,
         process_group.create(store, 0, world, timedelta(seconds=30))
 
 
+def test_tensors_of_any_dtype_travel_as_their_bytes():
+    """What the backend's broadcasts carry: the bytes of every tensor, one after the other,
+    as float64 words the wire relays untouched (a NaN's bit pattern included), back with
+    their dtypes, shapes and values, aligned whatever came before."""
+    from crnet.torch.exact_collectives import from_wire, to_wire
+
+    tensors = [torch.tensor([True, False, True]), torch.tensor([1.5, -2.0]),
+               torch.tensor([-1, 2**62], dtype=torch.int64), torch.zeros(0),
+               torch.tensor([1 + 2j]), torch.tensor([3.0], dtype=torch.bfloat16),
+               torch.arange(6.0).reshape(2, 3).t()]
+    wire = to_wire(tensors)
+    assert wire.dtype == np.float64 and wire.nbytes == 64    # 3+8+16+0+8+2+24 = 61, padded
+    for sent, got in zip(tensors, from_wire(wire.copy(), tensors)):
+        assert got.dtype == sent.dtype and got.shape == sent.shape and torch.equal(got, sent)
+
+
 def test_importing_crnet_imports_no_torch():
     """The core has no torch dependency: every module but crnet.torch imports without it."""
     code = ("import pkgutil, importlib, sys\n"

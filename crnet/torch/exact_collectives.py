@@ -48,11 +48,13 @@ def to_wire(tensors: Sequence[torch.Tensor]) -> np.ndarray:
 
 def from_wire(vec: np.ndarray, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """New CPU tensors shaped and typed like ``like``, from ``to_wire``'s bytes."""
-    raw = torch.from_numpy(np.ascontiguousarray(vec).view(np.uint8).copy())
+    raw = torch.from_numpy(np.ascontiguousarray(vec).view(np.uint8))
     out, at = [], 0
     for t in like:
         n = t.numel() * t.element_size()
-        out.append(raw[at:at + n].view(t.dtype).view(t.shape))
+        # a copy of its own: aligned for its dtype whatever came before it, and not a view
+        # of memory the client reuses
+        out.append(raw[at:at + n].clone().view(t.dtype).view(t.shape))
         at += n
     return out
 
