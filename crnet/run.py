@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 from .defaults import TIMEOUT
 from .errors import LaunchError
-from .launch import LocalTree
+from .launch import LocalTree, free_port
 from .plan import Tree
 
 __all__ = ["DEFAULT_SAMPLES", "FAILURE_GRACE", "STOP_GRACE", "Run", "Seat", "seats",
@@ -65,11 +65,20 @@ def seats(tree: Tree, local_processes: int = 1) -> list[Seat]:
     return out
 
 
-def training_env(seat: Seat, socket_path: str, job: str, world_size: int) -> dict[str, str]:
-    """What ``crnet run`` adds to a training process's environment."""
-    return {"CRNET_CLIENT_SOCKET": socket_path, "CRNET_JOB": job, "CRNET_HOST": seat.host,
-            "CRNET_LOCAL_PROCESS": str(seat.local), "CRNET_RANK": str(seat.rank),
-            "CRNET_WORLD_SIZE": str(world_size)}
+def training_env(seat: Seat, socket_path: str, job: str, world_size: int,
+                 local_processes: int = 1, master_port: int | None = None) -> dict[str, str]:
+    """What ``crnet run`` adds to a training process's environment: crnet's variables, and
+    torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, and with
+    ``master_port`` ``MASTER_ADDR``/``MASTER_PORT`` for torch's store), so that
+    ``dist.init_process_group("crnet")`` works unchanged."""
+    env = {"CRNET_CLIENT_SOCKET": socket_path, "CRNET_JOB": job, "CRNET_HOST": seat.host,
+           "CRNET_LOCAL_PROCESS": str(seat.local), "CRNET_RANK": str(seat.rank),
+           "CRNET_WORLD_SIZE": str(world_size),
+           "RANK": str(seat.rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(seat.local),
+           "LOCAL_WORLD_SIZE": str(local_processes)}
+    if master_port is not None:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+    return env
 
 
 def exit_code(returncode: int) -> int:
@@ -244,9 +253,10 @@ class Run:
             raise _Interrupted(self._signals[0])
 
     def _start_training(self, lt: LocalTree) -> None:
+        master_port = free_port()     # torch's store, should the command use torch.distributed
         for seat in self.seats:
             env = dict(os.environ, **training_env(seat, lt.socket_path(seat.host), self.job,
-                                                  len(self.seats)))
+                                                  len(self.seats), self.local_processes, master_port))
             env.setdefault("PYTHONUNBUFFERED", "1")   # lines as they are printed, not at exit
             try:
                 proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,

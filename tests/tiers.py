@@ -84,6 +84,7 @@ FULL_FILES = frozenset({
     "test_systemd.py",
     "test_tls.py",
     "test_torch.py",
+    "test_torch_ddp.py",    # dist.init_process_group("crnet") and DDP with the crnet hook
     "test_train_digits.py",
     "test_transport.py",
     "test_trust.py",

@@ -34,6 +34,9 @@ The pieces, and why each is there:
 - ``broadcast_parameters`` / ``broadcast_optimizer_state``: one process's tensors to
   all (a checkpoint), and the state a process that starts mid-job takes from a peer.
 - ``allreduce`` / ``result``: the client's calls, with tensors in and out.
+- ``dist.init_process_group("crnet")`` (registered on import) and
+  ``register_crnet_hook(ddp_model, optimizer)``: a DDP script on crnet, its gradient one
+  crnet step per training step (docs/torch.md, "DDP and torch.distributed").
 
 crnet carries float32 and float64 vectors; other dtypes get a TypeError that says what
 to do. The core package never imports this package (torch is an optional extra).
@@ -43,25 +46,36 @@ One module per job: ``sampler`` (``CodedSampler``), ``loss`` (``weighted_loss``)
 (``.grad`` as views into the shared memory), ``replica_state`` (a replica's state as one
 vector, for peers), ``optimizer_layout`` (the optimizer's part of it), ``packing``
 (tensors into a flat vector and back), ``broadcast``, ``collectives`` (``allreduce``,
-``result``) and ``dtypes`` (what the wire carries).
+``result``), ``dtypes`` (what the wire carries), ``replica_steps`` (the steps' outcomes,
+shared by ``DistributedOptimizer`` and the DDP hook), ``ddp`` (the hook), ``process_group``
+(the backend) and ``exact_collectives`` (its collectives over broadcasts and barriers).
 """
 
 from __future__ import annotations
 
 from .broadcast import broadcast_optimizer_state, broadcast_parameters
 from .collectives import allreduce, result
+from .ddp import DDPOptimizer, register_crnet_hook
 from .dtypes import WIRE_DTYPES as WIRE_DTYPES  # public in the former module (not in __all__)
 from .dtypes import wire_dtype as wire_dtype
 from .loss import weighted_loss
 from .optimizer import DistributedOptimizer
+from .process_group import CrnetProcessGroup, group_client
+from .process_group import register as _register_backend
 from .sampler import CodedSampler
+
+_register_backend()     # dist.init_process_group("crnet")
 
 __all__ = [
     "CodedSampler",
+    "CrnetProcessGroup",
+    "DDPOptimizer",
     "DistributedOptimizer",
     "allreduce",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "group_client",
+    "register_crnet_hook",
     "result",
     "weighted_loss",
 ]

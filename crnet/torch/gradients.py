@@ -22,10 +22,12 @@ class SharedGradients:
 
     On the CPU every ``.grad`` is a view: ``input`` until the allreduce, then ``output``.
     A ``.grad`` that is not the view (set to None or replaced) is copied, and GPU
-    gradients go through host memory: ``copied_bytes`` counts both.
+    gradients go through host memory: ``copied_bytes`` counts both. With ``views=False``
+    the ``.grad`` tensors stay whoever's they are (DDP's: its buckets own them) and are
+    copied in (``gather``) and out (``scatter``), as on a GPU.
     """
 
-    def __init__(self, params: list[torch.Tensor], client: Client):
+    def __init__(self, params: list[torch.Tensor], client: Client, views: bool = True):
         self.params = params
         self.client = client
         self.dtype = common_dtype(params, "parameters")
@@ -36,6 +38,7 @@ class SharedGradients:
                              "crnet.torch reduces one flat vector")
         self.device = devices.pop()
         self.on_host = self.device.type == "cpu"
+        self.views = views and self.on_host   # .grad is a view into the shared memory
         self.numel = sum(p.numel() for p in params)
         self.copied_bytes = 0          # client-side copies between backward and the network
 
@@ -54,9 +57,14 @@ class SharedGradients:
             self._out_views.append(self._output_t[at:at + k].view(p.shape))
             at += k
         self._input_t.zero_()
-        if self.on_host:
+        if self.views:
             for p, v in zip(self.params, self._in_views):
                 p.grad = v
+
+    def slot(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Parameter ``i``'s part of the shared input and of the shared output, shaped like
+        it (call ``refresh`` first: the shared memory may have moved)."""
+        return self._in_views[i], self._out_views[i]
 
     def refresh(self) -> None:
         """Rebind if the client's shared memory moved: it grows (a new mapping) when a
@@ -69,7 +77,7 @@ class SharedGradients:
     def zero(self) -> None:
         """Zero the gradients where backward will accumulate them: the shared input."""
         self.refresh()
-        if self.on_host:
+        if self.views:
             self._input_t.zero_()
             for p, v in zip(self.params, self._in_views):
                 if p.grad is not v:
@@ -87,24 +95,24 @@ class SharedGradients:
                 continue
             if g is None:
                 v.zero_()
-            elif self.on_host and g is w:
+            elif self.views and g is w:
                 raise RuntimeError("the previous step's gradient is still in .grad: call "
                                    "zero_grad() of the DistributedOptimizer before backward")
             else:
-                v.copy_(g)                 # replaced on the CPU, or device -> host
+                v.copy_(g)                 # replaced or not ours on the CPU, or device -> host
                 self.copied_bytes += v.numel() * v.element_size()
-            if self.on_host:
+            if self.views:
                 p.grad = v
 
     def scatter(self, samples: int) -> None:
         """The sum of ``samples`` samples' gradients -> their mean, in ``.grad``."""
         self._output_t.div_(samples)
         for p, w in zip(self.params, self._out_views):
-            if self.on_host:
+            if self.views:
                 if p.grad is not w:
                     p.grad = w
             else:
                 if p.grad is None:
                     p.grad = torch.empty_like(p)
-                p.grad.copy_(w)            # host -> device
+                p.grad.copy_(w)            # into .grad: on the device, or not ours
                 self.copied_bytes += w.numel() * w.element_size()

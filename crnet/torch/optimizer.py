@@ -3,30 +3,17 @@ their outcomes, and the state it gives to and takes from peers."""
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from ..client import Client
-from ..errors import (
-    AssignmentChanged,
-    CrnetError,
-    DaemonNotRunning,
-    JobEnded,
-    StepFailed,
-    StepLost,
-    StepRefused,
-)
 from .gradients import SharedGradients
-from .replica_state import ReplicaState
-
-log = logging.getLogger(__name__)
+from .replica_steps import ReplicaSteps
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(ReplicaSteps):
     """``optimizer`` with the gradient of the whole global batch, the same on every replica.
 
     Per step: ``zero_grad()``, backward over this process's coded share (``CodedSampler``,
@@ -66,7 +53,9 @@ class DistributedOptimizer:
     in lockstep from there; the constructor waits for it.
 
     Its parts: ``grads`` (``SharedGradients``: the flat vector and the views) and
-    ``replica`` (``ReplicaState``: the vector a peer sends, and the optimizer's layout).
+    ``replica`` (``ReplicaState``: the vector a peer sends, and the optimizer's layout);
+    the steps' outcomes, ``micro_batches`` and the state for peers are ``ReplicaSteps``'s,
+    shared with the DDP hook (``crnet.torch.ddp``).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer,
@@ -77,10 +66,7 @@ class DistributedOptimizer:
         parameters are the job's (``client.mark_current()``: e.g. a fresh job, after a
         start barrier and a broadcast). ``timeout``: for the client's calls (default
         theirs)."""
-        self.optimizer = optimizer
-        self.model = model
-        self.client = client
-        self.timeout = timeout
+        super().__init__(optimizer, model, client, timeout)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if not params:
             raise ValueError("the optimizer has no parameter that requires grad")
@@ -88,16 +74,9 @@ class DistributedOptimizer:
         g = self.grads
         self.params, self.dtype, self.np_dtype = g.params, g.dtype, g.np_dtype
         self.device, self.on_host, self.numel = g.device, g.on_host, g.numel
-        self.replica = ReplicaState(model, optimizer)
-        self.step_index = 0
-        self.applied = self.skipped = self.resyncs = self.answered = self.abandoned = 0
-        self._needs_resync = False
         g.bind()
-        if join if join is not None else (client.stale or client.tree_step >= 0):
-            self._resync()            # request_state: the client is current from here
+        if self.start(join):
             g.refresh()
-        else:
-            client.mark_current()
 
     @property
     def input(self) -> np.ndarray:
@@ -118,98 +97,16 @@ class DistributedOptimizer:
         """Zero the gradients where backward will accumulate them: the shared input."""
         self.grads.zero()
 
-    def micro_batches(self, indices: torch.Tensor, weights: torch.Tensor, size: int
-                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This step's share in pieces of ``size`` samples, until the tree has finished the
-        step: a process that fell behind stops computing a step the others already
-        decided (``client.finished``, a shared-memory read, before each piece), and
-        ``step()`` then takes the tree's result at once. ``abandoned`` counts such steps."""
-        if size < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
-        step = self.step_index
-        for start in range(0, len(indices), size):
-            if self.client.finished(step):
-                self.abandoned += 1
-                return
-            yield indices[start:start + size], weights[start:start + size]
-
     # ---- one step
     def step(self) -> bool:
         """Reduce this step's gradient over the tree and apply the update; True if applied."""
-        step = self.step_index
-        if self._needs_resync:            # the last attempt failed: this gradient is stale
-            self._resync()
+        if self.catch_up():               # the last attempt failed: this gradient is stale
             return False
-        try:
-            self.grads.gather()
-            self.client.allreduce(self.grads.input, step, out=self.grads.output,
-                                  timeout=self.timeout)
-        except AssignmentChanged:
-            log.info("step %d: the tree re-assigned this host's share; redo the step", step)
-            return False
-        except StepFailed as e:
-            if not e.tree_wide:
-                log.warning("step %d failed here only (%s): resynchronising", step, e.reason)
-                self._resync()
-                return False
-            # Every replica skips it and stays identical. The next step is step + 1, not
-            # tree_step + 1: steps the tree decided since return at once (or StepLost),
-            # and jumping over them would leave their updates out of this replica.
-            self.skipped += 1
-            self.step_index = step + 1
-            self._answer(step)
-            return False
-        except StepLost as e:
-            log.warning("step %d lost (%s): resynchronising", step, e)
-            self._resync()
-            return False
-        except StepRefused as e:
-            # Far ahead of what this host's daemon knows of the tree (it restarted, or
-            # lost its parent): it learns where the tree is when it is back. Ask again.
-            log.warning("step %d refused (%s): asking again shortly", step, e)
-            time.sleep(0.1)
+        self.grads.gather()
+        if not self.reduce(self.grads.input, self.grads.output):
+            self.catch_up()
             return False
         self.grads.scatter(self.client.assignment.samples)
         self.optimizer.step()
-        self.applied += 1
-        self.step_index = step + 1
-        self._answer(step)
+        self.applied_step()
         return True
-
-    # ---- the state, for peers
-    def state_size(self) -> int:
-        """Elements of the float64 state vector: model tensors, then the optimizer's."""
-        return self.replica.size()
-
-    def pack_state(self, dest: np.ndarray) -> None:
-        self.replica.pack(dest)
-
-    def load_state(self, src: np.ndarray) -> None:
-        self.replica.load(src)
-
-    def _resync(self) -> None:
-        """Take a peer's state (after its step ``t``) and continue at ``t + 1``."""
-        self._needs_resync = True
-        size = self.state_size()
-        out = self.client.result_buffer(size, np.float64)
-        vec, taken = self.client.request_state(out, out=out, timeout=self.timeout)
-        self.load_state(vec)
-        self._needs_resync = False
-        self.resyncs += 1
-        log.info("took a peer's state after step %d; going on at step %d", taken, taken + 1)
-        self.step_index = taken + 1
-
-    def _answer(self, step: int) -> None:
-        """Send this replica's state (after ``step``) to a process that asked for it."""
-        if self._needs_resync or not self.client.state_wanted():
-            return
-        vec = self.client.buffer(self.state_size(), np.float64)
-        self.pack_state(vec)
-        try:
-            self.client.send_state(vec, step)
-        except (DaemonNotRunning, JobEnded):
-            raise
-        except CrnetError as e:       # a service to a peer: it asks again if it must
-            log.warning("could not send the state after step %d to a peer: %s", step, e)
-            return
-        self.answered += 1
