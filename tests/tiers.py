@@ -46,6 +46,7 @@ QUICK_TESTS = {
 
 # Full tier only: real daemon trees, subprocesses, soak and benchmark runs.
 FULL_FILES = frozenset({
+    "test_beyond_s.py",      # beyond s: approximate results on real daemons
     "test_auth.py",
     "test_barriers.py",
     "test_batches.py",

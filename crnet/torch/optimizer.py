@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 
+from ..approximate import MIN_SCALED_COVERAGE
 from ..client import Client
 from ..errors import (
     AssignmentChanged,
@@ -38,7 +39,9 @@ class DistributedOptimizer:
     client's shared input (``client.buffer``): backward accumulates into it in place, the
     daemon reads it from there. The sum lands in the shared output
     (``client.result_buffer``, passed as ``out``); it is divided by the global batch size
-    ``m`` in place and ``.grad`` views it for ``optimizer.step()`` (until the next
+    ``m`` in place (an approximate result, ``--beyond-s approximate``: by ``m`` times its
+    coverage, unless that is below ``MIN_SCALED_COVERAGE``; ``approximate`` counts them)
+    and ``.grad`` views it for ``optimizer.step()`` (until the next
     ``zero_grad``). Copies happen only when a ``.grad`` is not the view (set to None or
     replaced, e.g. by ``model.zero_grad()``: copied into the buffer, counted in
     ``copied_bytes``), and for GPU parameters (see below). The client copies nothing: its
@@ -91,6 +94,7 @@ class DistributedOptimizer:
         self.replica = ReplicaState(model, optimizer)
         self.step_index = 0
         self.applied = self.skipped = self.resyncs = self.answered = self.abandoned = 0
+        self.approximate = 0          # of applied: approximate results (rescaled by coverage)
         self._needs_resync = False
         g.bind()
         if join if join is not None else (client.stale or client.tree_step >= 0):
@@ -169,12 +173,27 @@ class DistributedOptimizer:
             log.warning("step %d refused (%s): asking again shortly", step, e)
             time.sleep(0.1)
             return False
-        self.grads.scatter(self.client.assignment.samples)
+        self.grads.scatter(self._samples_in(step))
         self.optimizer.step()
         self.applied += 1
         self.step_index = step + 1
         self._answer(step)
         return True
+
+    def _samples_in(self, step: int) -> float:
+        """What the result sums over: the global batch m, or for an approximate result
+        (``--beyond-s approximate``) m x its coverage, so the update is the mean over what
+        it covers (unbiased in expectation when batches are shuffled: crnet.approximate)."""
+        m = self.client.assignment.samples
+        info = getattr(self.client, "last_result_info", None)
+        if info is None or info.exact:
+            return m
+        self.approximate += 1
+        if info.coverage < MIN_SCALED_COVERAGE:
+            log.warning("step %d: approximate result covering %.3g of the batch: not rescaled",
+                        step, info.coverage)
+            return m
+        return m * info.coverage
 
     # ---- the state, for peers
     def state_size(self) -> int:
