@@ -123,3 +123,60 @@ async def test_by_default_the_same_step_fails(local_tree):
         assert isinstance(outcome, StepFailed) and outcome.tree_wide, outcome
     for c in clients.values():
         c.close()
+
+
+async def test_an_approximate_subtree_composes_into_the_masters_exact_decode(local_tree):
+    """Two layers, n = 3, s = 1 (CRC): node 1's subtree and two of node 0's three children
+    are frozen. Node 0 decodes from child 0.0 and its own share after its patience; the
+    master decodes exactly from nodes 0 and 2, and the result's coverage is node 0's
+    approximation carried up (crnet.approximate: effective mass, composed)."""
+    from crnet.plan import plan
+
+    tree = Tree.regular(3, 2, 1)
+    grads = np.random.default_rng(31).standard_normal((M, DIM))
+    lt = local_tree(tree, M, timeout=TIMEOUT, code_kind="crc", beyond_s="approximate",
+                    patience=PATIENCE)
+    clients = await _connect(lt)
+    frozen = ("0.1", "0.2", "1")
+    try:
+        await gather_or_cancel(*(_submit(c, grads, 0) for c in clients.values()))
+        for name in frozen:
+            lt.signal(name, signal.SIGSTOP)
+        there = {n: c for n, c in clients.items()
+                 if n not in frozen and not n.startswith("1.")}
+        started = time.monotonic()
+        results = await gather_or_cancel(*(_submit(c, grads, 1) for c in there.values()))
+        took = time.monotonic() - started
+    finally:
+        for name in frozen:
+            lt.signal(name, signal.SIGCONT)
+    # Offline: every sample's effective weight, decoding as the daemons must have.
+    p = plan(tree, M, "crc")
+
+    def weights(name):
+        w = np.zeros(M)
+        for start, stop, wt in p.nodes[name].responsibility:
+            w[start:stop] += wt
+        return w
+
+    local0 = np.zeros(M)
+    for start, stop, wt in p.nodes["0"].local:
+        local0[start:stop] += wt
+    code = tree.code_of("0", "crc")
+    a0 = np.linalg.lstsq(code.B[[0]].T, np.ones(3), rcond=None)[0][0]
+    node0 = local0 + a0 * weights("0.0")
+    a = code.decode([0, 2])            # the master: exact from nodes 0 and 2
+    effective = a[0] * node0 + a[1] * weights("2")
+    want = effective @ grads
+    assert took < 2 * PATIENCE + 1.5, took
+    infos = {c.last_result_info for c in there.values()}
+    assert len(infos) == 1, infos
+    info = infos.pop()
+    assert info is not None and not info.exact
+    assert info.coverage == pytest.approx(effective.sum() / M, abs=1e-12)
+    assert info.residual == pytest.approx(float(np.abs(a0 * code.B[0] - 1.0).max()), abs=1e-12)
+    for r in results:
+        assert rel_error(r, want) <= 1e-9
+        assert np.array_equal(r, results[0])
+    for c in clients.values():
+        c.close()
