@@ -129,3 +129,22 @@ def test_coverage_composes_down_a_two_layer_tree(fanout, s, kind):
             assert cov == pytest.approx(vec.sum() / m, abs=1e-12)
             if len(at_master) >= n0 - s and len(at_child) >= n1 - s:
                 assert cov == 1.0
+
+
+def test_crnet_torch_divides_an_approximate_sum_by_the_batch_it_covers():
+    from types import SimpleNamespace
+
+    pytest.importorskip("torch")
+    from crnet import ResultInfo
+    from crnet.approximate import MIN_SCALED_COVERAGE
+    from crnet.torch import DistributedOptimizer
+
+    def samples_in(info):
+        opt = SimpleNamespace(approximate=0, client=SimpleNamespace(
+            assignment=SimpleNamespace(samples=200), last_result_info=info))
+        return DistributedOptimizer._samples_in(opt, 7), opt.approximate   # type: ignore[arg-type]
+
+    assert samples_in(None) == (200, 0)
+    assert samples_in(ResultInfo()) == (200, 0)
+    assert samples_in(ResultInfo(False, 0.25, 1.0)) == (50.0, 1)
+    assert samples_in(ResultInfo(False, MIN_SCALED_COVERAGE / 2, 1.0)) == (200, 1)   # not rescaled
