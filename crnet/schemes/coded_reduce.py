@@ -391,8 +391,11 @@ class CodedReduce(Scheme):
                     result.approx = approx
                 self._down(result, c)
             else:
+                # Said on the first chunk it holds for (once per step, unless it changes).
+                said = None if approx == up.approx_sent else approx
+                up.approx_sent = approx if approx is not None else up.approx_sent
                 self.ports.send.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype_name,
-                                                approx), message)
+                                                said), message)
         if chunks and up.complete and up.code is not None:
             stats.children_skipped += up.code.n - len(up.used)
             for k in range(up.code.n):   # once per step: who this step was decoded without
@@ -444,8 +447,10 @@ class CodedReduce(Scheme):
         """Chunk c of a step's full gradient is here: pass it on to every child."""
         result.arrived(c)
         layout = result.layout
-        self.ports.send.to_children(Result(result.step, c, layout.total, layout.dtype_name,
-                                           result.approx), result.chunk(c))
+        said = None if result.approx_sent else result.approx   # on one chunk: once per step
+        result.approx_sent = result.approx is not None
+        self.ports.send.to_children(Result(result.step, c, layout.total, layout.dtype_name, said),
+                                    result.chunk(c))
         if result.complete:
             self.forget(result.step, resolved=True)
             if result.approx is None:

@@ -45,6 +45,7 @@ class UpStep:
         self.approx: Approximation | None = None
         self.child_approx: dict[int, tuple[float, float]] = {}
         self.infos: dict[tuple, tuple[float, float]] = {}   # what a decode makes of this message
+        self.approx_sent: tuple[float, float] | None = None   # ... as last said to the parent
         self._children = child_buffers
         self._alloc = alloc
         # Quorum -> (children, weights) with the zero coefficients dropped. Chunks of a
@@ -205,6 +206,7 @@ class ResultStep:
         self.vector = alloc(layout.total, layout.dtype) if buffer is None else buffer
         self._have: set[int] = set()       # chunks received (only those: a layout is a claim)
         self.approx: tuple[float, float] | None = None   # (coverage, residual) if approximate
+        self.approx_sent = False    # ... said to the children (on one chunk: once per step)
         self._remaining = layout.chunks
 
     @property
