@@ -267,9 +267,9 @@ class _Piece(Message):
     chunk: int
     total: int
     dtype: str
-    # An approximate step's (crnet.approximate), on its pieces decoded approximately only:
-    # CHUNK (the sender's effective mass, residual), RESULT (coverage, residual). Exact
-    # steps' pieces carry nothing more.
+    # An approximate step's (crnet.approximate), on one of its pieces (the first that
+    # holds for it; a CHUNK again if it changes): CHUNK (the sender's effective mass,
+    # residual), RESULT (coverage, residual). Exact steps' pieces carry nothing more.
     approx: tuple[float, float] | None = None
 
     PAYLOAD = True
