@@ -8,7 +8,7 @@ moves the bytes; ``client`` is the training process's API.
 __version__ = "0.1.0"
 
 from .batches import BatchSampler
-from .client import Assignment, AsyncClient, Client
+from .client import Assignment, AsyncClient, Client, ResultInfo
 from .errors import (
     AssignmentChanged,
     CrnetError,
@@ -28,5 +28,5 @@ from .errors import (
 __all__ = [
     "Assignment", "AssignmentChanged", "AsyncClient", "BatchSampler", "Client", "CrnetError", "CrnetTimeout",
     "DaemonBusy", "DaemonNotRunning", "JobEnded", "MismatchError", "ProtocolError", "RequestRejected",
-    "StaleReplica", "StepFailed", "StepLost", "StepRefused", "__version__",
+    "ResultInfo", "StaleReplica", "StepFailed", "StepLost", "StepRefused", "__version__",
 ]

@@ -145,6 +145,15 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
            help="Master: samples in the global batch."),
     Option("code_kind", click.Choice(["auto", "frc", "crc"]), "auto", roles=MASTER,
            flag="--code", envvar="CRNET_CODE", help="Master: gradient code at every parent."),
+    Option("beyond_s", click.Choice(["fail", "approximate"]), "fail", roles=MASTER,
+           help="Master: a parent short of n - s children fails the step (fail), or decodes "
+                "the best combination of those there once its patience runs out "
+                "(approximate: every result then says its coverage; docs/client.md)."),
+    Option("patience", click.FloatRange(min=0.001), roles=MASTER,
+           help="Master, with --beyond-s approximate: seconds a parent waits for its quorum "
+                "before it decodes from the children there, per layer of parents below it "
+                "(default: 4 x the median of its recent step times, at least 0.05 s; "
+                "always well within --timeout)."),
     Option("client_socket", click.Path(dir_okay=False), defaults.CLIENT_SOCKET,
            help="Unix socket for the local training processes (mode 600: this user's; "
                 "its directory is created if missing)."),

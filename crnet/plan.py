@@ -32,10 +32,12 @@ __all__ = [
     "WeightedRange",
     "cut",
     "optimal_load",
+    "part_masses",
     "plan",
     "plan_gc",
     "plan_uncoded",
     "scheme_tree",
+    "weighted_mass",
 ]
 
 # Aggregation schemes crnetd runs (``crnet.schemes`` has their drivers).
@@ -342,6 +344,19 @@ def _split_at(ranges: Sequence[WeightedRange], count: int):
             tail.append((start + take, stop, weight))
         count -= take
     return head, tail
+
+
+def weighted_mass(ranges: Sequence[WeightedRange]) -> float:
+    """The sum of the weights of every sample position in ``ranges``."""
+    return float(sum((stop - start) * weight for start, stop, weight in ranges))
+
+
+def part_masses(responsibility: Sequence[WeightedRange], local: Sequence[WeightedRange],
+                n: int) -> list[float]:
+    """The weighted mass of each of the n parts a parent codes over its children, cut
+    from its ``responsibility`` after its ``local`` share as ``plan`` cuts them."""
+    _, rest = _split_at(responsibility, _count(local))
+    return [weighted_mass(part) for part in cut(rest, n)]
 
 
 def cut(ranges: Sequence[WeightedRange], n: int) -> list[list[WeightedRange]]:

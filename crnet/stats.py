@@ -58,6 +58,9 @@ class ChildRecord:
 class StepTimes:
     step_seconds: Histogram = field(default_factory=Histogram)   # begun here -> decided
     children: dict[int, ChildRecord] = field(default_factory=dict)   # by slot index
+    # The last exact steps' times here (begun -> decided): a parent's patience beyond s.
+    recent_seconds: collections.deque = field(default_factory=lambda: collections.deque(
+        maxlen=RECENT_STEPS))
 
     def child(self, k: int) -> ChildRecord:
         record = self.children.get(k)
@@ -76,6 +79,8 @@ class Stats:
     pieces_withdrawn: int = 0          # spread: pieces not sent, their owners decoded without them
     results_direct: int = 0            # results received straight into a training process's
     #                                    shared output, delivered without a copy
+    steps_approximate: int = 0         # of steps_done, results decoded from fewer than n - s
+    approximate_coverage: float = 0.0  # the sum of those results' coverages (mean: / count)
     decode_seconds: float = 0.0
     decode_cpu_seconds: float = 0.0    # the same decodes' CPU time (this thread's)
     receive_seconds: float = 0.0       # first child byte of a step -> its quorum decoded

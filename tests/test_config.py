@@ -345,7 +345,8 @@ async def test_the_timeouts_reach_the_links_and_the_engine_its_options(tmp_path,
 # Values for the options whose default is None (LocalTree gives every other one its default).
 SAMPLES = {"workers": 2, "layers": 1, "client_group": "nogroup", "max_send_queue": 1 << 20,
            "secret_file": "secret", "tls_cert": __file__, "tls_key": __file__, "tls_ca": __file__,
-           "metrics": ("127.0.0.1", 9464), "metrics_token_file": "token", "host_id": "h1"}
+           "metrics": ("127.0.0.1", 9464), "metrics_token_file": "token", "host_id": "h1",
+           "patience": 0.5}
 
 
 def test_every_option_of_the_table_is_a_flag_a_file_key_and_a_launcher_argument(tmp_path):

@@ -75,6 +75,7 @@ EVERY_MESSAGE = [
     Hello("0.1", "10.0.0.2:7000"),
     Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr"),
     Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr", 41, 1000, "float32"),
+    Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr", 41, None, None, "", 1, "approximate", 0.25),
     Refuse("all 3 child slots taken"),
     Refuse("the parent has not joined yet", retry=True),
     Joined(5),
@@ -84,7 +85,9 @@ EVERY_MESSAGE = [
     Assign(60, RingPlace(1, 3, "10.0.0.3:7000")),
     Assign(60, None, (None, "10.0.0.2:7000", "10.0.0.3:7000")),
     Chunk(3, 1, 100, "float32"),
+    Chunk(3, 1, 100, "float32", (17.5, 0.25)),      # beyond s: (effective mass, residual)
     Result(INT64_MAX, 0, 1, "float64"),
+    Result(4, 0, 1, "float64", (0.75, 1.0)),         # beyond s: (coverage, residual)
     *(Fail(3, f"a FAIL of kind {kind.value}", kind) for kind in FailKind),
     Open(INT64_MAX),
     PeerHello(2),
@@ -104,6 +107,7 @@ EVERY_MESSAGE = [
     Submit(7, 100, "float32"),
     Fetch(7, 100, "float64"),
     Done(7, 9),
+    Done(7, 9, (0.5, 1.0)),
     ClientError("another training process is attached", ErrorKind.BUSY),
     ClientError("master did not get 2 of 3 children", ErrorKind.FAILED, 11, 10, True),
     ClientError("node 0 got no decision about step 11", ErrorKind.FAILED, 11, 10, False),
@@ -314,6 +318,13 @@ BAD_FIELDS = [
     (MsgType.RESULT, piece(dtype={"a": 1}), 8, "RESULT: field 'dtype' must be a string"),
     (MsgType.SEGMENT, segment(dtype=["float32"]), 8, "SEGMENT: field 'dtype' must be a string"),
     (MsgType.SEGMENT, segment(phase=["rs"]), 8, "SEGMENT: field 'phase' must be a string"),
+    # beyond s
+    (MsgType.RESULT, piece(approx=[0.5]), 8, "RESULT: field 'approx' must be [mass or coverage, residual]"),
+    (MsgType.CHUNK, piece(approx=[0.5, "x"]), 8, "CHUNK: field 'approx' must be [mass or coverage"),
+    (MsgType.CHUNK, piece(approx=[float("nan"), 0.0]), 8, "CHUNK: field 'approx' must be"),
+    (MsgType.DONE, {"step": 1, "tree_step": 0, "approx": "x"}, 0, "DONE: field 'approx' must be"),
+    (MsgType.WELCOME, welcome(patience=-1.0), 0, "WELCOME: field 'patience' must be a number"),
+    (MsgType.WELCOME, welcome(beyond_s="maybe"), 0, "WELCOME: field 'beyond_s' must be"),
 ]
 
 

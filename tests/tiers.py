@@ -12,6 +12,7 @@ from __future__ import annotations
 
 # Quick tier, whole files: the pure layers (no daemon process), and the README's loop.
 QUICK_FILES = frozenset({
+    "test_approximate.py",   # beyond s: the decode from fewer than n - s children
     "test_codes.py",
     "test_config.py",
     "test_engine.py",        # the step engine over fake links
@@ -45,6 +46,7 @@ QUICK_TESTS = {
 
 # Full tier only: real daemon trees, subprocesses, soak and benchmark runs.
 FULL_FILES = frozenset({
+    "test_beyond_s.py",      # beyond s: approximate results on real daemons
     "test_auth.py",
     "test_barriers.py",
     "test_batches.py",

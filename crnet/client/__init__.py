@@ -19,5 +19,6 @@ answers, in order), ``aio.py`` (``AsyncClient``), ``blocking.py`` (``Client``).
 from .aio import AsyncClient
 from .assignment import Assignment
 from .blocking import Client
+from .result_info import ResultInfo
 
-__all__ = ["Assignment", "AsyncClient", "Client"]
+__all__ = ["Assignment", "AsyncClient", "Client", "ResultInfo"]

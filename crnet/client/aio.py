@@ -51,6 +51,7 @@ from ..transport import Connection
 from ..wire import Limits
 from .assignment import Assignment
 from .replies import REPLY_MARGIN, M, Replies
+from .result_info import ResultInfo
 
 __all__ = ["AsyncClient", "client_socket_path"]
 
@@ -95,6 +96,9 @@ class AsyncClient:
         # answer, nor that request's error.
         self._abandoned: set[int] = set()
         self._numbered: dict[str, int] = {}   # numbered_key's count per prefix
+        self.last_result_info: ResultInfo | None = None
+        """What the last step result returned (``allreduce``, ``result``) is: exact, or
+        approximate with its coverage and residual (``ResultInfo``); None before any."""
 
     @classmethod
     async def connect(cls, socket_path=None,
@@ -345,6 +349,7 @@ class AsyncClient:
         self._answered()
         if done.step != step:   # answers to steps given up on were dropped (_late)
             raise ProtocolError(f"crnetd answered step {done.step} to a request for step {step}")
+        self.last_result_info = ResultInfo.of(done.approx)
         return self._take(like, out)
 
     def _answered(self) -> None:

@@ -11,6 +11,7 @@ from .. import defaults
 from ..transport import new_loop
 from .aio import AsyncClient
 from .assignment import Assignment
+from .result_info import ResultInfo
 
 __all__ = ["Client"]
 
@@ -40,6 +41,10 @@ class Client:
     @property
     def tree_step(self) -> int:
         return self._c.tree_step
+
+    @property
+    def last_result_info(self) -> ResultInfo | None:
+        return self._c.last_result_info
 
     @property
     def stale(self) -> bool:

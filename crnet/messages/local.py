@@ -111,13 +111,21 @@ class Done(Message):
     TYPE = MsgType.DONE
     step: int
     tree_step: int
+    approx: tuple[float, float] | None = None   # an approximate result: (coverage, residual)
 
     def header(self) -> dict[str, Any]:   # once per step: written out
+        if self.approx is not None:
+            return {"step": self.step, "tree_step": self.tree_step, "approx": list(self.approx)}
         return {"step": self.step, "tree_step": self.tree_step}
 
     @classmethod
     def from_header(cls, h: Fields) -> Done:
-        return cls(h.integer("step"), h.integer("tree_step", -1))
+        v = h.h.get("approx")
+        if v is not None and (not isinstance(v, list) or len(v) != 2
+                              or any(type(x) not in (int, float) for x in v)):
+            raise h.bad("approx", "[coverage, residual]")
+        return cls(h.integer("step"), h.integer("tree_step", -1),
+                   None if v is None else (float(v[0]), float(v[1])))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from ..wire import MsgType
 from .base import Message
 
 CODE_KINDS = ("auto", "frc", "crc")
+BEYOND_S = ("fail", "approximate")
 MAX_PEERS = 1 << 16   # hosts a spread tree may have (peers in JOINED and ASSIGN)
 
 
@@ -61,6 +62,8 @@ class Welcome(Message):
     dtype: str | None = None
     job: str = ""                   # the training job the tree runs
     local_processes: int = 1        # training processes on every host (the master's --local-processes)
+    beyond_s: str = "fail"          # the master's --beyond-s
+    patience: float | None = None   # the master's --patience (None: derived at each parent)
 
     @property
     def tree(self) -> Tree:
@@ -78,7 +81,9 @@ class Welcome(Message):
                   h.integer("tree_step", -1), total, dtype,
                   h.text("job", 256) if "job" in h.h else "",
                   h.integer("local_processes", 1, LOCAL_PROCESSES_MAX) if "local_processes" in h.h
-                  else 1)
+                  else 1,
+                  h.text("beyond_s", choices=BEYOND_S) if "beyond_s" in h.h else "fail",
+                  _patience(h))
         try:
             tree = msg.tree
         except ValueError as e:
@@ -87,6 +92,25 @@ class Welcome(Message):
             raise ProtocolError(f"WELCOME: field 'name' {msg.name!r} is not a layer-{msg.layer} "
                                 f"node of the tree {tree}")
         return msg
+
+
+def _approx(h: Fields) -> tuple[float, float] | None:
+    v = h.h.get("approx")
+    if v is None:
+        return None
+    if (not isinstance(v, list) or len(v) != 2
+            or any(type(x) not in (int, float) or not -1e18 < x < 1e18 for x in v)):
+        raise h.bad("approx", "[mass or coverage, residual], two finite numbers")
+    return float(v[0]), float(v[1])
+
+
+def _patience(h: Fields) -> float | None:
+    v = h.h.get("patience")
+    if v is None:
+        return None
+    if type(v) not in (int, float) or not 0 < v <= 1e6:
+        raise h.bad("patience", "a number of seconds in (0, 1e6]")
+    return float(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,10 +267,17 @@ class _Piece(Message):
     chunk: int
     total: int
     dtype: str
+    # An approximate step's (crnet.approximate), on one of its pieces (the first that
+    # holds for it; a CHUNK again if it changes): CHUNK (the sender's effective mass,
+    # residual), RESULT (coverage, residual). Exact steps' pieces carry nothing more.
+    approx: tuple[float, float] | None = None
 
     PAYLOAD = True
 
     def header(self) -> dict[str, Any]:   # written out: the hot path's message
+        if self.approx is not None:
+            return {"step": self.step, "chunk": self.chunk, "total": self.total,
+                    "dtype": self.dtype, "approx": list(self.approx)}
         return {"step": self.step, "chunk": self.chunk, "total": self.total, "dtype": self.dtype}
 
     @classmethod
@@ -257,10 +288,11 @@ class _Piece(Message):
         step, chunk, total, dtype = d.get("step"), d.get("chunk"), d.get("total"), d.get("dtype")
         if (type(step) is int and type(chunk) is int and type(total) is int
                 and 0 <= step <= MAX_STEP and 0 <= chunk <= 1 << 40 and 1 <= total <= 1 << 40
-                and type(dtype) is str and dtype in DTYPES):   # (a list would not hash)
+                and type(dtype) is str and dtype in DTYPES   # (a list would not hash)
+                and "approx" not in d):
             return cls(step, chunk, total, dtype)
         return cls(h.integer("step"), h.integer("chunk", 0, 1 << 40), h.integer("total", 1, 1 << 40),
-                   h.text("dtype", choices=DTYPE_NAMES))
+                   h.text("dtype", choices=DTYPE_NAMES), _approx(h))
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,8 @@ class Node:
         if settings.is_master:
             assert settings.tree is not None and settings.samples is not None
             place = Place("", 0, settings.tree, settings.scheme, settings.code_kind,
-                          settings.chunk_bytes)
+                          settings.chunk_bytes, beyond_s=settings.beyond_s,
+                          patience=settings.patience)
         self.membership = Membership(
             self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,

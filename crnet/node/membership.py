@@ -34,7 +34,7 @@ from ..errors import JoinRefused, ProtocolError
 from ..fields import check_address
 from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
-from ..plan import PEER_SCHEMES, Tree, cut
+from ..plan import PEER_SCHEMES, Tree, cut, part_masses, weighted_mass
 from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
@@ -218,7 +218,8 @@ class Membership:
         total, dtype = self.engine.window.tree_vector or (None, None)
         conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
                           place.code_kind, place.chunk_bytes, place.scheme,
-                          self.engine.window.tree_step, total, dtype, self.job, self.local_processes))
+                          self.engine.window.tree_step, total, dtype, self.job, self.local_processes,
+                          place.beyond_s, place.patience))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
 
@@ -346,11 +347,20 @@ class Membership:
             self.mesh.keep_successor(ring)
         if self.place.is_master and self.place.scheme == "spread":
             self.mesh.join(self.place.tree, "", Mesh.everyone(self.place.tree, self.neighbours.slots))
+        self.place = self._with_masses(self.place)
         self.engine.start(self.place)
         for k, slot in enumerate(self.neighbours.slots):
             if slot.link is not None and slot.workers and not slot.assigned:
                 self._assign_child(k)
         self.on_assigned.emit(None)
+
+    def _with_masses(self, place: Place) -> Place:
+        """``place`` with its share as masses, for a parent's approximate decodes."""
+        if place.is_leaf or self.allocation is None:
+            return place
+        share = self.allocation[place.name]
+        return dataclasses.replace(place, local_mass=weighted_mass(share.local), part_mass=tuple(
+            part_masses(share.responsibility, share.local, place.tree.fanout[place.layer])))
 
     def _assign_child(self, k: int) -> None:
         assert self.place is not None and self.allocation is not None and self.samples is not None
@@ -428,7 +438,8 @@ class Membership:
             raise ProtocolError(f"the parent gave this node slot {msg.name}, but it is "
                                 f"{self.place.name}")
         ring = None if self.place is None else self.place.ring
-        place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes, ring)
+        place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes, ring,
+                      msg.beyond_s, msg.patience)
         listening = self.listen_address is not None
         if place.scheme in PEER_SCHEMES and not listening:
             raise JoinRefused(f"{place.label} takes pieces from its peers (--scheme "

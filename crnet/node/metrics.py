@@ -105,6 +105,12 @@ class NodeCollector:
                                 "this node knows it", value=node.tree_step())
         yield CounterMetricFamily("crnet_steps_done", "Steps resolved here (a full result)",
                                   value=stats.steps_done)
+        yield CounterMetricFamily("crnet_steps_approximate", "Of crnet_steps_done: results "
+                                  "decoded from fewer than n - s children of some parent "
+                                  "(--beyond-s approximate)", value=stats.steps_approximate)
+        yield CounterMetricFamily("crnet_approximate_coverage", "The sum of those results' "
+                                  "coverage of the global batch (mean: divide by "
+                                  "crnet_steps_approximate)", value=stats.approximate_coverage)
         failed = CounterMetricFamily("crnet_steps_failed", "Steps failed here: scope tree (the "
                                      "master failed it for everyone) or here (this subtree gave "
                                      "up, cut off from the master)", labels=["scope"])

@@ -15,7 +15,7 @@ protocol error (the connection it came on is closed).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -41,6 +41,13 @@ class Place:
     code_kind: str
     chunk_bytes: int
     ring: RingPlace | None = None
+    beyond_s: str = "fail"      # fail, or approximate: decode from fewer than n - s (approximate.py)
+    patience: float | None = None   # seconds, per layer of parents below (None: from step times)
+    # This node's share as masses (approximate.py): its local share's, and each part's it
+    # codes over its children; set once the allocation is known (() before, and for leaves).
+    # (Derived from the allocation: not part of what a place is when places are compared.)
+    local_mass: float = field(default=0.0, compare=False)
+    part_mass: tuple[float, ...] = field(default=(), compare=False)
 
     @property
     def is_master(self) -> bool:
@@ -129,8 +136,14 @@ class Steps(Protocol):
         """``step`` can no longer finish here (not enough children left): say so now
         instead of at its deadline."""
 
-    def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
+    @property
+    def timeout(self) -> float:
+        """Seconds a step may take at this node before it fails here (--timeout)."""
+
+    def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray,
+                 approx: tuple[float, float] | None = None) -> None:
         """``vector`` is the step's full result at this node; it is never written again.
+        ``approx``: it is approximate, (coverage, residual) (``crnet.approximate``).
         The scheme has dropped its own state of the step (``Scheme.forget`` is not called
         for it)."""
 

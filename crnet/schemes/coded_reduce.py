@@ -36,20 +36,24 @@ than this host's memory is taken at all (the engine closes that connection first
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 import numpy as np
 
+from ..approximate import decode_from
 from ..dtypes import dtype_name
 from ..errors import ProtocolError
 from ..messages import Chunk, Fail, FailKind, Result
 from .base import Place, Ports, Scheme, Stall
+from .beyond import message_approx, patience
 from .buffers import fresh
 from .chunks import ChunkLayout
 from .coded_step import ResultStep, UpStep
 
 log = logging.getLogger("crnet.schemes")
+
 
 
 class CodedReduce(Scheme):
@@ -66,6 +70,10 @@ class CodedReduce(Scheme):
         # Children's vectors of other layouts than the step's, held apart while nothing
         # settled the step's layout (see the module docstring): step -> layout -> UpStep.
         self._rivals: dict[int, dict[tuple[int, str], UpStep]] = {}
+        # Beyond s (--beyond-s approximate): a parent short of n - s children when its
+        # patience runs out decodes from those there (approximate.py); step -> its timer.
+        self.approximate = place.beyond_s == "approximate" and self.code is not None
+        self._patience: dict[int, asyncio.TimerHandle] = {}
 
     # -- up: the local vector and the children's chunks --------------------------------
     def local(self, step: int, vector: np.ndarray) -> str | None:
@@ -115,6 +123,8 @@ class CodedReduce(Scheme):
             if self.ups.get(msg.step) is not main:
                 return None           # (that decided the step)
         up.senders.add(k)
+        if msg.approx is not None:
+            up.child_approx[k] = msg.approx
         return up.child_buffer(k, msg.chunk)
 
     def child_chunk(self, k: int, msg: Chunk) -> None:
@@ -169,6 +179,9 @@ class CodedReduce(Scheme):
             self._drop_hopeless(up)
 
     def opened(self, step: int) -> None:
+        if self.approximate and step not in self._patience:
+            self._patience[step] = asyncio.get_running_loop().call_later(
+                patience(self.place, self.ports), self._patience_up, step)
         # Children that gave up on it before it began here count from now on.
         if step in self._ahead and step not in self.ups:
             self._check_ahead(step)
@@ -178,7 +191,7 @@ class CodedReduce(Scheme):
         children are already out of it."""
         assert self.code is not None
         out = {**self.ports.send.absent_children(), **self._ahead[step]}
-        if len(out) > self.code.s:
+        if len(out) > self.code.s and not (self.approximate and len(out) < self.code.n):
             self._stall(step, out)
 
     def _accept(self, step: int, total: int, dtype: str) -> UpStep | None:
@@ -320,8 +333,33 @@ class CodedReduce(Scheme):
         return self.ups.get(step)   # a stall may have decided it already
 
     def _check_quorum(self, up: UpStep) -> None:
-        if not (up.decodable or up.complete):
-            self._stall(up.step, up.silent)
+        if up.decodable or up.complete:
+            return
+        if self.approximate and len(up.silent) < up.code.n:   # type: ignore[union-attr]
+            return   # the patience decides: it decodes from the children there
+        self._stall(up.step, up.silent)
+
+    # -- beyond s: decode from fewer than n - s children (--beyond-s approximate)
+    def _patience_up(self, step: int) -> None:
+        """The patience for ``step`` ran out: short of n - s children (for some chunk),
+        decode every chunk not yet decoded from the children that sent something."""
+        self._patience.pop(step, None)
+        up = self.ups.get(step)
+        if up is None or up.complete or up.approx is not None or self.code is None:
+            return
+        if up.has_local and up.local is None:
+            return          # this node's own gradient is late: its deadline decides
+        present = sorted(k for k in up.senders if k not in up.silent)
+        if not present:
+            return          # nobody to decode from: the deadline fails the step
+        if len(present) >= up.needed:
+            return          # a quorum is on its way (a chunk at a time): no approximation
+        decode = decode_from(self.code, present, self.place.part_mass or None)
+        log.warning("step %d: %s has %d of the %d children it needs after its patience: "
+                    "decoding from children %s (an approximate result: coverage of its parts "
+                    "%.4g, residual %.3g)", step, self.place.label, len(present), up.needed,
+                    present, decode.coverage, decode.residual, extra={"step": step})
+        self._emit(up, up.go_approximate(decode))
 
     def _stall(self, step: int, silent: dict[int, str]) -> None:
         """More than s children are out of ``step``: it cannot be decoded here."""
@@ -344,13 +382,20 @@ class CodedReduce(Scheme):
             message = up.decode(c)
             stats.decode_seconds += time.perf_counter() - t0
             stats.decode_cpu_seconds += time.thread_time() - cpu0
+            approx = message_approx(self.place, up, c)
             if self.place.is_master:
                 result = self.down.get(up.step)
                 if result is None:
                     result = self.down[up.step] = ResultStep(up.step, up.layout, up.output)
+                if approx is not None:
+                    result.approx = approx
                 self._down(result, c)
             else:
-                self.ports.send.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype_name), message)
+                # Said on the first chunk it holds for (once per step, unless it changes).
+                said = None if approx == up.approx_sent else approx
+                up.approx_sent = approx if approx is not None else up.approx_sent
+                self.ports.send.to_parent(Chunk(up.step, c, up.layout.total, up.layout.dtype_name,
+                                                said), message)
         if chunks and up.complete and up.code is not None:
             stats.children_skipped += up.code.n - len(up.used)
             for k in range(up.code.n):   # once per step: who this step was decoded without
@@ -378,6 +423,8 @@ class CodedReduce(Scheme):
         problem = result.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
         if problem:
             raise ProtocolError(f"RESULT for step {msg.step}: {problem}")
+        if msg.approx is not None:
+            result.approx = msg.approx
         return result.dest(msg.chunk)
 
     def _result_alloc(self, step: int):
@@ -400,13 +447,21 @@ class CodedReduce(Scheme):
         """Chunk c of a step's full gradient is here: pass it on to every child."""
         result.arrived(c)
         layout = result.layout
-        self.ports.send.to_children(Result(result.step, c, layout.total, layout.dtype_name),
-                               result.chunk(c))
+        said = None if result.approx_sent else result.approx   # on one chunk: once per step
+        result.approx_sent = result.approx is not None
+        self.ports.send.to_children(Result(result.step, c, layout.total, layout.dtype_name, said),
+                                    result.chunk(c))
         if result.complete:
             self.forget(result.step, resolved=True)
-            self.ports.steps.resolved(result.step, layout, result.vector)
+            if result.approx is None:
+                self.ports.steps.resolved(result.step, layout, result.vector)
+            else:
+                self.ports.steps.resolved(result.step, layout, result.vector, result.approx)
 
     def forget(self, step: int, resolved: bool) -> None:
+        timer = self._patience.pop(step, None)
+        if timer is not None:
+            timer.cancel()
         self.down.pop(step, None)
         self._ahead.pop(step, None)
         self._rivals.pop(step, None)

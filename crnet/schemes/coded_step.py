@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..approximate import Approximation
 from ..codes import GradientCode
 from ..kernels import coded_sum
 from .buffers import fresh
@@ -38,6 +39,13 @@ class UpStep:
         self.used: set[int] = set()            # children some chunk was decoded from
         self.first_byte: float | None = None   # when the first child chunk started (stats)
         self.arrived_at: dict[int, float] = {}  # child -> when its first chunk started (stats)
+        # Beyond s (approximate.py): the decode every chunk not yet decoded takes once the
+        # patience ran out short of n - s children, and what each child said its own
+        # message is: child -> (effective mass, residual), for a child that approximated.
+        self.approx: Approximation | None = None
+        self.child_approx: dict[int, tuple[float, float]] = {}
+        self.infos: dict[tuple, tuple[float, float]] = {}   # what a decode makes of this message
+        self.approx_sent: tuple[float, float] | None = None   # ... as last said to the parent
         self._children = child_buffers
         self._alloc = alloc
         # Quorum -> (children, weights) with the zero coefficients dropped. Chunks of a
@@ -95,9 +103,26 @@ class UpStep:
             return []
         else:
             arrived.append(child)
-        if (self.has_local and self.local is None) or len(arrived) < self.needed:
+        if (self.has_local and self.local is None) or not self._enough(arrived):
             return []
         return [chunk]
+
+    def _enough(self, arrived: list[int]) -> bool:
+        if self.approx is not None:
+            return all(k in arrived for k in self.approx.used)
+        return len(arrived) >= self.needed
+
+    def decoded_from(self, chunk: int) -> tuple[int, ...]:
+        """The children ``chunk`` is (or was) decoded from, exactly: n - s of its arrivals."""
+        assert self.code is not None
+        return self.code.decode_set(self._arrived[chunk])
+
+    def go_approximate(self, decode: Approximation) -> list[int]:
+        """The patience ran out short of n - s children: every chunk not decoded yet is
+        decoded with ``decode`` (from the children it uses) once they sent it; returns the
+        chunks ready now."""
+        self.approx = decode
+        return self._ready(range(self.layout.chunks))
 
     def local_arrived(self, vector: np.ndarray) -> list[int]:
         """The training process's local weighted gradient; returns ready chunks."""
@@ -130,7 +155,11 @@ class UpStep:
         # summed in index order (GradientCode.decode_set), so that a float32 result varies
         # with arrival order only when the set itself does.
         assert self.code is not None
-        children, weights = self._decoder(self.code.decode_set(self._arrived[chunk]))
+        if self.approx is not None:
+            children = list(self.approx.used)
+            weights = [float(self.approx.weights[k]) for k in children]
+        else:
+            children, weights = self._decoder(self.code.decode_set(self._arrived[chunk]))
         inputs = [self._child(k)[start:stop] for k in children]
         self.used.update(children)
         if self.local is not None:  # new lists: the cached ones serve the step's other chunks
@@ -160,8 +189,10 @@ class UpStep:
     def _ready(self, chunks) -> list[int]:
         if self.has_local and self.local is None:
             return []
-        need = self.needed
         arrived = self._arrived
+        if self.approx is not None:
+            return [c for c in chunks if c not in self._done and self._enough(arrived.get(c, []))]
+        need = self.needed
         return [c for c in chunks if c not in self._done and len(arrived.get(c, ())) >= need]
 
 
@@ -174,6 +205,8 @@ class ResultStep:
         self.layout = layout
         self.vector = alloc(layout.total, layout.dtype) if buffer is None else buffer
         self._have: set[int] = set()       # chunks received (only those: a layout is a claim)
+        self.approx: tuple[float, float] | None = None   # (coverage, residual) if approximate
+        self.approx_sent = False    # ... said to the children (on one chunk: once per step)
         self._remaining = layout.chunks
 
     @property

@@ -132,7 +132,7 @@ class DDPOptimizer(ReplicaSteps):
             self.reductions += 1
             outcome = self.reduce(self.grads.input, self.grads.output)
             if outcome:
-                self.grads.scatter(self.client.assignment.samples)
+                self.grads.scatter(self.samples_in())
         if not outcome:
             self.catch_up()
             return False
@@ -171,7 +171,7 @@ class DDPOptimizer(ReplicaSteps):
             self.reductions += 1
             ok = self.reduce(self.grads.input, self.grads.output)
         self._outcome = ok
-        m = self.client.assignment.samples
+        m = self.samples_in() if ok else 1.0
         for buffer, entries, fut in pending:
             if ok:       # else the gradient is left as it is: step() applies nothing
                 for i, g in entries:

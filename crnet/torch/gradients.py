@@ -104,7 +104,7 @@ class SharedGradients:
             if self.views:
                 p.grad = v
 
-    def scatter(self, samples: int) -> None:
+    def scatter(self, samples: float) -> None:
         """The sum of ``samples`` samples' gradients -> their mean, in ``.grad``."""
         self._output_t.div_(samples)
         for p, w in zip(self.params, self._out_views):

@@ -25,7 +25,9 @@ class DistributedOptimizer(ReplicaSteps):
     client's shared input (``client.buffer``): backward accumulates into it in place, the
     daemon reads it from there. The sum lands in the shared output
     (``client.result_buffer``, passed as ``out``); it is divided by the global batch size
-    ``m`` in place and ``.grad`` views it for ``optimizer.step()`` (until the next
+    ``m`` in place (an approximate result, ``--beyond-s approximate``: by ``m`` times its
+    coverage, unless that is below ``MIN_SCALED_COVERAGE``; ``approximate`` counts them)
+    and ``.grad`` views it for ``optimizer.step()`` (until the next
     ``zero_grad``). Copies happen only when a ``.grad`` is not the view (set to None or
     replaced, e.g. by ``model.zero_grad()``: copied into the buffer, counted in
     ``copied_bytes``), and for GPU parameters (see below). The client copies nothing: its
@@ -106,7 +108,7 @@ class DistributedOptimizer(ReplicaSteps):
         if not self.reduce(self.grads.input, self.grads.output):
             self.catch_up()
             return False
-        self.grads.scatter(self.client.assignment.samples)
+        self.grads.scatter(self.samples_in())
         self.optimizer.step()
         self.applied_step()
         return True

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 
+from ..approximate import MIN_SCALED_COVERAGE
 from ..client import Client
 from ..errors import (
     AssignmentChanged,
@@ -40,6 +41,7 @@ class ReplicaSteps:
         self.replica = ReplicaState(model, optimizer)
         self.step_index = 0
         self.applied = self.skipped = self.resyncs = self.answered = self.abandoned = 0
+        self.approximate = 0          # of applied: approximate results (rescaled by coverage)
         self._needs_resync = False
 
     def start(self, join: bool | None) -> bool:
@@ -110,6 +112,22 @@ class ReplicaSteps:
             return False
         self._resync()
         return True
+
+    def samples_in(self) -> float:
+        """What the last result sums over: the global batch m, or for an approximate result
+        (``--beyond-s approximate``) m x its coverage, so the update is the mean over what
+        it covers (unbiased in expectation when batches are shuffled: crnet.approximate),
+        unless that is below ``MIN_SCALED_COVERAGE``; ``approximate`` counts them."""
+        m = self.client.assignment.samples
+        info = self.client.last_result_info
+        if info is None or info.exact:
+            return m
+        self.approximate += 1
+        if info.coverage < MIN_SCALED_COVERAGE:
+            log.warning("step %d: approximate result covering %.3g of the batch: not rescaled",
+                        self.step_index, info.coverage)
+            return m
+        return m * info.coverage
 
     def applied_step(self) -> None:
         """The update of step ``step_index`` was applied: on to the next, answering a peer

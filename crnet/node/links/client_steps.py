@@ -103,7 +103,7 @@ class ClientSteps:
             else:   # the pool's, another process's output, or a region it handed over since
                 np.copyto(out, outcome.vector)
             self.waiting = None
-            conn.send(Done(step, self.engine.window.tree_step))
+            conn.send(Done(step, self.engine.window.tree_step, outcome.approx))
         elif isinstance(outcome, Failed):
             error(outcome.reason, ErrorKind.FAILED, step, outcome.tree_wide)
         elif isinstance(outcome, Mismatched):

@@ -68,11 +68,23 @@ class Decisions:
     def stall(self, step: int, reason: str, here: bool = False) -> None:
         self.deadlines.stall(step, reason, here)
 
-    def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray) -> None:
-        """The scheme's result for ``step``; it has dropped its own state of the step."""
-        if self.decide(step, Resolved(step, layout, vector), by_scheme=True):
+    @property
+    def timeout(self) -> float:
+        return self.settings.timeout
+
+    def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray,
+                 approx: tuple[float, float] | None = None) -> None:
+        """The scheme's result for ``step``; it has dropped its own state of the step.
+        ``approx``: it is approximate, (coverage, residual)."""
+        if self.decide(step, Resolved(step, layout, vector, approx), by_scheme=True):
             self.stats.steps_done += 1
-            log.debug("step %d done", step, extra={"step": step})
+            if approx is not None:
+                self.stats.steps_approximate += 1
+                self.stats.approximate_coverage += approx[0]
+                log.info("step %d done approximately: coverage %.6g, residual %.3g", step,
+                         *approx, extra={"step": step})
+            else:
+                log.debug("step %d done", step, extra={"step": step})
 
     def fail(self, step: int, reason: str, tree_wide: bool = True) -> None:
         """``step`` failed: for the whole tree (the master decided), or for this subtree."""
@@ -114,6 +126,8 @@ class Decisions:
         began = self.deadlines.close(step)
         if took is not None and isinstance(outcome, (Resolved, Failed)):   # once per step
             self.stats.times.step_seconds.observe(took)
+            if isinstance(outcome, Resolved) and outcome.approx is None:
+                self.stats.times.recent_seconds.append(took)   # the patience's measure
         self.contributed.pop(step, None)
         if isinstance(outcome, Resolved):
             if step >= window.tree_step:   # the newest result's layout is the tree's

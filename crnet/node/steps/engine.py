@@ -318,7 +318,8 @@ class StepEngine:
             layout = outcome.layout
             for c in range(layout.chunks):
                 start, stop = layout.bounds(c)
-                slot.link.send(Result(step, c, layout.total, layout.dtype_name),
+                slot.link.send(Result(step, c, layout.total, layout.dtype_name,
+                                      outcome.approx if c == 0 else None),
                                outcome.vector[start:stop])
         else:
             self._tell_child(k, step, fail_of(outcome))

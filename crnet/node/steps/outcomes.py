@@ -24,6 +24,7 @@ class Resolved:
     step: int
     layout: ChunkLayout
     vector: np.ndarray
+    approx: tuple[float, float] | None = None   # approximate: (coverage, residual)
 
 
 @dataclass(frozen=True)
