@@ -258,6 +258,11 @@ class Broadcasts:
         if at in self.held or at in self._relayed:
             return None
         a = self._up.get(at)
+        if a is not None and a.source == ("child", k) and msg.offset == 0 and a.got:
+            # Begun again: its sender's link (or one below it) closed and came back, and the
+            # honest relays in between start over. Not a fault of this child's.
+            del self._up[at]
+            a = None
         if a is None:
             if not self._speaks_for(k):
                 return None              # no process of the job below it sent this
