@@ -4,6 +4,7 @@ dies, memory stays bounded, every legitimate step between the batches is exact."
 import pytest
 
 from benchmarks.fuzz import fuzz
+from benchmarks.fuzz_authenticated import fuzz_authenticated
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -12,3 +13,14 @@ async def test_twenty_thousand_hostile_frames_change_nothing(tmp_path, capsys):
     assert await fuzz(frames=20_000, batch=200, seed=1, workdir=str(tmp_path)) == 0
     out = capsys.readouterr().out
     assert "crashes 0; wrong results 0" in out
+
+
+async def test_twenty_thousand_frames_from_a_secret_holder_in_two_slots_leave_every_result_exact(tmp_path,
+                                                                                              capsys):
+    """The authenticated fuzzer (benchmarks/fuzz_authenticated.py), short: a peer that holds
+    the cluster secret in an interior and a leaf slot of a cr and a spread tree, while the
+    other hosts' processes run the README's loop."""
+    assert await fuzz_authenticated(frames=20_000, batch=2000, rate=800, seed=1,
+                                    workdir=str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "wrong 0" in out and "no crash, no wrong result" in out
