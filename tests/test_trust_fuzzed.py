@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from benchmarks.hostile_peer import Peer, authenticate, dial
 from crnet import StepRefused
 from crnet.auth import load_secret
 from crnet.launch import MASTER, LocalTree
-from crnet.messages import Hello, Job, Joined, Welcome
+from crnet.messages import Hello, Job, Joined, PeerHello, Phase, Piece, Refuse, Welcome
 
 from .test_trust import SAMPLES, STAR, close_all, connect, exact, grads_for, processed, running, step
 
@@ -54,3 +55,46 @@ async def test_a_job_frame_does_not_end_a_running_job_of_processes_without_a_nam
         finally:
             close_all(clients)
             hostile.close()
+
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="open: a spread peer link's rank is the dialer's word (crnet/node/mesh.py, "
+                          "Mesh.accept): host 0's process got the forged sum, [666 666 ...]")
+async def test_a_spread_peer_that_claims_the_owners_rank_does_not_replace_the_sum(tmp_path):
+    """--scheme spread: the master owns every chunk of a small vector and sends each host
+    the sum on its peer link (rank 0). A secret holder in slot 2 dials host 0 as a peer
+    claiming rank 0 (the handshake binds only the cluster secret, which it holds, and the
+    newest link of a rank replaces the one before) and sends a sum's piece (GATHER) for the
+    next two steps, 666 everywhere. Today host 0's process gets [666 666 ...] as the
+    result of both, and the master fails them (host 0, holding a "sum", sent no piece):
+    the fuzzer's spread runs showed it as failed steps and processes left stale."""
+    grads = grads_for(32)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], secret=True,
+                 scheme="spread") as lt:
+        hostile = await insider(lt)
+        clients = await connect(lt, [MASTER, "0", "1"])
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want), t
+            claim = await dial(lt.ports["0"])
+            answer = await authenticate(claim, load_secret(lt.options["secret_file"]), PeerHello(0))
+            assert answer is not None and not isinstance(answer, Refuse), answer
+            forged = np.full(want.size, 666.0)
+            for t in (3, 4):
+                piece = Piece(t, Phase.GATHER, 0, want.size, "float64")
+                assert await claim.write(b"".join(bytes(p) for p in piece.frame(forged)))
+            await asyncio.sleep(0.3)
+            outcomes = {t: await step(clients, grads, t) for t in (3, 4)}
+            claim.close()
+            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
+        finally:
+            close_all(clients)
+            hostile.close()
+
+
+def shown(outcomes: dict) -> dict:
+    """Each step's outcome per host, short: the first values of a result, or the error."""
+    return {t: {n: o[:3].tolist() if isinstance(o, np.ndarray) else f"{type(o).__name__}: {o}"[:160]
+                for n, o in per.items()} for t, per in outcomes.items()}
