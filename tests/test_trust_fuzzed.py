@@ -13,10 +13,11 @@ import pytest
 from benchmarks.hostile_peer import Peer, authenticate, dial
 from crnet import StepRefused
 from crnet.auth import load_secret
+from crnet.fields import MAX_STEP
 from crnet.launch import MASTER, LocalTree
 from crnet.messages import Hello, Job, Joined, PeerHello, Phase, Piece, Refuse, Welcome
 
-from .test_trust import SAMPLES, STAR, close_all, connect, exact, grads_for, processed, running, step
+from .test_trust import SAMPLES, STAR, TIMEOUT, close_all, connect, exact, grads_for, processed, running, step
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_factories=["asyncio"])]
 
@@ -98,3 +99,34 @@ def shown(outcomes: dict) -> dict:
     """Each step's outcome per host, short: the first values of a result, or the error."""
     return {t: {n: o[:3].tolist() if isinstance(o, np.ndarray) else f"{type(o).__name__}: {o}"[:160]
                 for n, o in per.items()} for t, per in outcomes.items()}
+
+
+async def test_a_spread_peers_sum_piece_far_ahead_moves_no_master(tmp_path):
+    """--scheme spread: a secret holder in slot 2 sends the master, on its own peer link, a
+    sum's piece (GATHER) of step 2^63 - 1. Beyond the window a sum's chunk tells a host
+    where the tree is (a restarted host learns so), but the master is where the tree is:
+    before the fix the piece opened that step at the master, whose deadline failed it for
+    the tree, and the tree's step became 2^63 - 1: every later step was StepLost."""
+    grads = grads_for(33)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], secret=True,
+                 scheme="spread") as lt:
+        hostile = await insider(lt)
+        clients = await connect(lt, [MASTER, "0", "1"])
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want), t
+            link = await dial(lt.ports[MASTER])
+            answer = await authenticate(link, load_secret(lt.options["secret_file"]),
+                                        PeerHello(STAR.rank("2")))
+            assert answer is not None and not isinstance(answer, Refuse), answer
+            piece = Piece(MAX_STEP, Phase.GATHER, 0, want.size, "float64")
+            assert await link.write(b"".join(bytes(p) for p in piece.frame(np.zeros(want.size))))
+            await asyncio.sleep(TIMEOUT + 1.5)      # past that step's deadline
+            assert (await clients[MASTER].stats())["tree_step"] == 2
+            outcomes = {t: await step(clients, grads, t) for t in (3, 4)}
+            link.close()
+            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
+        finally:
+            close_all(clients)
+            hostile.close()
