@@ -18,8 +18,9 @@ for a step the tree has not decided, so it can only be a straggler: the trees' c
 fuzzer prints one line; at the end a summary, and it exits 1 on a daemon that died or
 logged a traceback, a wrong result, a wait past ``--timeout`` + grace (+1 s for the
 trip and this busy machine) or a daemon's own timeout error, an error no hostile
-straggler explains (JobEnded, ...), or a daemon's RSS grown after warm-up by more than
-10% (at least 8 MiB). Failed, lost and refused steps are counted and shown: the threat
+straggler explains (JobEnded, ...), a tree that stopped (no process got a result for
+three bounds at a check), or a daemon's RSS grown after warm-up by more than 10% (at
+least 8 MiB). Failed, lost and refused steps are counted and shown: the threat
 model promises none, but each ends within the bound.
 
 A ring (``--scheme rar``) is not fuzzed this way: a ring waits for every member by
@@ -218,6 +219,8 @@ class Tally:
     outcomes: Counter = field(default_factory=Counter)
     max_wait: float = 0.0
     newest: dict[str, int] = field(default_factory=dict)
+    last_exact: float = field(default_factory=time.monotonic)   # when a result last came
+    stalls: int = 0                                  # checks that found none for 3 bounds
     bad: list[str] = field(default_factory=list)     # wrong results, waits past the bound, errors
 
     def take(self, line: dict) -> None:
@@ -226,6 +229,7 @@ class Tally:
         self.max_wait = max(self.max_wait, wait)
         if outcome == "exact":
             self.newest[line["host"]] = max(self.newest.get(line["host"], -1), line["step"])
+            self.last_exact = time.monotonic()
         what = f"{line['host'] or 'master'} step {line['step']}: {outcome} after {wait:.2f} s {line['what']}"
         # A state request waits for another process's answer: its bound is 5 s longer
         # (docs/client.md); every other call's is the daemon's.
@@ -294,6 +298,9 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
                 problems.append(f"died: {', '.join(dead) or 'the training processes'}")
                 break
             rss = {n: rss_kib(lt.procs[n].pid) for n in real}
+            if time.monotonic() - tally.last_exact > 3 * tally.bound:   # the tree stopped
+                tally.stalls += 1
+                print(f"  STALLED: no result for {time.monotonic() - tally.last_exact:.0f} s", flush=True)
             if warm is None and (b + 1 >= min(3, batches // 10 + 1)):
                 warm = dict(rss)
             o = tally.outcomes
@@ -331,6 +338,7 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
         print(f"  {LocalTree.filename(name):8} RSS warm {w / 1024:6.1f} -> end {e / 1024:6.1f} MiB"
               f"{'  GREW' if flag else ''}")
     problems += [f"RSS grew: {', '.join(grown)}"] if grown else []
+    problems += [f"the tree stopped: no result at {tally.stalls} checks"] if tally.stalls else []
     for p in problems:
         print("PROBLEM " + p, file=sys.stderr)
     return not problems and not tally.bad and o["exact"] > 0

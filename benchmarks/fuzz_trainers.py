@@ -6,7 +6,8 @@ Runs in a process of its own (so the fuzzer's own work never delays their waits)
 asyncio task per host, each with the public ``AsyncClient``: ``barrier("start")``, then
 every step its gradient, ``allreduce``, the README's answers to ``StepFailed``,
 ``StepLost`` and ``StepRefused`` (``request_state`` when cut off or behind), and
-``send_state`` when a process asks. Until its standard input closes. Sample i's gradient
+``send_state`` when a process asks. Until its standard input closes (then every process
+goes on to one step past the newest any began, and stops there). Sample i's gradient
 is a fixed vector of small integers times (step + 1), so every sum is known in advance
 and checked against numpy's float64 sum to 1e-9 relative. Each call is timed.
 
@@ -43,7 +44,23 @@ def report(host: str, step: int, outcome: str, wait: float, what: str = "") -> N
                       "what": what[:300]}), flush=True)
 
 
-async def train(host: str, path: str, spec: dict, stop: asyncio.Event) -> None:
+class End:
+    """Where every process stops: once the fuzzer is done, a step after any process's, so
+    that all take part in every step until the last one (none is left short of processes)."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, int] = {}     # host -> the step it is on
+        self.last: int | None = None
+
+    def stop(self) -> None:
+        self.last = max(self.at.values(), default=0) + 1
+
+    def goes_on(self, host: str, step: int) -> bool:
+        self.at[host] = step
+        return self.last is None or step <= self.last
+
+
+async def train(host: str, path: str, spec: dict, end: End) -> None:
     """The README's loop (``README.md``, "The training loop") on ``AsyncClient``."""
     grads = gradients(spec["samples"], spec["elements"])
     want = grads.sum(axis=0)
@@ -57,10 +74,12 @@ async def train(host: str, path: str, spec: dict, stop: asyncio.Event) -> None:
     except CrnetError as e:
         report(host, -1, "error", time.monotonic() - t0, f"barrier: {type(e).__name__}: {e}")
     step = 0
-    while not stop.is_set():
+    while end.goes_on(host, step):
         t0 = time.monotonic()
         try:
             if c.stale:
+                if end.last is not None:         # the end: no state to take any more
+                    break
                 t0 = time.monotonic()
                 try:
                     w, after = await c.request_state(w)
@@ -110,16 +129,16 @@ async def train(host: str, path: str, spec: dict, stop: asyncio.Event) -> None:
 
 
 async def main(spec: dict) -> None:
-    stop = asyncio.Event()
+    end = End()
     loop = asyncio.get_running_loop()
     # Standard input closing (the fuzzer is done, or gone) stops every process.
     def closed() -> None:
         if not os.read(sys.stdin.fileno(), 1 << 16):
             loop.remove_reader(sys.stdin.fileno())
-            stop.set()
+            end.stop()
 
     loop.add_reader(sys.stdin.fileno(), closed)
-    tasks = [asyncio.ensure_future(train(h, p, spec, stop)) for h, p in spec["sockets"].items()]
+    tasks = [asyncio.ensure_future(train(h, p, spec, end)) for h, p in spec["sockets"].items()]
     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     for task in done:
         task.result()      # a trainer's own bug: its traceback, exit 1

@@ -16,6 +16,9 @@ async def test_twenty_thousand_hostile_frames_change_nothing(tmp_path, capsys):
 
 
 
+# The hostile peer drives raw sockets with the loop's sock_* calls: asyncio's loop, as in
+# tests/test_trust.py (on uvloop the training processes were never told to stop).
+@pytest.mark.asyncio(loop_factories=["asyncio"])
 @pytest.mark.parametrize("scheme", [
     "cr",
     pytest.param("spread", marks=pytest.mark.xfail(
