@@ -13,7 +13,7 @@ When a daemon closes its link it authenticates and takes the slot again.
 
 Meanwhile a training process on every other host (``fuzz_trainers.py``, a process of its
 own) runs the README's loop with ``AsyncClient``. The hostile peer never sends a gradient
-for a step the tree has not decided, so it can only be a straggler: the trees' codes
+for a step it has not seen decided, so it can only be a straggler: the trees' codes
 (fanout 3, s = 1 per layer) leave one child of every parent out. After every batch the
 fuzzer prints one line; at the end a summary, and it exits 1 on a daemon that died or
 logged a traceback, a wrong result, a wait past ``--timeout`` + grace (+1 s for the
@@ -156,6 +156,8 @@ class HostileHost:
                 k.seen.append(raw)
                 if isinstance(msg, Result) or (isinstance(msg, Fail) and msg.kind is FailKind.TREE):
                     k.decided = max(k.decided, msg.step)
+                    if not k.done or k.done[-1] != msg.step:
+                        k.done.append(msg.step)
                 elif isinstance(msg, (Bcast, Barrier)):
                     k.keys.add(msg.key)
                 elif isinstance(msg, WantState):
@@ -220,6 +222,7 @@ class Tally:
     max_wait: float = 0.0
     newest: dict[str, int] = field(default_factory=dict)
     last_exact: float = field(default_factory=time.monotonic)   # when a result last came
+    results: set[int] = field(default_factory=set)   # steps with a result since the last batch
     stalls: int = 0                                  # checks that found none for 3 bounds
     bad: list[str] = field(default_factory=list)     # wrong results, waits past the bound, errors
 
@@ -230,6 +233,7 @@ class Tally:
         if outcome == "exact":
             self.newest[line["host"]] = max(self.newest.get(line["host"], -1), line["step"])
             self.last_exact = time.monotonic()
+            self.results.add(line["step"])
         what = f"{line['host'] or 'master'} step {line['step']}: {outcome} after {wait:.2f} s {line['what']}"
         # A state request waits for another process's answer: its bound is 5 s longer
         # (docs/client.md); every other call's is the daemon's.
@@ -290,6 +294,8 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
             n = min(batch, frames - sent)
             for host in hosts:
                 host.k.decided = max(host.k.decided, tally.decided)
+                host.k.done.extend(tally.results)
+            tally.results.clear()
             await asyncio.gather(*(h.burst(n // len(hosts), rate / len(hosts), time.monotonic() + 60)
                                    for h in hosts))
             sent += n // len(hosts) * len(hosts)

@@ -10,7 +10,8 @@ and nonces it saw) or far from it, and replays of frames it saw or sent.
 One rule keeps the forger a straggler and not a source of wrong gradients (which the
 threat model lets a compromised host send, and which would spoil the sums the fuzzer
 checks): a CHUNK or a PIECE with exactly the tree's layout (its total and dtype, a chunk
-that exists) is only ever sent for a step the tree has already decided. Any other step
+that exists) is only ever sent for a step it saw decided (a RESULT or a tree-wide FAIL of
+that step, or a process's result). Any other step
 gets a layout that differs, or a chunk that does not exist.
 """
 
@@ -83,6 +84,10 @@ class Known:
     names: tuple[str, ...]       # the tree's node names
     job: str = ""
     decided: int = -1            # the newest step the tree decided (a result seen)
+    # The steps it saw decided. Steps are not decided in order (the master fails the open
+    # ones at once when too many children are gone), so the newest says nothing of the
+    # steps before it: only these may carry a piece in the tree's exact layout.
+    done: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     keys: set[str] = field(default_factory=lambda: {"start", "params", "state/1"})
     nonces: list[int] = field(default_factory=lambda: [1])
     seen: deque[bytes] = field(default_factory=lambda: deque(maxlen=256))   # frames got
@@ -108,6 +113,8 @@ class Forger:
     # -- values near and far from the tree's own
     def step(self) -> int:
         r, d, w = self.rng.random(), max(self.k.decided, 0), self.k.window
+        if r < 0.1 and self.k.done:
+            return self.rng.choice(self.k.done)                   # one seen decided
         if r < 0.3:
             return max(0, d + self.rng.randint(-3, 3))            # near
         if r < 0.6:
@@ -140,7 +147,7 @@ class Forger:
         carries no gradient of the sender's: a sum's piece or a MOOT from a non-owner)."""
         k, r = self.k, self.rng.random()
         chunk = self.rng.choice([0, 0, 1, k.chunks - 1, k.chunks, k.chunks + 1, 1 << 20])
-        if (step <= k.decided or exact) and r < 0.6:
+        if (exact or step in k.done) and r < 0.6:
             return k.total, k.dtype, max(0, min(chunk, k.chunks - 1))
         if r < 0.35:
             return k.total, k.dtype, self.rng.choice([k.chunks, k.chunks + 3, 1 << 32])
