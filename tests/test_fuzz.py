@@ -22,9 +22,9 @@ async def test_twenty_thousand_hostile_frames_change_nothing(tmp_path, capsys):
 @pytest.mark.parametrize("scheme", [
     "cr",
     pytest.param("spread", marks=pytest.mark.xfail(
-        reason="open: a spread peer link's rank is the dialer's word, so the hostile peer can hand "
-               "a host a forged sum (tests/test_trust_fuzzed.py); whether this short run does "
-               "depends on timing")),
+        reason="open: a spread peer link's rank is the dialer's word: the hostile peer takes the "
+               "master's links to the hosts, whose steps then fail until no process holds the job's "
+               "state and the tree stops (tests/test_trust_fuzzed.py); in a short run, by timing")),
 ])
 async def test_ten_thousand_frames_from_a_secret_holder_in_two_slots_leave_every_result_exact(
         tmp_path, capsys, scheme):
