@@ -17,6 +17,9 @@ is what a stranger on the network (or a local process) can send:
 
 Every connection is opened and closed by the fuzzer; nothing leaves the machine.
 Prints one line per batch and a summary; exits non-zero on a crash or a wrong result.
+
+``--authenticated``: the hostile peer holds the secret and takes slots of the tree
+instead (``benchmarks/fuzz_authenticated.py`` says what it sends and checks).
 """
 
 from __future__ import annotations
@@ -38,39 +41,8 @@ from crnet.messages import CLASSES, Attach, Hello, PeerHello, Proof
 from crnet.plan import Tree
 from crnet.wire import MAGIC, PREFIX, VERSION, MsgType
 
-INTS = [0, 1, -1, 2, 255, 1 << 16, 1 << 31, (1 << 31) - 1, 1 << 40, (1 << 62), (1 << 63) - 1,
-        -(1 << 63), 10 ** 30]
-STRINGS = ["", "0", "0.1", "x" * 300, "x" * 70_000, "\x00\n\r", "é" * 50, "master\nINFO forged"]
-OTHERS: list[object] = [None, True, 1.5, float("nan"), [], [1, 2], {}, {"a": 1}, b"\x00" * 32,
-                        b"x" * 5000]
-
-
-def hostile_value(rng: random.Random) -> object:
-    kind = rng.random()
-    if kind < 0.4:
-        return rng.choice(INTS)
-    if kind < 0.7:
-        return rng.choice(STRINGS)
-    return rng.choice(OTHERS)
-
-
-def hostile_header(rng: random.Random, msg_type: MsgType) -> dict:
-    """A header for ``msg_type`` with some fields right and some hostile."""
-    cls = CLASSES[msg_type]
-    names = list(getattr(cls, "__dataclass_fields__", {}))
-    header: dict = {}
-    for name in names:
-        r = rng.random()
-        if r < 0.15:
-            continue                               # missing
-        header[name] = hostile_value(rng) if r < 0.7 else rng.choice([0, 1, "float32", "0"])
-    if rng.random() < 0.2:
-        header[rng.choice(STRINGS)[:40] or "extra"] = hostile_value(rng)
-    return header
-
-
-def frame(msg_type: int, header_bytes: bytes, payload: bytes = b"") -> bytes:
-    return PREFIX.pack(MAGIC, VERSION, msg_type, len(header_bytes), len(payload)) + header_bytes + payload
+from .fuzz_authenticated import fuzz_authenticated
+from .hostile_frames import frame, hostile_header
 
 
 def one_attack(rng: random.Random) -> tuple[list[bytes], int]:
@@ -251,11 +223,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.fuzz", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=20_000, help="hostile frames to send")
-    ap.add_argument("--batch", type=int, default=200, help="connections between two checks")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="connections between two checks (--authenticated: frames; default 200, 2000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None, help="keep the daemons' logs here")
+    ap.add_argument("--authenticated", action="store_true",
+                    help="the hostile peer holds the cluster secret and takes slots of the tree "
+                         "(benchmarks/fuzz_authenticated.py)")
+    ap.add_argument("--timeout", type=float, default=2.0, help="--authenticated: the daemons' --timeout")
+    ap.add_argument("--rate", type=float, default=400.0,
+                    help="--authenticated: hostile frames a second, at most")
+    ap.add_argument("--schemes", default="cr,spread",
+                    help="--authenticated: the trees to fuzz, one after the other (cr, spread)")
     args = ap.parse_args()
-    raise SystemExit(asyncio.run(fuzz(args.frames, args.batch, args.seed, args.workdir)))
+    if args.authenticated:
+        raise SystemExit(asyncio.run(fuzz_authenticated(
+            args.frames, args.batch or 2000, args.rate, args.timeout, args.seed, args.workdir,
+            tuple(args.schemes.split(",")))))
+    raise SystemExit(asyncio.run(fuzz(args.frames, args.batch or 200, args.seed, args.workdir)))
 
 
 if __name__ == "__main__":

@@ -33,14 +33,15 @@ import subprocess
 import sys
 import time
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 
-from crnet import AsyncClient, CrnetError, CrnetTimeout, DaemonNotRunning, StepFailed
+from benchmarks.hostile_peer import Peer
+from crnet import AsyncClient, CrnetTimeout, DaemonNotRunning, StepFailed
 from crnet.allocation import NodeShare, pack_allocation
 from crnet.launch import MASTER, LocalTree
 from crnet.messages import (
@@ -56,7 +57,6 @@ from crnet.messages import (
     FailKind,
     Hello,
     Joined,
-    Message,
     Open,
     PeerHello,
     PeerWelcome,
@@ -67,7 +67,6 @@ from crnet.messages import (
     StatsRequest,
     Submit,
     Welcome,
-    parse,
 )
 from crnet.plan import Tree
 from crnet.procs import stop_processes
@@ -96,103 +95,7 @@ def xfail(short: str):
 
 
 # ------------------------------------------------------------------ raw peers (the attacker)
-
-@dataclass(frozen=True)
-class Unparsed:
-    """A frame the daemon sent that ``crnet.messages`` here does not parse."""
-
-    msg_type: int
-    header: object
-
-
-class Peer:
-    """A raw connection to a daemon that speaks the wire protocol: what an attacker has.
-    A plain non-blocking socket driven by the loop's ``sock_*`` calls, so closing it never
-    needs the loop."""
-
-    def __init__(self, sock: socket.socket):
-        sock.setblocking(False)
-        self.sock = sock
-        self._buf = bytearray()
-
-    def send(self, msg: Message, payload=None) -> bool:
-        return self.send_bytes(b"".join(bytes(p) for p in msg.frame(payload)))
-
-    def send_bytes(self, data: bytes, within: float = 10.0) -> bool:
-        """All of ``data``; False if the daemon closed the connection (TimeoutError if it
-        stops reading for ``within`` seconds)."""
-        view, deadline = memoryview(data), time.monotonic() + within
-        while view:
-            try:
-                view = view[self.sock.send(view):]
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the daemon stopped reading") from None
-                time.sleep(0.001)
-            except (BrokenPipeError, ConnectionResetError):
-                return False
-        return True
-
-    async def _fill(self, n: int) -> bool:
-        """At least ``n`` bytes buffered; False at EOF. Nothing is consumed here, so a
-        timeout (a cancelled read) never loses part of a frame."""
-        loop = asyncio.get_running_loop()
-        while len(self._buf) < n:
-            try:
-                data = await loop.sock_recv(self.sock, 1 << 16)
-            except (ConnectionResetError, BrokenPipeError):
-                data = b""
-            if not data:
-                return False
-            self._buf += data
-        return True
-
-    async def recv(self, timeout: float = 10.0) -> tuple[Message | Unparsed, bytes | None] | None:
-        """The next message and its payload; None once the daemon closed the connection."""
-        return await asyncio.wait_for(self._recv(), timeout)
-
-    async def _recv(self):
-        if not await self._fill(PREFIX.size):
-            return None
-        _, _, msg_type, hlen, plen = PREFIX.unpack_from(self._buf)
-        size = PREFIX.size + hlen + plen
-        if not await self._fill(size):
-            return None
-        frame = bytes(self._buf[:size])
-        del self._buf[:size]
-        header = msgpack.unpackb(frame[PREFIX.size:PREFIX.size + hlen])
-        payload = frame[PREFIX.size + hlen:] or None
-        try:
-            return parse(MsgType(msg_type), header, plen), payload
-        except (ValueError, CrnetError):   # a message this version of crnet does not know
-            return Unparsed(msg_type, header), payload
-
-    async def expect(self, *kinds: type[Message], timeout: float = 10.0):
-        """The next message of one of ``kinds`` (others are skipped), or None at EOF."""
-        deadline = time.monotonic() + timeout
-        while True:
-            got = await self.recv(max(0.01, deadline - time.monotonic()))
-            if got is None or isinstance(got[0], kinds):
-                return got
-
-    async def closed_by_daemon(self, timeout: float) -> bool:
-        """True if the daemon closes the connection within ``timeout`` (frames are dropped)."""
-        try:
-            while await self.recv(timeout) is not None:
-                pass
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-    async def finish(self, timeout: float = 10.0) -> bool:
-        """Say all (FIN after everything sent: close() with unread input would reset the
-        connection and make the daemon drop what it had not read yet); True once it closed."""
-        self.sock.shutdown(socket.SHUT_WR)
-        return await self.closed_by_daemon(timeout)
-
-    def close(self) -> None:
-        self.sock.close()
-
+# ``Peer`` is benchmarks/hostile_peer.py's: the authenticated fuzzer uses it too.
 
 @pytest.fixture
 def peers():

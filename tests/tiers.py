@@ -93,6 +93,7 @@ FULL_FILES = frozenset({
     "test_trust_claims.py",   # issue 26: a child's claims (tree_step, OPEN, listen, sizes)
     "test_trust_deploy.py",   # issue 26: separate users, escaped status, credential files, TLS binding
     "test_trust_floods.py",   # issue 26: connection floods, exhausted descriptors, local clients
+    "test_trust_fuzzed.py",   # issue 26: what the authenticated fuzzer found, one attack each
     "test_trust_keys.py",     # issue 26: jobs, barrier and broadcast keys, state answers, slots
     "test_trust_liveness.py", # issue 26: every wait keeps its bound through a master restart
 })

@@ -9,8 +9,9 @@ job's processes, or else those of a job they wait for (a request: the master sta
 once the running job has none, waiting ``JOB_GRACE`` for its last processes to go; else
 it refuses it down the tree, JOB ``refused``, and its processes get DaemonBusy naming the
 running job). A process without a job name counts
-for whichever job runs (while the tree runs none by name, it keeps no named job from
-starting: it joins that one).
+for whichever job runs (while the tree runs none by name and has decided no step of it,
+it keeps no named job from starting: it joins that one; once the unnamed job is under
+way, its processes keep it running like a named job's).
 
 A child's count is bounded by what its subtree can seat (its daemons times the processes
 every host of the tree runs, the master's ``--local-processes``): a larger one closes its
@@ -50,9 +51,12 @@ class JobCounts:
     at the master, ``start(job)`` makes the tree run another."""
 
     def __init__(self, neighbours: Neighbours, running: Callable[[], str],
-                 is_master: Callable[[], bool], start: Callable[[str], None]) -> None:
+                 is_master: Callable[[], bool], start: Callable[[str], None],
+                 underway: Callable[[], bool] = lambda: False) -> None:
+        """``underway()``: the running job has decided a step (its processes are mid-job)."""
         self.neighbours = neighbours
         self.running = running
+        self._underway = underway
         self._is_master = is_master
         self._start = start
         self.local: dict[object, str] = {}                  # process -> its job ("": any)
@@ -149,9 +153,12 @@ class JobCounts:
         return here + sum(n for j, n in self.children.values() if j == job)
 
     def busy(self, running: str) -> int:
-        """Processes of the running job attached here and below, if it has a name (a process
-        without one joins whatever runs: it keeps no named job from starting)."""
-        return self.subtree(running, running) if running else 0
+        """Processes of the running job attached here and below. A process without a job
+        name joins whatever runs: while the tree runs no job by name and has decided no step,
+        it keeps no named job from starting (it joins that one); once a step is decided it is
+        mid-job and keeps the job running as named processes do (a new job counts its steps
+        from 0 again, so every later step of theirs would be refused for good)."""
+        return self.subtree(running, running) if running or self._underway() else 0
 
     def below(self, k: int) -> int:
         """Processes of the running job attached in child ``k``'s subtree (as it reported)."""

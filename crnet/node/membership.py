@@ -80,7 +80,8 @@ class Membership:
         self.job = ""                                          # the training job the tree runs
         self.local_processes = local_processes
         self.jobs = JobCounts(neighbours, lambda: self.job,   # processes attached, by job
-                              lambda: self.place is not None and self.place.is_master, self.run_job)
+                              lambda: self.place is not None and self.place.is_master, self.run_job,
+                              lambda: self.engine.window.tree_step >= 0)
         # Who hears what (lifecycle.Node connects them; each listener keeps its disconnect):
         self.on_assigned: Signal[None] = Signal()   # this node holds its share (again)
         self.on_change: Signal[None] = Signal()     # the join moved (notify.py's STATUS)

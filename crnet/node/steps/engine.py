@@ -408,8 +408,11 @@ class StepEngine:
         here (its clock starts once another peer's piece came too: ``deadlines.py``). A
         chunk of spread's sum is taken beyond the window, as a parent's RESULT is: the tree
         decoded it, and a host that fell behind (restarted while the others ran on) learns
-        so where the tree is, instead of failing its steps one deadline at a time."""
+        so where the tree is, instead of failing its steps one deadline at a time. Not at
+        the master, which is where the tree is: there a sum's chunk far ahead is a peer's
+        word, and the step it opened would fail for the whole tree at its deadline."""
         self._check_size(msg)
-        ahead = not (isinstance(msg, Piece) and msg.phase is Phase.GATHER) and self.refusal(msg.step)
+        sum_piece = isinstance(msg, Piece) and msg.phase is Phase.GATHER
+        ahead = not (sum_piece and not self.is_master) and self.refusal(msg.step)
         return not (self.is_decided(msg.step) or ahead or self.scheme is None
                     or not self._open(msg.step, self._announces, peer=rank))
