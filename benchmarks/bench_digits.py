@@ -6,8 +6,12 @@
 One network namespace per host on a bridge, every link shaped (``benchmarks.netns``): for
 crnet a ``crnetd`` and one training process per host (the master's included, as
 ``crnet run`` does), for DDP one training process per worker host, rank 0's host serving
-the rendezvous. Both run the very same script with the same global batches, initial
-parameters and injected stragglers (drawn from (seed, step, worker index)), so the table
+the rendezvous. Three schemes: crnet's own loop on every shape; DDP on crnet (the
+example's ``--ddp --backend crnet``: the DDP model on the ``"crnet"`` process group with
+crnet's hook) on the first shape, placed as crnet's, torch's store on the master's host
+(``--no-ddp-crnet`` leaves it out); and DDP over Gloo (``--no-ddp``). All run the very
+same script with the same global batches, initial parameters and injected stragglers
+(drawn from (seed, step, worker index)), so the table
 compares the aggregation alone: mean step time, and wall-clock time to the target test
 accuracy, measured by rank 0 from the end of step 0. The namespaces are deleted at the
 end, also on error or Ctrl-C. Needs the ``examples`` extra (scikit-learn, tqdm) next to
@@ -81,8 +85,10 @@ def _finish(procs: list[subprocess.Popen], logs: list[Path], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def run_crnet(cluster: EmulatedCluster, tree: Tree, a: argparse.Namespace, workdir: Path) -> dict:
-    """A crnetd and one training process per host; the master is host 0."""
+def run_crnet(cluster: EmulatedCluster, tree: Tree, a: argparse.Namespace, workdir: Path,
+              ddp: bool = False) -> dict:
+    """A crnetd and one training process per host; the master is host 0. ``ddp``: the
+    example's DDP on crnet, torch's store served by rank 0 on the master's host."""
     names = list(tree.names())
     host_of = {name: i for i, name in enumerate(names)}
     workdir.mkdir(parents=True, exist_ok=True)
@@ -96,11 +102,14 @@ def run_crnet(cluster: EmulatedCluster, tree: Tree, a: argparse.Namespace, workd
         lt.start(wait=60)
         job = f"bench-digits-{uuid.uuid4().hex[:8]}"
         everyone = seats(tree)
+        argv = [*script_args(a, out), *(["--ddp", "--backend", "crnet"] if ddp else [])]
         for seat in everyone:
             env = child_env(dict(os.environ, PYTHONUNBUFFERED="1",
-                                 **training_env(seat, lt.socket_path(seat.host), job, len(everyone))))
+                                 **training_env(seat, lt.socket_path(seat.host), job, len(everyone),
+                                                master_port=DDP_PORT)))
+            env["MASTER_ADDR"] = cluster.addresses[host_of[everyone[0].host]]
             logs.append(workdir / f"rank{seat.rank}.log")
-            procs.append(_start(cluster, host_of[seat.host], script_args(a, out), env, logs[-1]))
+            procs.append(_start(cluster, host_of[seat.host], argv, env, logs[-1]))
         return _finish(procs, logs, out)
     finally:
         stop_processes(procs, grace=5.0)
@@ -170,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", default="1gbit",
                    help="every host link, both directions ('none': unshaped veths)")
-    p.add_argument("--no-ddp", action="store_true")
+    p.add_argument("--no-ddp", action="store_true", help="leave DDP over Gloo out")
+    p.add_argument("--no-ddp-crnet", action="store_true", help="leave DDP on crnet out")
     p.add_argument("--out", default="bench_digits.json")
     a = p.parse_args(argv)
     missing = requirements()
@@ -193,6 +203,10 @@ def main(argv: list[str] | None = None) -> None:
             name = f"crnet cr {shape.replace(':', ' s ')}"
             print(f"  {name} ...", flush=True)
             rows.append(summary(name, run_crnet(cluster, tree, a, Path(tmp) / f"cr{len(rows)}")))
+        if not a.no_ddp_crnet:
+            name = f"ddp on crnet {a.shapes[0].replace(':', ' s ')}"
+            print(f"  {name} ...", flush=True)
+            rows.append(summary(name, run_crnet(cluster, trees[0], a, Path(tmp) / "ddpcr", ddp=True)))
         if not a.no_ddp:
             print("  ddp gloo ...", flush=True)
             rows.append(summary("ddp (gloo ring)", run_ddp(cluster, n, a, Path(tmp) / "ddp")))

@@ -8,6 +8,8 @@
         --compute-ms 16 --plot digits.png
     torchrun --standalone --nproc-per-node 12 examples/train_digits.py --ddp --samples 240 \\
         --steps 100 --straggle-prob 0.1 --straggle-factor 10 --compute-ms 16
+    crnet run --fanout 3 --layers 2 --stragglers 1 --samples 240 -- \\
+        python examples/train_digits.py --ddp --backend crnet --steps 100 ...   # DDP on crnet
     python examples/train_digits.py --single --samples 240 --steps 100   # the reference
 
 Every mode trains the same model from the same initial parameters on the same global
@@ -25,6 +27,13 @@ rounding:
   some take seconds longer to import torch, and a step waits for no one).
 - **ddp** (under ``torchrun``): ``DistributedDataParallel`` over Gloo; rank r takes the
   r-th equal slice of the same global batch and every step waits for the slowest rank.
+- **ddp on crnet** (``--ddp --backend crnet``, under ``crnet run``, or under ``torchrun``
+  on hosts that each run a crnetd): the same ``DistributedDataParallel`` model on the
+  ``"crnet"`` process group, its gradient through the coded tree by the crnet DDP hook
+  (``register_crnet_hook``), with the coded shares (``CodedSampler``, ``weighted_loss``)
+  and the micro-batches of the crnet mode: the lines marked ``# crnet`` in
+  ``train_ddp_crnet`` are what differs from DDP over Gloo. The global batch is the tree's
+  (crnet's ``--samples``); worker i is crnet's rank i + K, after the master host's K.
 - **single**: one process, the whole global batch each step.
 
 Injected stragglers (``--straggle-prob P --straggle-factor F``, with ``--compute-ms``): in
@@ -75,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="DistributedDataParallel over Gloo (start with torchrun)")
     mode.add_argument("--single", action="store_true",
                       help="one process, the whole global batch each step (the reference)")
+    p.add_argument("--backend", choices=["gloo", "crnet"], default="gloo",
+                   help="--ddp's process group: Gloo, or crnet's with its DDP hook")
     p.add_argument("--samples", type=int, default=None,
                    help="global batch of --ddp and --single (default 1024, crnet run's); on a "
                         "crnet tree it is crnet run's --samples (c.assignment.samples)")
@@ -108,6 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 "--straggle-factor >= 1, --compute-ms >= 0")
     if a.straggle_prob > 0 and a.compute_ms == 0:
         p.error("stragglers slow the emulated compute: give --compute-ms too")
+    if a.backend == "crnet" and not a.ddp:
+        p.error("--backend crnet is a --ddp mode")
     if a.lr is None:
         a.lr = 0.01 if a.optimizer == "adam" else 0.05
     return a
@@ -291,6 +304,40 @@ def train_ddp(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record, d
     return model, record, {"workers": world, "samples": m}
 
 
+def train_ddp_crnet(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record, dict]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from crnet.torch import register_crnet_hook  # crnet
+
+    dist.init_process_group("crnet")                # crnet: this host's daemon, all attached
+    rank = dist.get_rank()
+    model = make_model(a.seed, dtype(a))
+    ddp = DistributedDataParallel(model)            # broadcasts rank 0's parameters
+    opt = register_crnet_hook(ddp, make_optimizer(a, model))  # crnet: one tree step per step
+    c = opt.client
+    if a.samples is not None and a.samples != c.assignment.samples:
+        sys.exit(f"--samples {a.samples}, but the tree's batch is {c.assignment.samples}")
+    sampler = CodedSampler(len(data.y_train), c, seed=a.seed)  # crnet: the same batches
+    stragglers = Stragglers(a, worker=c.assignment.rank - c.assignment.processes)
+    record = Record(model, rank, a.steps, "ddp-crnet")
+    while opt.step_index < a.steps:                 # crnet: a step can be skipped or redone
+        step = opt.step_index
+        indices, weights = sampler.local(step)      # crnet: this process's coded share
+        opt.zero_grad()
+        for idx, w in opt.micro_batches(indices, weights, a.micro_batch_size):  # crnet
+            stragglers.micro_batch(step, len(idx))
+            losses = F.cross_entropy(ddp(data.x_train[idx]), data.y_train[idx], reduction="none")
+            weighted_loss(losses, w).backward()     # crnet: sum_i w_i loss_i
+        opt.step()
+        record.step(step, model)
+    record.close()
+    info = {"workers": c.assignment.workers * c.assignment.processes, "samples": c.assignment.samples,
+            "abandoned": opt.abandoned, "skipped": opt.skipped, "resyncs": opt.resyncs}
+    dist.destroy_process_group()
+    return model, record, info
+
+
 def train_single(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record, dict]:
     m = a.samples or DEFAULT_SAMPLES
     model = make_model(a.seed, dtype(a))
@@ -393,7 +440,9 @@ def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     torch.set_num_threads(1)     # one core's worth per process: many processes share a machine
     data = load(dtype(a))
-    if a.ddp:
+    if a.ddp and a.backend == "crnet":
+        mode, rank, (model, record, info) = "ddp-crnet", int(os.environ["RANK"]), train_ddp_crnet(a, data)
+    elif a.ddp:
         mode, rank, (model, record, info) = "ddp", int(os.environ["RANK"]), train_ddp(a, data)
     elif a.single:
         mode, rank, (model, record, info) = "single", 0, train_single(a, data)

@@ -3,7 +3,8 @@ single-process training on the same global batches, although stragglers are inje
 
 12 workers (fanout 3, 2 layers, 1 straggler per parent: cyclic-repetition weights, some
 negative) and the master's process: 13 processes with torch, which take about 40 s per run
-on 2 cores, most of it importing torch.
+on 2 cores, most of it importing torch. The example's DDP-on-crnet mode (``--ddp --backend
+crnet``) runs on a smaller tree (3 workers and the master's process).
 """
 
 import importlib.util
@@ -106,6 +107,20 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
 
+def crnet_run(tmp_path: Path, tree: list[str], args: list[str]) -> subprocess.CompletedProcess:
+    """The example under ``crnet run``; every process saves its parameters and record."""
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run(
+        [sys.executable, "-m", "crnet", "run", *tree, "--samples", str(SAMPLES), "--",
+         sys.executable, str(EXAMPLE), *args, "--save-params", str(tmp_path / "params-{rank}.npy"),
+         "--json", str(tmp_path / "run-{rank}.json")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
 @pytest.mark.parametrize("dtype, optimizer, seed, tol", [
     ("float64", "adam", 0, 1e-9),
     # float32 Adam drifts by design (m / sqrt(v) turns rounding noise in a near-zero gradient
@@ -116,15 +131,7 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
 def test_every_process_trains_like_one_process_under_stragglers(tmp_path, dtype, optimizer, seed, tol):
     args = ["--steps", "30", "--dtype", dtype, "--optimizer", optimizer, "--seed", str(seed),
             *STRAGGLERS]
-    (tmp_path / "tmp").mkdir()
-    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run(
-        [sys.executable, "-m", "crnet", "run", *TREE, "--samples", str(SAMPLES), "--",
-         sys.executable, str(EXAMPLE), *args, "--save-params", str(tmp_path / "params-{rank}.npy"),
-         "--json", str(tmp_path / "run-{rank}.json")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = crnet_run(tmp_path, TREE, args)
 
     want, gmax = single_process(args)
     if tol is None:
@@ -142,3 +149,22 @@ def test_every_process_trains_like_one_process_under_stragglers(tmp_path, dtype,
     assert sum(r["abandoned"] for r in runs) > 0         # processes left steps the tree had done
     assert all(r["skipped"] == r["resyncs"] == 0 for r in runs)
     assert "[master] crnet: 12 workers, 30 steps of 240 samples" in out.stdout
+
+
+def test_ddp_on_crnet_trains_like_one_process_under_stragglers(tmp_path):
+    """The same DDP code on the crnet backend with the hook, the coded shares and the
+    weighted loss: 3 workers and the master's process, 15 steps, float64 Adam."""
+    steps, processes = 15, 4
+    args = ["--steps", str(steps), "--dtype", "float64", "--seed", "0", *STRAGGLERS]
+    out = crnet_run(tmp_path, ["--fanout", "3", "--layers", "1", "--stragglers", "1"],
+                    ["--ddp", "--backend", "crnet", *args])
+    want, _ = single_process(args)
+    params = [np.load(tmp_path / f"params-{rank}.npy") for rank in range(processes)]
+    err = rel_error(params[0], want)
+    print(f"ddp-crnet: max rel. difference {err:.1e} vs single-process training")
+    assert err <= 1e-9, err
+    for rank, got in enumerate(params):
+        assert np.array_equal(got, params[0]), rank
+    runs = [json.loads((tmp_path / f"run-{rank}.json").read_text()) for rank in range(processes)]
+    assert all(r["mode"] == "ddp-crnet" and r["skipped"] == r["resyncs"] == 0 for r in runs)
+    assert f"[master] ddp-crnet: 3 workers, {steps} steps of 240 samples" in out.stdout
