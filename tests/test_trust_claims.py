@@ -195,26 +195,34 @@ async def test_high_a_restarted_master_resumes_where_honest_children_are(tmp_pat
 
 # ------------------------------------------------------------------ row 2: OPEN, CHUNK
 
-@pytest.mark.parametrize("frame", ["open", "chunk"])
+@pytest.mark.parametrize("frame", ["open", "chunk", "spread piece"])
 async def test_high_steps_opened_ahead_by_one_child_do_not_time_out(tmp_path, with_secret, peers,
                                                                    frame):
     """| 2 | high | OPEN (or a CHUNK) for every step in the window starts the master's clocks
     early: 16 OPEN frames, then steps 1-5 all StepFailed at the timeout |
 
     A secret holder says steps 1..16 began below it (OPEN, or a chunk of each: its vector,
-    which it may get wrong); the tree's processes get to those steps after --timeout. No
-    step fails: with OPEN every result is exact; with CHUNK the hostile vector may be in
-    the sum (s = 1: the master decodes from the first two children), but every step has one."""
+    which it may get wrong; with --scheme spread, a piece of each on its peer link to the
+    master, which owns the small vector's one chunk); the tree's processes get to those
+    steps after --timeout. No step fails: with OPEN every result is exact; otherwise the
+    hostile vector may be in the sum (s = 1), but every step has one."""
+    spread = frame == "spread piece"
     grads = grads_for(23)
     want = grads.sum(axis=0)
-    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
+    names = [MASTER, "0", "1"]
+    with running(tmp_path / "tree", STAR, SAMPLES, only=names,
+                 scheme="spread" if spread else "cr") as lt:
         hostile = await hostile_child(peers, lt)
-        clients = await connect(lt, ["0", "1"])
+        clients = await connect(lt, names if spread else ["0", "1"])
         try:
             assert exact(await step(clients, grads, 0), want)
+            if spread:
+                hostile = await hostile_peer(peers, lt.ports[MASTER], STAR.rank("2"))
             for t in range(1, 17):
                 if frame == "open":
                     hostile.send(Open(t))
+                elif spread:
+                    hostile.send(Piece(t, Phase.REDUCE, 0, DIM, "float64"), np.zeros(DIM).tobytes())
                 else:
                     hostile.send(Chunk(t, 0, DIM, "float64"), np.zeros(DIM).tobytes())
             await asyncio.sleep(TIMEOUT + 1)     # every clock those started has run out
@@ -233,29 +241,6 @@ async def hostile_peer(peers, port: int, rank: int, welcome: bool = True) -> Pee
     peer, answer = await prove(peers, port, PeerHello(rank, new_nonce()))
     assert not welcome or isinstance(answer, PeerWelcome), answer
     return peer
-
-
-async def test_high_steps_opened_ahead_by_one_spread_peer_do_not_time_out(tmp_path, with_secret,
-                                                                         peers):
-    """Row 2 for --scheme spread: pieces are a peer's word that a step began. A secret
-    holder in slot 2 (rank 3) sends the master, which owns the small vector's one chunk,
-    a piece of each of steps 1..16; the tree's processes get to those steps after
-    --timeout. No step fails (the hostile vector may be in a sum: s = 1)."""
-    grads = grads_for(29)
-    want = grads.sum(axis=0)
-    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], scheme="spread") as lt:
-        await hostile_child(peers, lt)
-        clients = await connect(lt, [MASTER, "0", "1"])
-        try:
-            assert exact(await step(clients, grads, 0), want)
-            hostile = await hostile_peer(peers, lt.ports[MASTER], STAR.rank("2"))
-            for t in range(1, 17):
-                hostile.send(Piece(t, Phase.REDUCE, 0, DIM, "float64"), np.zeros(DIM).tobytes())
-            await asyncio.sleep(TIMEOUT + 1)     # every clock those started has run out
-            outcomes = [await step(clients, grads, t) for t in (1, 2, 3, 4, 5)]
-        finally:
-            close_all(clients)
-    assert all(isinstance(r, np.ndarray) for o in outcomes for r in o.values()), outcomes
 
 
 async def test_high_a_peer_hello_for_a_live_peers_rank_does_not_cut_its_link(tmp_path, with_secret,
