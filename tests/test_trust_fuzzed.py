@@ -32,6 +32,14 @@ async def insider(lt: LocalTree, name: str = "2") -> Peer:
     return peer
 
 
+async def as_peer(lt: LocalTree, name: str, rank: int) -> Peer:
+    """A secret holder's spread peer link to daemon ``name``, claiming ``rank``; admitted."""
+    peer = await dial(lt.ports[name])
+    answer = await authenticate(peer, load_secret(lt.options["secret_file"]), PeerHello(rank))
+    assert answer is not None and not isinstance(answer, Refuse), answer
+    return peer
+
+
 async def test_a_job_frame_does_not_end_a_running_job_of_processes_without_a_name(tmp_path):
     """Processes that name no job (README's loop, ``Client()``) run steps 0-19; a secret
     holder in slot 2 asks for job 'evil' with one process of it attached (one JOB frame).
@@ -80,9 +88,7 @@ async def test_a_spread_peer_that_claims_the_owners_rank_does_not_replace_the_su
         try:
             for t in range(3):
                 assert exact(await step(clients, grads, t), want), t
-            claim = await dial(lt.ports["0"])
-            answer = await authenticate(claim, load_secret(lt.options["secret_file"]), PeerHello(0))
-            assert answer is not None and not isinstance(answer, Refuse), answer
+            claim = await as_peer(lt, "0", 0)
             forged = np.full(want.size, 666.0)
             for t in (3, 4):
                 piece = Piece(t, Phase.GATHER, 0, want.size, "float64")
@@ -117,10 +123,7 @@ async def test_a_spread_peers_sum_piece_far_ahead_moves_no_master(tmp_path):
         try:
             for t in range(3):
                 assert exact(await step(clients, grads, t), want), t
-            link = await dial(lt.ports[MASTER])
-            answer = await authenticate(link, load_secret(lt.options["secret_file"]),
-                                        PeerHello(STAR.rank("2")))
-            assert answer is not None and not isinstance(answer, Refuse), answer
+            link = await as_peer(lt, MASTER, STAR.rank("2"))
             piece = Piece(MAX_STEP, Phase.GATHER, 0, want.size, "float64")
             assert await link.write(b"".join(bytes(p) for p in piece.frame(np.zeros(want.size))))
             await asyncio.sleep(TIMEOUT + 1.5)      # past that step's deadline
