@@ -266,10 +266,15 @@ def train_crnet(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record,
         opt.step()                                 # the global batch's mean gradient, everywhere
         record.step(step, model)
     record.close()
-    info = {"workers": c.assignment.workers * c.assignment.processes, "samples": c.assignment.samples,
-            "abandoned": opt.abandoned, "skipped": opt.skipped, "resyncs": opt.resyncs}
+    info = run_info(c, opt)
     c.close()
     return model, record, info
+
+
+def run_info(c, opt) -> dict:
+    """What a crnet run reports beside the model: its size and the steps' outcomes."""
+    return {"workers": c.assignment.workers * c.assignment.processes, "samples": c.assignment.samples,
+            "abandoned": opt.abandoned, "skipped": opt.skipped, "resyncs": opt.resyncs}
 
 
 def train_ddp(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record, dict]:
@@ -332,8 +337,7 @@ def train_ddp_crnet(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Rec
         opt.step()
         record.step(step, model)
     record.close()
-    info = {"workers": c.assignment.workers * c.assignment.processes, "samples": c.assignment.samples,
-            "abandoned": opt.abandoned, "skipped": opt.skipped, "resyncs": opt.resyncs}
+    info = run_info(c, opt)
     dist.destroy_process_group()
     return model, record, info
 
