@@ -190,8 +190,9 @@ class Connection(asyncio.BufferedProtocol):
         about ``unsent`` bytes of it (its send buffer, in flight included, SO_SNDBUF; of them
         not yet sent, TCP_NOTSENT_LOWAT), the rest waits in the transport, and ``on_drained``
         is called the moment all of it went to the kernel (its buffer limit is 0: every
-        write above it pauses)."""
-        if self.transport is None:
+        write above it pauses). A link already closing is left as it is: its socket may be
+        gone (descriptor -1), and it takes no more writes anyway."""
+        if self.is_closing:
             return
         sock = self.transport.get_extra_info("socket")
         option = getattr(socket, "TCP_NOTSENT_LOWAT", None)

@@ -311,6 +311,29 @@ async def test_a_tcp_connection_is_labelled_by_its_peer_and_sends_at_once():
         await server.wait_closed()
 
 
+@pytest.mark.parametrize("when", ["closing", "closed"])
+async def test_pacing_a_link_that_is_closing_or_gone_does_nothing(when):
+    """A peer link can go down between a send being queued in turn and its turn: pacing it
+    then is a no-op (its socket's descriptor may already be -1), not a crash of the node."""
+    loop = asyncio.get_running_loop()
+    accepted = loop.create_future()
+    server = await loop.create_server(
+        lambda: _resolve(accepted, Connection(Peer())), "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        _, client = await loop.create_connection(lambda: Connection(Peer()), "127.0.0.1", port)
+        conn = await asyncio.wait_for(accepted, 10)
+        client.close()
+        if when == "closed":
+            await asyncio.wait_for(client.closed, 10)
+        client.pace(1 << 15)
+        assert client.write(Joined(1).frame()) is False
+        await close(client, conn)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 def _resolve(future, conn):
     future.set_result(conn)
     return conn
