@@ -13,7 +13,8 @@ Three codes:
   s+1 consecutive children, each holding its group's s+1 parts with coefficient 1. Any n - s
   children include one member of every group (s stragglers cannot silence a group of s+1), and
   adding those members' messages with coefficient 1.0 sums every part exactly once: exact in
-  floating point.
+  floating point. Fewer children do too, as long as every group has one (``covers``): up to
+  n - n/(s+1) stragglers, if they fall in different groups.
 * ``crc``, cyclic repetition, for any s < n: child k holds parts k, k+1, ..., k+s (mod n).
 
 Construction of the CRC matrix. Every construction here has the same shape: pick a real
@@ -62,7 +63,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["GradientCode", "code_for"]
+__all__ = ["GradientCode", "code_for", "decoded_at"]
 
 _KINDS = ("auto", "frc", "crc")
 # Above this n the random (Tandon) CRC construction is better conditioned than the cyclic MDS
@@ -168,29 +169,43 @@ class GradientCode:
 
     # -- decoding -------------------------------------------------------------------------
 
+    def covers(self, arrived: Iterable[int]) -> bool:
+        """Do the children ``arrived`` (distinct, in range) decode the sum exactly? Any n - s
+        do; for FRC (and identity), so does any set with one child of every group, which
+        may be fewer: a parent need not wait for n - s children when the stragglers fall
+        in different groups."""
+        arrived = list(arrived)
+        if len(arrived) >= self.n - self.s:
+            return True
+        if self.kind == "crc":
+            return False
+        return len({k // (self.s + 1) for k in arrived}) == self.n // (self.s + 1)
+
     def decode(self, responders: Iterable[int]) -> np.ndarray:
         """Coefficients a, a[i] for responders[i] (order as given), with sum_i a[i] B[r_i] = 1.
 
-        Needs at least n - s distinct children. FRC uses the first responder of each group
-        (coefficient exactly 1.0); CRC solves on the first n - s responders. Every other
-        responder gets 0.0, so callers may skip its message. Returns a fresh array.
+        Needs at least n - s distinct children, or for FRC one of every group (``covers``).
+        FRC uses the first responder of each group (coefficient exactly 1.0); CRC solves on
+        the first n - s responders. Every other responder gets 0.0, so callers may skip its
+        message. Returns a fresh array.
         """
-        resp = self._check(responders, self.n - self.s, "decode")
+        resp = self._exact(responders)
         return self._weights(self._used(resp))[0][resp]
 
     def decode_set(self, arrived: Iterable[int]) -> tuple[int, ...]:
         """The n - s children to decode from, of those that ``arrived`` (in arrival order),
         sorted by index, so the sum's order does not depend on arrival order.
 
-        With exactly n - s arrivals that is all of them. With more (the children outran this
-        node's own gradient), the choice depends only on *which* children arrived: FRC the
-        n - s lowest indices (so decode() uses the lowest of each group), CRC the set with the
-        smallest ||a_F||_1 (float rounding in the messages reaches the result multiplied by at
-        most ||a_F||_1), ties to the smaller indices; beyond _MAX_CANDIDATES sets, CRC keeps
-        the first n - s arrivals.
+        With exactly n - s arrivals that is all of them; FRC with fewer that cover every
+        group, all of them too. With more (the children outran this node's own gradient),
+        the choice depends only on *which* children arrived: FRC the n - s lowest indices
+        (so decode() uses the lowest of each group), CRC the set with the smallest
+        ||a_F||_1 (float rounding in the messages reaches the result multiplied by at most
+        ||a_F||_1), ties to the smaller indices; beyond _MAX_CANDIDATES sets, CRC keeps the
+        first n - s arrivals.
         """
-        resp = self._check(arrived, self.n - self.s, "decode")
-        if len(resp) == self.n - self.s:
+        resp = self._exact(arrived)
+        if len(resp) <= self.n - self.s:
             return tuple(sorted(int(r) for r in resp))
         if self.kind != "crc" or math.comb(len(resp), self.n - self.s) <= _MAX_CANDIDATES:
             return self._choice(tuple(sorted(int(r) for r in resp)))
@@ -266,6 +281,16 @@ class GradientCode:
                              f"got {len(resp)}: {[int(r) for r in resp]}")
         return np.array(resp, dtype=np.intp)
 
+    def _exact(self, responders: Iterable[int]) -> np.ndarray:
+        """``responders`` checked, and enough of them to decode exactly (``covers``)."""
+        resp = self._check(responders, 0, "decode")
+        if not self.covers(int(r) for r in resp):
+            also = ("" if self.kind == "crc" else
+                    f" (or one of every group of {self.s + 1}: this code is {self.kind})")
+            raise ValueError(f"need at least {self.n - self.s} of {self.n} children to decode, "
+                             f"got {len(resp)}: {[int(r) for r in resp]}{also}")
+        return resp
+
     def _used(self, resp: np.ndarray) -> tuple[int, ...]:
         """The children whose messages get a nonzero coefficient, as a sorted cache key."""
         if self.kind == "crc":
@@ -303,3 +328,17 @@ class GradientCode:
 def code_for(n: int, s: int, kind: str = "auto") -> GradientCode:
     """One shared GradientCode per (n, s, kind) per process (B and the decode cache)."""
     return GradientCode(n, s, kind)
+
+
+def decoded_at(ready: np.ndarray, n: int, s: int, kind: str = "auto") -> np.ndarray:
+    """When a parent with ``n`` children (``code_for(n, s, kind)``) can first decode
+    exactly, given when each child's message is in: ``ready`` (..., n) -> (...). The
+    (n-s)-th earliest for CRC; for FRC the moment every group has one (``covers``), the
+    latest of the groups' earliest. NaN in ``ready``: a message never considered (it is
+    later than n - s others), which neither rule needs. Vectorised, for the run-time models.
+    """
+    ready = np.asarray(ready, dtype=np.float64)
+    if code_for(n, s, kind).kind == "crc":
+        return np.sort(ready, axis=-1)[..., n - s - 1]
+    groups = ready.reshape(*ready.shape[:-1], n // (s + 1), s + 1)
+    return np.nanmin(groups, axis=-1).max(axis=-1)

@@ -23,8 +23,9 @@ The network
     k vectors in flight at any moment get B/k each: between two events (a vector starts or
     has fully arrived) each progresses at B/k. Being of equal size, the vectors finish in the
     order they started. The parent can decode when the (n-s)-th vector has fully arrived, at
-    A_{n-s}, and is ready at R_v = max(T_v, A_{n-s}) (the master computes nothing:
-    R_0 = A_{n_1-s_1}). Computed exactly, event by event (``shared_link_arrivals``).
+    A_{n-s} (with a fractional repetition code, once one vector of every group has:
+    ``codes.decoded_at``), and is ready at R_v = max(T_v, A_{n-s}) (the master computes
+    nothing: R_0 = A_{n_1-s_1}). Computed exactly, event by event (``shared_link_arrivals``).
 
     So n children ready together all finish together, n M/B after they start, whatever s is:
     tolerating stragglers saves waiting for late children, not bandwidth. An unneeded vector
@@ -84,6 +85,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .codes import decoded_at
 from .link_sharing import shared_link_arrivals
 from .model_spread import spread_step_times
 from .plan import SCHEMES, Tree, plan, scheme_tree
@@ -211,10 +213,12 @@ def tree_step_times(
     for l in range(tree.layers, 0, -1):
         n, s = tree.fanout[l - 1], tree.stragglers[l - 1]
         # Every child of every parent starts sending at its ready time + latency, into the
-        # parent's shared link; the parent decodes when the (n-s)-th vector is in.
+        # parent's shared link; the parent decodes when the (n-s)-th vector is in, or with
+        # a fractional repetition code once one of every group is (codes.decoded_at).
         starts = ready.reshape(-1, n) + latency
-        arrived = shared_link_arrivals(starts, unit, need=n - s)[:, n - s - 1]
-        arrived = arrived.reshape(trials, -1)
+        in_order = shared_link_arrivals(starts, unit, need=n - s)   # (vectors finish in start order)
+        per_child = np.take_along_axis(in_order, starts.argsort(axis=1).argsort(axis=1), axis=1)
+        arrived = decoded_at(per_child, n, s).reshape(trials, -1)
         if l > 1:
             ready = np.maximum(times[:, offsets[l - 2]:offsets[l - 2] + sizes[l - 2]], arrived)
         else:

@@ -64,6 +64,7 @@ import math
 import numpy as np
 
 from . import defaults
+from .codes import decoded_at
 from .link_sharing import shared_link_arrivals
 from .plan import Tree
 from .schemes.owners import owners
@@ -122,7 +123,8 @@ def root_available(tree: Tree, arrived: np.ndarray) -> np.ndarray:
     (trials, N): every worker's piece's arrival time, ``tree.names()`` order without the master.
 
     A leaf is available when its piece is in; an inner node when its piece is in and
-    n_l - s_l of its children are available; the master when n_1 - s_1 of its children are.
+    n_l - s_l of its children are available (or, FRC, one of every group: ``decoded_at``);
+    the master when n_1 - s_1 of its children are (or cover every group).
     """
     trials = arrived.shape[0]
     # Columns of layer l (1-based): the children of the i-th node of layer l-1 are the n_l
@@ -132,8 +134,7 @@ def root_available(tree: Tree, arrived: np.ndarray) -> np.ndarray:
     ready = arrived[:, offsets[-1]:]  # the leaves
     for l in range(tree.layers, 0, -1):
         n, s = tree.fanout[l - 1], tree.stragglers[l - 1]
-        groups = ready.reshape(trials, -1, n)
-        quorum = np.partition(groups, n - s - 1, axis=2)[:, :, n - s - 1]
+        quorum = decoded_at(ready.reshape(trials, -1, n), n, s)
         if l > 1:
             ready = np.maximum(arrived[:, offsets[l - 2]:offsets[l - 2] + sizes[l - 2]], quorum)
         else:

@@ -180,3 +180,33 @@ async def test_an_approximate_subtree_composes_into_the_masters_exact_decode(loc
         assert np.array_equal(r, results[0])
     for c in clients.values():
         c.close()
+
+
+async def test_frc_stragglers_in_different_groups_are_not_beyond_s(local_tree):
+    """n = 4, s = 1, FRC (groups {0, 1} and {2, 3}): children 1 and 3 frozen are two
+    stragglers, more than s, but one child of each group is there, so the master decodes
+    the exact sum at once (GradientCode.covers), by default (--beyond-s fail), without
+    waiting for a patience or the timeout."""
+    tree = Tree((4,), (1,))
+    grads = np.random.default_rng(32).standard_normal((M, DIM))
+    lt = local_tree(tree, M, timeout=TIMEOUT, code_kind="frc")
+    clients = await _connect(lt)
+    frozen = ("1", "3")
+    try:
+        await gather_or_cancel(*(_submit(c, grads, 0) for c in clients.values()))
+        for name in frozen:
+            lt.signal(name, signal.SIGSTOP)
+        there = [c for name, c in clients.items() if name not in frozen]
+        started = time.monotonic()
+        results = await gather_or_cancel(*(_submit(c, grads, 1) for c in there))
+        took = time.monotonic() - started
+    finally:
+        for name in frozen:
+            lt.signal(name, signal.SIGCONT)
+    assert took < 1.5, took
+    for r in results:
+        assert np.array_equal(r, results[0])
+        assert rel_error(r, grads.sum(axis=0)) <= 1e-12
+    assert all(c.last_result_info == ResultInfo() for c in there)   # exact, and said so
+    for c in clients.values():
+        c.close()

@@ -171,7 +171,7 @@ def test_constructor_errors(args, message):
 @pytest.mark.parametrize(
     ("responders", "message"),
     [
-        ([0, 3], r"need at least 3 of 4 children to decode, got 2: \[0, 3\]"),
+        ([0, 1], r"need at least 3 of 4 children to decode, got 2: \[0, 1\]"),
         ([], r"need at least 3 of 4 children to decode, got 0: \[\]"),
         ([0, 2, 2], "duplicate responder 2"),
         ([0, 7, 1], r"responder 7 out of range 0\.\.3"),
@@ -288,3 +288,38 @@ def test_amplification_is_the_largest_decode_weight_sum():
     code = GradientCode(5, 2, kind="crc")
     assert code.amplification() == pytest.approx(max(
         np.abs(code.decode(F)).sum() for F in itertools.combinations(range(5), 3)))
+
+
+# ---- FRC decodes exactly from fewer than n - s children: one of every group ----
+
+@pytest.mark.parametrize(("n", "s"), [(4, 1), (6, 1), (6, 2), (12, 1), (8, 3)])
+def test_frc_decodes_exactly_from_one_child_of_every_group(n, s):
+    code = GradientCode(n, s, "frc")
+    parts = np.random.default_rng(n * 10 + s).standard_normal((n, 5))
+    messages = code.B @ parts
+    groups = n // (s + 1)
+    for picks in itertools.product(range(s + 1), repeat=groups):
+        arrived = [g * (s + 1) + p for g, p in zip(range(groups), picks)][::-1]  # any order
+        assert code.covers(arrived)
+        used = code.decode_set(arrived)
+        assert used == tuple(sorted(arrived))
+        coefficients = code.decode(used)
+        assert coefficients.tolist() == [1.0] * groups   # exact in floating point too
+        got = coefficients @ messages[list(used)]
+        np.testing.assert_allclose(got, parts.sum(axis=0), rtol=1e-12, atol=1e-12)
+    if groups > 1:   # a group with nobody: not exact, and decode says so
+        short = list(range(s + 1, n))
+        assert not code.covers(short)
+        with pytest.raises(ValueError, match=rf"need at least {n - s} of {n} children to "
+                           rf"decode, got {len(short)}.*one of every group of {s + 1}"):
+            code.decode(short)
+
+
+@pytest.mark.parametrize(("n", "s"), [(3, 1), (5, 2), (4, 1)])
+def test_crc_needs_n_minus_s_children(n, s):
+    code = GradientCode(n, s, "crc")
+    assert code.covers(range(n - s))
+    for fewer in itertools.combinations(range(n), n - s - 1):
+        assert not code.covers(fewer)
+        with pytest.raises(ValueError, match=rf"need at least {n - s} of {n} children"):
+            code.decode_set(fewer)

@@ -1092,6 +1092,7 @@ async def test_a_local_failure_does_not_move_the_tree(engine_at):
     # CRC (3 children, s = 1): each chunk from its own 2 fastest children; exact to rounding.
     (Tree((3,), (1,)), [(2, 0), (1, 2), (0, 1)], 1e-12),
     # FRC (4 children, s = 1): any 3 of 4, coefficients 1.0: exact in floating point.
+    # (The tree's first step: no layout is settled, so not from fewer; see below.)
     (Tree((4,), (1,)), [(3, 1, 0), (0, 2, 1), (1, 3, 2)], 0.0),
 ], ids=["crc", "frc"])
 async def test_the_master_decodes_the_exact_sum_from_the_fastest_children(engine_at, tree, quorums,
@@ -1112,6 +1113,27 @@ async def test_the_master_decodes_the_exact_sum_from_the_fastest_children(engine
         np.testing.assert_array_equal(link.vector(Result, step), outcome.vector)
     assert engine.window.tree_step == step and engine.stats.steps_done == 1
     assert engine.window.tree_vector == (dim, "float64")
+
+
+async def test_once_the_trees_layout_is_known_frc_decodes_from_one_child_of_every_group(engine_at):
+    """FRC, 4 children, s = 1 (groups {0, 1} and {2, 3}): from the tree's second step on
+    (its layout settled), two children of different groups decode each chunk, fewer than
+    n - s = 3; before that a layout needs n - s children that agree on it."""
+    tree = Tree((4,), (1,))
+    dim = 10
+    messages, want = coded(tree, dim)
+    links = [FakeLink() for _ in range(4)]
+    engine = engine_at(master(tree, chunk_bytes=32), links)   # 3 chunks
+    for step, quorums in ((0, [(0, 1, 2)] * 3), (1, [(3, 1), (0, 2), (1, 2)])):
+        answer = recorder()
+        engine.request(step, np.empty(dim), answer)
+        for chunk, quorum in enumerate(quorums):
+            for k in quorum:
+                assert send_chunk(engine, k, step, chunk, messages[k])
+        [outcome] = answer.got
+        assert isinstance(outcome, Resolved) and outcome.step == step
+        np.testing.assert_array_equal(outcome.vector, want)
+    assert engine.stats.steps_done == 2
 
 
 async def test_a_child_that_stopped_reading_is_cut_off_and_the_others_get_the_result(engine_at):

@@ -98,6 +98,15 @@ def test_parent_waits_for_its_fastest_n_minus_s_children():
     assert got == pytest.approx(2 + LAT + U + 3 * U + LAT)
 
 
+def test_an_frc_parent_decodes_once_every_group_has_a_child():
+    # n = 4, s = 1 (FRC, groups {0, 1} and {2, 3}): children 1 and 3 straggle (ready at 9 s),
+    # which n - s = 3 would wait for; one of each group is in at 1 and 2 s.
+    got = tree_step_times(Tree((4,), (1,)), [1.0, 9.0, 2.0, 9.0], **NET)
+    assert got == pytest.approx(2 + LAT + U + 4 * U + LAT)
+    # Both stragglers in one group: that group's parts wait for the first of them.
+    assert tree_step_times(Tree((4,), (1,)), [1.0, 2.0, 9.0, 9.0], **NET) > 9
+
+
 # ---- the shared link (processor sharing) ----
 
 def test_shared_link_by_hand():

@@ -33,6 +33,29 @@ def test_each_chunk_decodes_from_its_own_fastest_children():
     assert up.complete
 
 
+def test_frc_decodes_as_soon_as_every_group_has_a_child():
+    # n = 6, s = 1: groups {0, 1}, {2, 3}, {4, 5}. Three children of different groups are
+    # enough (n - s = 5 would wait for two of the three stragglers).
+    code = code_for(6, 1)
+    assert code.kind == "frc"
+    layout = ChunkLayout.of(8, np.float64, chunk_bytes=64)   # one chunk
+    parts = np.random.default_rng(1).standard_normal((6, 8))
+    messages = code.B @ parts
+    up = UpStep(3, layout, code, has_local=False, child_buffers=[None] * 6)
+    up.silent.update({0: "frozen", 3: "frozen"})
+    assert up.decodable                     # 1, 2, 4 or 5 may still cover every group
+    ready = []
+    for k in (5, 1, 2):
+        np.frombuffer(up.child_buffer(k, 0), np.float64)[:] = messages[k]
+        ready += up.child_arrived(k, 0)
+        assert ready == ([0] if k == 2 else [])
+    assert np.array_equal(up.decode(0), messages[[1, 2, 5]].sum(axis=0))
+    np.testing.assert_allclose(up.output, parts.sum(axis=0), rtol=1e-12, atol=1e-12)
+    assert up.complete and up.used == {1, 2, 5}
+    up.silent[1] = "frozen"                 # nobody left of group {0, 1}
+    assert not up.decodable
+
+
 def test_leaf_message_is_its_local_vector_without_a_copy():
     layout = ChunkLayout.of(5, np.float32, chunk_bytes=8)
     up = UpStep(0, layout, None, has_local=True)

@@ -120,6 +120,18 @@ def test_a_chunk_decodes_without_up_to_s_children_of_every_parent_and_not_before
     assert st.used == {1, 2, 4, 6}
 
 
+def test_an_frc_parent_is_available_once_every_group_has_a_child():
+    tree = Tree((4,), (1,))   # FRC at the master: groups {1, 2} and {3, 4} (ranks)
+    vecs, want = local_vectors(tree, 40, 8)
+    assert feed(master_step(tree, 8), vecs, [1, 2]) == []   # one group twice: not yet
+    st = master_step(tree, 8)
+    assert feed(st, vecs, [1]) == []
+    assert feed(st, vecs, [4]) == [0]     # one of each group: exact, 2 of n - s = 3
+    st.decode(0)
+    np.testing.assert_allclose(st.result, want, rtol=1e-12)
+    assert st.used == {1, 4}
+
+
 def test_pieces_below_an_available_node_are_moot_each_told_once():
     tree = Tree((3, 2), (1, 1))   # ranks: 1..3 layer 1; 4,5 under 1; 6,7 under 2; 8,9 under 3
     vecs, _ = local_vectors(tree, 30, 8)

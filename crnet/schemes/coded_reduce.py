@@ -317,8 +317,13 @@ class CodedReduce(Scheme):
     def _new_up(self, step: int, layout: ChunkLayout, alloc) -> UpStep:
         buffers: list[np.ndarray | None] | None = (
             None if self.code is None else [None] * self.code.n)   # allocated as chunks come
+        # A decode from fewer than n - s children (FRC: one of every group) settles no
+        # layout: it is taken only once one is settled (a node's own vector comes before any
+        # decode; at the master, the tree's), so a layout still needs n - s children to win.
+        early = not self.place.is_master or \
+            self.ports.steps.tree_vector == (layout.total, layout.dtype_name)
         return UpStep(step, layout, self.code, has_local=not self.place.is_master,
-                      child_buffers=buffers, alloc=alloc)
+                      child_buffers=buffers, alloc=alloc, early=early)
 
     def _up_for(self, step: int, total: int, dtype) -> UpStep | None:
         """The UpStep for ``step``, begun if new (None if the step is decided)."""
@@ -352,7 +357,7 @@ class CodedReduce(Scheme):
         present = sorted(k for k in up.senders if k not in up.silent)
         if not present:
             return          # nobody to decode from: the deadline fails the step
-        if len(present) >= up.needed:
+        if self.code.covers(present):
             return          # a quorum is on its way (a chunk at a time): no approximation
         decode = decode_from(self.code, present, self.place.part_mass or None)
         log.warning("step %d: %s has %d of the %d children it needs after its patience: "

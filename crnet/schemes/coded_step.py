@@ -20,19 +20,21 @@ class UpStep:
     """One step's upward pass at one node.
 
     Message = local weighted gradient + decode(any n-s children), per chunk. Each
-    chunk is decoded the moment the local vector and n-s children's copies of that
-    chunk are in, so chunk c can leave while chunk c+1 is still arriving, and each
-    chunk may be decoded from a different set of children. A leaf's message is its
-    local vector itself; the master has no local vector.
+    chunk is decoded the moment the local vector and enough children's copies of that
+    chunk are in (n-s, or with a fractional repetition code one of every group:
+    ``GradientCode.covers``), so chunk c can leave while chunk c+1 is still arriving,
+    and each chunk may be decoded from a different set of children. A leaf's message is
+    its local vector itself; the master has no local vector.
     """
 
     def __init__(self, step: int, layout: ChunkLayout, code: GradientCode | None,
                  has_local: bool, child_buffers: list[np.ndarray | None] | None = None,
-                 alloc=fresh):
+                 alloc=fresh, early: bool = True):
         self.step = step
         self.layout = layout
         self.code = code
         self.has_local = has_local
+        self.early = early   # may decode from fewer than n - s children that cover (FRC)
         self.local: np.ndarray | None = None
         self.silent: dict[int, str] = {}       # children that won't answer this step, and why
         self.senders: set[int] = set()         # children some chunk was received from
@@ -78,7 +80,9 @@ class UpStep:
     @property
     def decodable(self) -> bool:
         """Enough children may still answer for every chunk to be decoded."""
-        return self.code is None or self.code.n - len(self.silent) >= self.needed
+        code = self.code
+        return code is None or code.n - len(self.silent) >= self.needed or (
+            self.early and code.covers(k for k in range(code.n) if k not in self.silent))
 
     def child_buffer(self, child: int, chunk: int) -> memoryview:
         """Where child ``child``'s copy of ``chunk`` is received (a byte view)."""
@@ -110,10 +114,12 @@ class UpStep:
     def _enough(self, arrived: list[int]) -> bool:
         if self.approx is not None:
             return all(k in arrived for k in self.approx.used)
-        return len(arrived) >= self.needed
+        return len(arrived) >= self.needed or (
+            self.early and self.code.covers(arrived))   # type: ignore[union-attr]
 
     def decoded_from(self, chunk: int) -> tuple[int, ...]:
-        """The children ``chunk`` is (or was) decoded from, exactly: n - s of its arrivals."""
+        """The children ``chunk`` is (or was) decoded from, exactly: n - s of its arrivals
+        (or, FRC, fewer that cover every group)."""
         assert self.code is not None
         return self.code.decode_set(self._arrived[chunk])
 
@@ -134,11 +140,12 @@ class UpStep:
         missing = []
         if self.has_local and self.local is None:
             missing.append("the local training process's gradient")
-        if self.code is not None:
-            worst = (min(len(a) for a in self._arrived.values())
-                     if len(self._arrived) == self.layout.chunks else 0)
+        if self.code is not None and not self.complete:
+            worst = min(len(self._arrived.get(c, ())) for c in range(self.layout.chunks)
+                        if c not in self._done)
             if worst < self.needed:
-                missing.append(f"{self.needed} of {self.code.n} children (got {worst})")
+                also = "" if self.code.kind == "crc" else " or one of every group"
+                missing.append(f"{self.needed} of {self.code.n} children{also} (got {worst})")
         return " and ".join(missing) or "nothing"
 
     def decode(self, chunk: int) -> np.ndarray:
@@ -190,10 +197,7 @@ class UpStep:
         if self.has_local and self.local is None:
             return []
         arrived = self._arrived
-        if self.approx is not None:
-            return [c for c in chunks if c not in self._done and self._enough(arrived.get(c, []))]
-        need = self.needed
-        return [c for c in chunks if c not in self._done and len(arrived.get(c, ())) >= need]
+        return [c for c in chunks if c not in self._done and self._enough(arrived.get(c, []))]
 
 
 class ResultStep:

@@ -7,7 +7,8 @@ chunk can run at one host, the chunk's owner, from every host's piece of that ch
     msg_v = local_v + decode_{n-s available children c}(msg_c),  sum = decode at the master,
 
 evaluated on arrivals. A leaf is *available* for a chunk once its piece is in; an inner
-node once its own piece is in and n - s of its children are available; the master once
+node once its own piece is in and n - s of its children are available (or, with a
+fractional repetition code, one of every group: ``GradientCode.covers``); the master once
 n_1 - s_1 of its children are. The moment the master is, the chunk is decoded: the
 recursion's coefficients multiply down the tree (child c of v weighs
 ``coef(v) * a_F(v)[c]``), and the chunk is one weighted sum of the pieces it used
@@ -153,7 +154,8 @@ class SpreadStep:
         master did (the chunk decodes now)."""
         rec = self.recursion
         while not state.avail[u]:
-            if (u and not state.has[u]) or state.count[u] < rec.need[u]:
+            if (u and not state.has[u]) or (state.count[u] < rec.need[u]
+                                            and not self._covered(state, u)):
                 return False
             state.avail[u] = 1
             state.fresh.append(u)
@@ -162,6 +164,14 @@ class SpreadStep:
             u = rec.parent[u]
             state.count[u] += 1
         return False
+
+    def _covered(self, state: _Chunk, u: int) -> bool:
+        """Fewer than n - s of ``u``'s children are available, but (FRC) one of every
+        group is: ``u``'s decode is exact already (``GradientCode.covers``)."""
+        code = self.recursion.codes[u]
+        if code is None or code.kind == "crc" or not state.count[u]:
+            return False
+        return code.covers(i for i, c in enumerate(self.recursion.children[u]) if state.avail[c])
 
     def moot(self, chunk: int) -> list[int]:
         """The ranks whose pieces of owned ``chunk`` are not in and no longer needed (a node
