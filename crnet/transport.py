@@ -94,6 +94,7 @@ class Connection(asyncio.BufferedProtocol):
         # that aborted this connection: the handler's ``lost`` can tell it from the peer
         # going away.
         self.failure: Exception | None = None
+        self.aborted: str | None = None      # why this side cut it off (``abort``), if it did
         # Where the lines about closing it go through: a daemon's connections share one
         # Throttle (a flood of them is a line per address and kind of reason every 10 s);
         # None: every line is logged.
@@ -192,7 +193,7 @@ class Connection(asyncio.BufferedProtocol):
         is called the moment all of it went to the kernel (its buffer limit is 0: every
         write above it pauses). A link already closing is left as it is: its socket may be
         gone (descriptor -1), and it takes no more writes anyway."""
-        if self.is_closing:
+        if self.is_closing or self.transport is None:   # (is_closing says so; mypy does not know)
             return
         sock = self.transport.get_extra_info("socket")
         option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
@@ -232,6 +233,7 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def abort(self, reason: str) -> None:
+        self.aborted = reason
         closing(self.closings, self.label, reason)
         if self.transport is not None:
             self.transport.abort()

@@ -21,6 +21,7 @@ QUICK_FILES = frozenset({
     "test_layout.py",
     "test_links.py",         # the link state machines over fake links
     "test_loop.py",          # the README's training loop, on a real tree
+    "test_measured.py",      # crnet tune's windows in a daemon, and their status section
     "test_membership.py",    # joins and losses over fake links
     "test_messages.py",
     "test_model.py",
