@@ -187,3 +187,34 @@ async def test_a_malformed_or_oversized_answer_is_an_error_naming_it():
         out = await asyncio.to_thread(CliRunner().invoke, main, ["tune", f"127.0.0.1:{port}"])
         assert out.exit_code == 1 and f"127.0.0.1:{port}: " in out.output
         assert "Traceback" not in out.output
+
+
+async def test_each_local_process_has_its_window_and_the_host_its_slowest(local_tree):
+    """--local-processes 2: each process's compute time is kept apart; the host's time per
+    step is its slower process's (its part is in once both submitted)."""
+    tree = Tree.regular(2, 1, 1)
+    lt = local_tree(tree, 8, local_processes=2)
+    grads = np.ones((8, 10))
+    clients = [await AsyncClient.connect(lt.socket_path(n), timeout=30)
+               for n in ("0", "1") for _ in range(2)]
+
+    async def run(c):
+        for step in range(6):
+            await asyncio.sleep(0.01 * (1 + 2 * c.assignment.process))   # 10 ms, 30 ms
+            await c.allreduce(local_gradient(c.assignment, grads), step=step)
+    try:
+        await asyncio.gather(*(run(c) for c in clients))
+    finally:
+        for c in clients:
+            c.close()
+    answer = await gather("127.0.0.1", lt.ports[MASTER])
+    for child in answer["children"]:
+        m = child["measured"]
+        assert m["processes"] == 2 and [c["process"] for c in m["compute"]] == [0, 1]
+        fast, slow = (c["micros"] for c in m["compute"])
+        assert len(fast) == len(slow) == 5
+        assert min(slow) >= 0.7 * 30_000 and sorted(fast)[2] < sorted(slow)[2]
+    hosts = {h.name: h for h in measurements(answer).hosts}
+    for name in ("0", "1"):
+        load = hosts[name].local_samples
+        assert load > 0 and all(x * load >= 0.7 * 0.03 for x in hosts[name].per_sample)
