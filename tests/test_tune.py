@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.certs import have_openssl, make_cluster_certs
 from crnet import AsyncClient
 from crnet.cli import main
 from crnet.errors import CrnetError
@@ -218,3 +219,28 @@ async def test_each_local_process_has_its_window_and_the_host_its_slowest(local_
     for name in ("0", "1"):
         load = hosts[name].local_samples
         assert load > 0 and all(x * load >= 0.7 * 0.03 for x in hosts[name].per_sample)
+
+
+@pytest.mark.skipif(not have_openssl(), reason="needs the openssl command")
+async def test_tune_gathers_through_tls_and_reads_its_links(local_tree, tmp_path):
+    """Under mutual TLS the asker needs the certificates as well as the secret, and the links
+    under TLS are read from the kernel all the same."""
+    certs = make_cluster_certs(tmp_path / "certs")
+    tree = Tree.regular(2, 1, 1)
+    lt = local_tree(tree, 4, secret=True, tls=certs)
+    grads = np.ones((4, 10))
+    clients = [await AsyncClient.connect(lt.socket_path(n), timeout=30) for n in ("0", "1")]
+    try:
+        for step in range(3):
+            await asyncio.gather(*(c.allreduce(local_gradient(c.assignment, grads), step=step)
+                                   for c in clients))
+    finally:
+        for c in clients:
+            c.close()
+    with pytest.raises((CrnetError, OSError, asyncio.TimeoutError)):
+        await gather("127.0.0.1", lt.ports[MASTER], secret=secret_of(lt))
+    answer = await gather("127.0.0.1", lt.ports[MASTER], secret=secret_of(lt), tls=certs)
+    links = answer["measured"]["links"]
+    assert [x["peer"] for x in links] == ["0", "1"]
+    if sys.platform == "linux":
+        assert all(x["min_rtt_us"] is not None and x["bytes"] > 0 for x in links)
