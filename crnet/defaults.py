@@ -12,6 +12,8 @@ TIMEOUT = 30.0                     # seconds a step may wait for its quorum at o
 KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for its children
 RESULT_MEMORY = 1 << 30            # bytes of results kept for training processes catching up
 LOCAL_PROCESSES_MAX = 1024         # --local-processes: training processes one daemon may seat
+TUNE_WINDOW = 64                   # --tune-window: steps whose times a daemon keeps for crnet tune
+TUNE_WINDOW_MAX = 256
 STEP_WINDOW = 16                   # steps further ahead of the tree's newest result are refused
 MAX_VECTOR_BYTES = 1 << 40         # the largest vector a peer may claim, where the host's
                                    # memory cannot be read (else: that memory)

@@ -176,6 +176,9 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
     Option("step_window", click.IntRange(min=1), defaults.STEP_WINDOW, engine="window",
            help="Steps further than this ahead of the tree's newest result are refused "
                 "(StepRefused) to whoever asks for them."),
+    Option("tune_window", click.IntRange(1, defaults.TUNE_WINDOW_MAX), defaults.TUNE_WINDOW,
+           help="How many steps' times (compute, children's arrivals, step period) this "
+                "daemon keeps, for the tune command (and status --json)."),
     Option("max_send_queue", Size(), engine="send_queue_bytes",
            help="Cut off a child that stopped reading once this much is queued for it "
                 "(default: the larger of 64MiB and 4 vectors)."),

@@ -13,6 +13,8 @@ import bisect
 import collections
 from dataclasses import dataclass, field, fields
 
+from .measured import Measured
+
 # Seconds: a step on a fast LAN takes milliseconds; a straggling one up to --timeout.
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 30.0, 60.0)
@@ -87,6 +89,8 @@ class Stats:
     bytes_up: int = 0                  # received from children (or the ring predecessor)
     bytes_down: int = 0                # received from the parent
     times: StepTimes = field(default_factory=StepTimes, repr=False)
+    measured: Measured = field(default_factory=Measured, repr=False)   # crnet tune's windows
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "times"}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("times", "measured")}

@@ -44,7 +44,10 @@ class _Answers:
         conn.close()
 
     def lost(self, conn, exc):
-        self.replies.put_nowait(ConnectionError(f"{conn.label} closed the connection"))
+        if conn.aborted is not None:     # its answer was no good (a ProtocolError): why
+            self.replies.put_nowait(CrnetError(conn.aborted))
+        else:
+            self.replies.put_nowait(ConnectionError(f"{conn.label} closed the connection"))
 
 
 class StatusClient:
@@ -70,9 +73,11 @@ class StatusClient:
         client.first = await client._reply(0)
         return client
 
-    async def refresh(self, deadline: float = DEADLINE) -> dict:
+    async def refresh(self, deadline: float = DEADLINE, measured: int = 0) -> dict:
+        """The subtree again (with every node's measured section, its windows cut to the
+        newest ``measured`` steps, unless that is 0)."""
         self._ids += 1
-        self._conn.send(StatusRequest(self._ids, deadline))
+        self._conn.send(StatusRequest(self._ids, deadline, measured))
         return await self._reply(self._ids)
 
     async def _reply(self, wanted: int) -> dict:

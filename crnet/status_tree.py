@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .errors import ProtocolError
 from .fields import MAX_HOST_ID, Fields, check_host_id
+from .status_measured import measured_entry
 
 STATUS_STATES = ("joined", "joining", "reconnecting", "missing", "silent", "unreachable")
 DEADLINE = 3.0          # seconds for a whole tree's answer (crnet status)
@@ -38,6 +39,7 @@ def status_entry(entry: dict, depth: int) -> dict:
             "last_step_seconds": None if last is None else f.number("last_step_seconds", 0, 1e9),
             "straggled": f.opt_integer("straggled", 0, 1 << 20),
             "recent": f.opt_integer("recent", 0, 1 << 20),
+            "measured": _measured(entry),
             "children": [status_entry(_entry_map(c), depth + 1) for c in children]}
 
 
@@ -45,3 +47,12 @@ def _entry_map(value) -> dict:
     if not isinstance(value, dict):
         raise ProtocolError("STATUS_REPLY: a node must be a map")
     return value
+
+
+def _measured(entry: dict):
+    """The node's measured section, checked; an error names the node (the asker may be
+    several layers above it)."""
+    try:
+        return measured_entry(entry.get("measured"))
+    except ProtocolError as e:
+        raise ProtocolError(f"node {str(entry.get('name'))[:64]!r}: {e}") from None

@@ -94,6 +94,7 @@ class Connection(asyncio.BufferedProtocol):
         # that aborted this connection: the handler's ``lost`` can tell it from the peer
         # going away.
         self.failure: Exception | None = None
+        self.aborted: str | None = None      # why this side cut it off (``abort``), if it did
         # Where the lines about closing it go through: a daemon's connections share one
         # Throttle (a flood of them is a line per address and kind of reason every 10 s);
         # None: every line is logged.
@@ -233,6 +234,7 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def abort(self, reason: str) -> None:
+        self.aborted = reason
         closing(self.closings, self.label, reason)
         if self.transport is not None:
             self.transport.abort()

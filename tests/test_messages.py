@@ -125,12 +125,14 @@ EVERY_MESSAGE = [
     StatusHello(),
     StatusHello(b"n" * 32),
     StatusRequest(3, 2.1),
+    StatusRequest(3, 2.1, 64),
     StatusReply(0, {"name": "0", "host": "h", "address": "10.0.0.2:7000", "state": "joined",
                     "tree_step": 4, "steps_done": 5, "last_step_seconds": 0.25, "straggled": 1,
-                    "recent": 5, "children": [
+                    "recent": 5, "measured": None, "children": [
                         {"name": "0.0", "host": None, "address": None, "state": "missing",
                          "tree_step": -1, "steps_done": 0, "last_step_seconds": None,
-                         "straggled": None, "recent": None, "children": []}]}),
+                         "straggled": None, "recent": None, "measured": None,
+                         "children": []}]}),
     Hello("0.1", "10.0.0.2:7000", b"n" * 32),
     PeerHello(2, b"n" * 32),
     Challenge(b"n" * 32, b"m" * 32),

@@ -21,6 +21,7 @@ QUICK_FILES = frozenset({
     "test_layout.py",
     "test_links.py",         # the link state machines over fake links
     "test_loop.py",          # the README's training loop, on a real tree
+    "test_measured.py",      # crnet tune's windows in a daemon, and their status section
     "test_membership.py",    # joins and losses over fake links
     "test_messages.py",
     "test_model.py",
@@ -30,6 +31,7 @@ QUICK_FILES = frozenset({
     "test_sends_in_turn.py",
     "test_spread_step.py",
     "test_tiers.py",
+    "test_tune_fit.py",      # crnet tune's fit: known compute laws and links recovered
     "test_wire.py",
     "test_workload.py",
 })
@@ -97,6 +99,7 @@ FULL_FILES = frozenset({
     "test_trust_fuzzed.py",   # issue 26: what the authenticated fuzzer found, one attack each
     "test_trust_keys.py",     # issue 26: jobs, barrier and broadcast keys, state answers, slots
     "test_trust_liveness.py", # issue 26: every wait keeps its bound through a master restart
+    "test_tune.py",           # issue 28: crnet tune gathers a real tree's windows, authenticated
 })
 
 # Async tests in these files run twice, on asyncio's loop and on uvloop's: they test the

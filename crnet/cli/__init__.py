@@ -15,6 +15,7 @@ from .model import model_command
 from .plan import plan
 from .run import run
 from .status import status_command
+from .tune import tune_command
 
 __all__ = ["crnetd", "main"]
 
@@ -25,6 +26,6 @@ def main():
     """crnet: straggler-tolerant gradient aggregation (CodedReduce)."""
 
 
-for command in (plan, demo, run, bench, model_command, status_command):
+for command in (plan, demo, run, bench, model_command, status_command, tune_command):
     main.add_command(command)
 main.add_command(crnetd, name="daemon")

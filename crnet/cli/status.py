@@ -9,19 +9,14 @@ import click
 from ..errors import CrnetError
 from ..option_types import Address
 from ..peer_text import tamed
+from .shared import credential_options, credentials
 
 
 @click.command("status", short_help="Show the tree under a node: who is joined, slow or missing.")
 @click.argument("address", type=Address())
-@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
-              envvar="CRNET_SECRET_FILE", help="The cluster secret, as crnetd's.")
-@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), default=None,
-              envvar="CRNET_TLS_CERT", help="As crnetd's, if the tree uses TLS.")
-@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None,
-              envvar="CRNET_TLS_KEY")
-@click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), default=None,
-              envvar="CRNET_TLS_CA")
-@click.option("--json", "as_json", is_flag=True, help="Print the tree as one JSON object.")
+@credential_options
+@click.option("--json", "as_json", is_flag=True, help="Print the tree as one JSON object, "
+              "with every node's measured section (crnet tune's windows).")
 @click.option("--watch", type=click.FloatRange(min=0.5), is_flag=False, flag_value=2.0,
               default=None, help="Refresh every SECONDS (2 if not given) until Ctrl-C.")
 def status_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, watch):
@@ -31,32 +26,24 @@ def status_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, wat
     \b
     crnet status master-host:7070 --secret-file /etc/crnet/secret
     """
-    from ..auth import load_secret
+    from ..defaults import TUNE_WINDOW_MAX
     from ..status import StatusClient
-    from ..tls import TlsFiles
 
-    secret = None
-    if secret_file is not None:
-        try:
-            secret = load_secret(secret_file)
-        except (OSError, ValueError) as e:
-            raise click.BadParameter(str(e), param_hint="--secret-file") from None
-    given = [v for v in (tls_cert, tls_key, tls_ca) if v is not None]
-    if given and len(given) < 3:
-        raise click.UsageError("--tls-cert, --tls-key and --tls-ca come together")
-    tls = TlsFiles(tls_cert, tls_key, tls_ca) if given else None
+    secret, tls = credentials(secret_file, tls_cert, tls_key, tls_ca)
 
     async def ask() -> None:
         client = await StatusClient.connect(address[0], address[1], secret=secret, tls=tls)
         try:
             tree = client.first
+            if as_json:
+                tree = await client.refresh(measured=TUNE_WINDOW_MAX)
             while True:
                 assert tree is not None
                 click.echo(json.dumps(tree) if as_json else _status_text(tree))
                 if watch is None:
                     return
                 await asyncio.sleep(watch)
-                tree = await client.refresh()
+                tree = await client.refresh(measured=TUNE_WINDOW_MAX if as_json else 0)
         finally:
             client.close()
 

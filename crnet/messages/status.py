@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..auth import NONCE_BYTES
+from ..defaults import TUNE_WINDOW_MAX
 from ..fields import Fields
 from ..status_tree import MAX_STATUS_DEADLINE, status_entry
 from ..wire import MsgType
@@ -28,15 +29,18 @@ class StatusHello(Message):
 @dataclass(frozen=True, slots=True)
 class StatusRequest(Message):
     """``crnet status`` -> node, or parent -> child: your subtree's state within
-    ``deadline`` seconds, as answer ``id``."""
+    ``deadline`` seconds, as answer ``id``; with every node's ``measured`` section, its
+    windows cut to the newest ``measured`` steps, if that is not 0 (``crnet tune``)."""
 
     TYPE = MsgType.STATUS
     id: int
     deadline: float
+    measured: int = 0
 
     @classmethod
     def from_header(cls, h: Fields) -> StatusRequest:
-        return cls(h.integer("id", 0, 1 << 62), h.number("deadline", 0.0, MAX_STATUS_DEADLINE))
+        return cls(h.integer("id", 0, 1 << 62), h.number("deadline", 0.0, MAX_STATUS_DEADLINE),
+                   h.opt_integer("measured", 0, TUNE_WINDOW_MAX) or 0)
 
 
 @dataclass(frozen=True, slots=True)

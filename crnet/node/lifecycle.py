@@ -33,6 +33,7 @@ from .. import __version__, defaults, kernels, logs
 from ..errors import ProtocolError
 from ..fields import check_address
 from ..handshake import Dialing
+from ..measured import Measured
 from ..options import defaults_of, engine_values
 from ..peer_text import Throttle
 from ..plan import Tree
@@ -95,7 +96,7 @@ class Settings:
 class Node:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.stats = Stats()
+        self.stats = Stats(measured=Measured(settings.tune_window))
         self.neighbours = Neighbours(stall_after=settings.timeout / 4)
         self.engine = StepEngine(EngineSettings(**engine_values(settings.values)),
                                  self.stats, self.neighbours, lend=self._lend)

@@ -51,6 +51,7 @@ from ..schemes.base import Place
 from ..stats import Histogram, Stats
 from ..transport import Connection, closing
 from .doorway import Doorway
+from .measure import measured_metrics
 from .membership import JoinState
 from .neighbours import Neighbours
 from .tls_door import TlsDoor
@@ -161,6 +162,7 @@ class NodeCollector:
                 received.add_metric(labels, conn.bytes_in)
                 sent.add_metric(labels, conn.bytes_out)
         yield from (up, received, sent)
+        yield from measured_metrics(stats, place, node.neighbours)
 
     def _links(self, place: Place | None, children: list[str]):
         """([link kind, peer], connection or None) for every link this node has or should have."""

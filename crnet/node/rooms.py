@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .barriers import Barriers
 from .broadcasts import Broadcasts
+from .measure import MeasuredView
 from .membership import JoinState, Membership
 from .status import StatusService, StatusView
 
@@ -35,7 +36,10 @@ class Rooms:
             place=lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,
             listen_address=lambda: m.listen_address, parent_up=lambda: nb.parent is not None,
             slots=lambda: nb.slots, tree_step=lambda: engine.window.tree_step, stats=engine.stats,
-            host_id=m.host_id))
+            host_id=m.host_id, measured=MeasuredView(
+                engine.stats, nb, place=lambda: m.place, samples=lambda: m.samples,
+                local_samples=lambda: _local_samples(m), processes=m.local_processes,
+                tree_vector=lambda: engine.window.tree_vector).section))
         # In the order membership did it before it knew none of them: broadcasts first.
         m.on_child_lost.connect(broadcasts.child_lost)
         m.on_child_lost.connect(barriers.child_lost)
@@ -48,3 +52,10 @@ class Rooms:
         m.on_slot_contested.connect(lambda held: status.probe(
             *held, LIVENESS, lambda: m.drop_child(*held)))
         return cls(broadcasts, barriers, status)
+
+
+def _local_samples(m: Membership) -> int | None:
+    """This host's share of the batch, once it has one."""
+    if m.allocation is None or m.place is None or m.place.name not in m.allocation:
+        return None
+    return sum(stop - start for start, stop, _ in m.allocation[m.place.name].local)

@@ -51,6 +51,7 @@ class StatusView:
     tree_step: Callable[[], int]
     stats: Stats
     host_id: str | None = None
+    measured: Callable[[int], dict] | None = None   # its measured section (node/measure.py)
 
 
 class StatusService:
@@ -62,16 +63,18 @@ class StatusService:
         self._probes: dict[int, asyncio.Future[None]] = {}   # slot -> is its link alive?
 
     # ---------------------------------------------------------------- asked
-    def asked(self, conn: Connection, request_id: int, deadline: float = DEADLINE) -> None:
-        """``conn`` (crnet status, or the parent) asks: it gets a STATUS_REPLY. One question
-        per connection at a time: another one while it is answered is dropped."""
+    def asked(self, conn: Connection, request_id: int, deadline: float = DEADLINE,
+              measured: int = 0) -> None:
+        """``conn`` (crnet status, or the parent) asks: it gets a STATUS_REPLY (with every
+        node's measured section if ``measured``). One question per connection at a time:
+        another one while it is answered is dropped."""
         if conn in self._busy:
             return
         self._busy.add(conn)
 
         async def answer() -> None:
             try:
-                conn.send(StatusReply(request_id, await self.subtree(deadline)))
+                conn.send(StatusReply(request_id, await self.subtree(deadline, measured)))
             finally:
                 self._busy.discard(conn)
         supervised(answer(), "status")
@@ -111,8 +114,9 @@ class StatusService:
         waiting.set_result(msg.node)
 
     # ---------------------------------------------------------------- the answer
-    def own(self) -> dict:
-        """This node's entry, without its children."""
+    def own(self, measured: int = 0) -> dict:
+        """This node's entry, without its children (with its measured section, its windows
+        cut to ``measured`` steps, unless that is 0)."""
         v = self.view
         place = v.place()
         if place is None or not v.assigned():
@@ -125,11 +129,12 @@ class StatusService:
                 "address": v.listen_address(), "state": state, "tree_step": v.tree_step(),
                 "steps_done": v.stats.steps_done,
                 "last_step_seconds": v.stats.times.step_seconds.last,
-                "straggled": None, "recent": None, "children": []}
+                "straggled": None, "recent": None, "children": [],
+                "measured": v.measured(measured) if measured and v.measured is not None else None}
 
-    async def subtree(self, deadline: float) -> dict:
+    async def subtree(self, deadline: float, measured: int = 0) -> dict:
         """This node's entry with every child slot's (asked within ``deadline``)."""
-        entry = self.own()
+        entry = self.own(measured)
         place = self.view.place()
         slots = self.view.slots()
         if place is None or not slots:
@@ -140,7 +145,7 @@ class StatusService:
         asked: dict[int, asyncio.Future[dict]] = {}
         for k, slot in enumerate(slots):
             if slot.link is not None and slot.link.send(
-                    StatusRequest(request_id, deadline * CHILD_SHARE)):
+                    StatusRequest(request_id, deadline * CHILD_SHARE, measured)):
                 asked[k] = self._pending[(request_id, k)] = loop.create_future()
         try:
             if asked:
@@ -171,7 +176,7 @@ def _placeholder(tree: Tree, name: str, state: str, children: bool = True) -> di
     below = [_placeholder(tree, c, "unreachable") for c in tree.children(name)] if children else []
     return {"name": name, "host": None, "address": None, "state": state, "tree_step": -1,
             "steps_done": 0, "last_step_seconds": None, "straggled": None, "recent": None,
-            "children": below}
+            "measured": None, "children": below}
 
 
 def check_subtree(tree: Tree, name: str, entry: dict) -> None:

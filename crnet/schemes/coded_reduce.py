@@ -472,6 +472,7 @@ class CodedReduce(Scheme):
         self._rivals.pop(step, None)
         up = self.ups.pop(step, None)
         if up is not None and up.first_byte is not None:   # each child's lag, once per step
+            self.ports.stats.measured.arrived(step, up.arrived_at)
             for k, at in up.arrived_at.items():
                 self.ports.stats.times.child(k).lag.observe(at - up.first_byte)
         if resolved and not self.place.is_master and (up is None or not up.complete):

@@ -219,7 +219,7 @@ class ChildLink(StateMachine):
             self.engine.piece(self.rank, msg)
 
     def _status_request(self, conn: Connection, msg: StatusRequest, payload) -> None:
-        self.status.asked(conn, msg.id, msg.deadline)
+        self.status.asked(conn, msg.id, msg.deadline, msg.measured)
 
     RECEIVE: ClassVar[Receives] = {
         ChildState.NEW: {Hello: _hello, PeerHello: _peer_hello, StatusHello: _status_hello},

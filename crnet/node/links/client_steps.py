@@ -39,6 +39,7 @@ class ClientSteps:
     def start(self) -> list[Callable[[], None]]:
         """The process is attached: it hears of decisions from now on. The disconnects."""
         self.taken = self.engine.window.tree_step
+        self.stats.measured.attached(self.seat.index)
         return [self.engine.decided.connect(self.progress),
                 self.engine.consumers.connect(lambda _: self.next_step())]
 
@@ -64,6 +65,7 @@ class ClientSteps:
         if isinstance(msg, Fetch):
             self.engine.request(msg.step, None, self.answer)
         else:
+            self.stats.measured.submitted(self.seat.index, msg.step)   # crnet tune's compute time
             self.local.submit(self.seat, msg.step, vector)
 
     def watch(self, msg: Watch) -> None:
@@ -104,6 +106,7 @@ class ClientSteps:
                 np.copyto(out, outcome.vector)
             self.waiting = None
             conn.send(Done(step, self.engine.window.tree_step, outcome.approx))
+            self.stats.measured.answered(self.seat.index)
         elif isinstance(outcome, Failed):
             error(outcome.reason, ErrorKind.FAILED, step, outcome.tree_wide)
         elif isinstance(outcome, Mismatched):

@@ -105,7 +105,7 @@ class ParentLink(DialedLink):
         self.barriers.released(msg)
 
     def _status_request(self, conn: Connection, msg: StatusRequest, payload) -> None:
-        self.status.asked(conn, msg.id, msg.deadline)
+        self.status.asked(conn, msg.id, msg.deadline, msg.measured)
 
     RECEIVE: ClassVar[Receives] = {
         DialedState.WAITING: {Welcome: _welcome, Refuse: DialedLink.refused},

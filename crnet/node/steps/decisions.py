@@ -128,6 +128,8 @@ class Decisions:
             self.stats.times.step_seconds.observe(took)
             if isinstance(outcome, Resolved) and outcome.approx is None:
                 self.stats.times.recent_seconds.append(took)   # the patience's measure
+        if isinstance(outcome, Resolved):
+            self.stats.measured.decided(step)                  # crnet tune's step period
         self.contributed.pop(step, None)
         if isinstance(outcome, Resolved):
             if step >= window.tree_step:   # the newest result's layout is the tree's

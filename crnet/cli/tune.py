@@ -1,0 +1,95 @@
+"""``crnet tune``: what the running tree measured, and every scheme and shape ranked by the
+model fitted to it (``crnet.tune`` does the work; this parses and prints)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..errors import CrnetError
+from ..option_types import Address, UnitValue
+from ..peer_text import tamed
+from ..units import parse_bandwidth, parse_seconds
+from .model import prediction_table
+from .shared import credential_options, credentials
+
+
+@click.command("tune", short_help="Fit the model to what the tree measured; rank every shape.")
+@click.argument("address", type=Address())
+@credential_options
+@click.option("--json", "as_json", is_flag=True, help="Print the fit and the ranking as JSON.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="How many of the best to print.")
+@click.option("--max-layers", type=click.IntRange(1, 6), default=3, show_default=True,
+              help="Deepest tree tried.")
+@click.option("--trials", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Simulated steps per scheme and shape.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the simulated compute times.")
+@click.option("--bandwidth", type=UnitValue("RATE", parse_bandwidth), default=None,
+              help="Use this link rate instead of the measured one (1Gbit, 12.5MB).")
+@click.option("--latency", type=UnitValue("TIME", parse_seconds), default=None,
+              help="Use this one-way latency instead of the measured one (50us).")
+def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, max_layers,
+                 trials, seed, bandwidth, latency):
+    """Gather what every node under ADDRESS measured while training (ask the master for the
+    whole tree): each host's compute time per step, its links' throughput and round-trip
+    time; fit the run-time model's compute law and links to it, and rank every scheme and
+    tree shape for this many workers as plan --auto does; the running configuration is
+    shown first, its prediction next to its measured step time.
+
+    \b
+    crnet tune master-host:7070 --secret-file /etc/crnet/secret
+    """
+    import asyncio
+
+    from ..tune import gather, measurements, tune
+
+    secret, tls = credentials(secret_file, tls_cert, tls_key, tls_ca)
+    where = f"{address[0]}:{address[1]}"
+    try:
+        tree = asyncio.run(gather(address[0], address[1], secret=secret, tls=tls))
+        tuning = tune(measurements(tree), trials=trials, seed=seed, max_layers=max_layers,
+                      bandwidth=bandwidth, latency=latency)
+    except KeyboardInterrupt:
+        return
+    except (OSError, CrnetError, ValueError, asyncio.TimeoutError) as e:
+        # The message may quote what a node sent: tamed. (ValueError: the model refused
+        # what was measured, e.g. a node's absurd numbers.)
+        raise click.ClickException(f"{where}: {tamed(str(e)) or 'no answer'}") from None
+    if as_json:
+        click.echo(json.dumps(tuning.to_json(top)))
+        return
+    _print(tuning, top)
+
+
+def _print(t, top: int) -> None:
+    from ..units import format_bytes, format_rate, format_seconds, plural
+
+    m, run = t.measurements, t.measurements.running
+    measured = ("no consecutive steps yet" if t.measured_mean is None else
+                f"mean step {format_seconds(t.measured_mean)}, p95 "
+                f"{format_seconds(t.measured_p95)} over the last {len(m.periods)} steps")
+    click.echo(f"tree        {plural(run.workers, 'worker')} (+ the master), m = {run.samples} "
+               f"samples, {format_bytes(run.vector_bytes)} vectors: {measured}")
+    law = t.compute.model
+    click.echo(f"compute     {law.describe()} per sample, from {t.compute.samples} host steps"
+               + ("" if law.kind == "empirical" else f" (Kolmogorov-Smirnov distance "
+                  f"{t.compute.distance:.3f}; empirical: {t.compute.empirical.describe()})"))
+    slow = sorted(t.hosts.items(), key=lambda kv: -kv[1].model.mean_time(1))[:3]
+    if slow:
+        click.echo("slowest     " + ", ".join(
+            f"{tamed(name) or 'master'} {format_seconds(fit.model.mean_time(1))}/sample"
+            for name, fit in slow))
+    if m.unmeasured:
+        click.echo("unmeasured  " + ", ".join(tamed(n) for n in m.unmeasured))
+    click.echo(f"links       {format_rate(t.links.bandwidth)}, latency "
+               f"{format_seconds(t.links.latency)} (from {plural(t.links.pairs, 'link')})")
+    click.echo()
+    click.echo(f"running     (rank {t.running_rank or '-'} of {len(t.ranking)}), "
+               f"measured mean {'-' if t.measured_mean is None else format_seconds(t.measured_mean)}:")
+    prediction_table([t.running])
+    click.echo()
+    click.echo(f"best {min(top, len(t.ranking))} of {len(t.ranking)}:")
+    prediction_table(t.ranking[:top], numbered=True)

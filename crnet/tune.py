@@ -1,0 +1,221 @@
+"""``crnet tune HOST:PORT``: what the running tree measured, the model fitted to it, and every
+scheme and shape ranked by the fitted model.
+
+1. **Gather** (``gather``): the node's subtree (ask the master for the whole tree) through
+   ``crnet status``'s connection and authentication (``crnet.status``), every node's
+   ``measured`` section included (``crnet/node/measure.py``; each is checked as it
+   arrives, ``crnet.status_measured``, so a malformed one is an error naming its node).
+2. **Read** (``measurements``): per host, its compute time per step (its slowest process's,
+   over the steps all of them measured) over its share of the batch: seconds per sample;
+   its links' (bytes, busy seconds) and round-trip times; the period of the asked node's
+   steps (the tree's step time); what the tree runs (scheme, shape, batch, vector, chunks).
+3. **Fit** (``crnet.tune_fit``): one compute law over every host's per-sample times (the
+   model draws every worker from one law), and the links' bandwidth and latency.
+4. **Rank** (``tune``): ``crnet.model.rank`` over every scheme and shape for this many
+   workers, as ``crnet plan --auto`` does, with the fitted inputs; and the running
+   configuration's own prediction, to hold against its measured step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .defaults import TUNE_WINDOW_MAX
+from .errors import CrnetError
+from .model import Prediction, predict, rank
+from .plan import Tree, scheme_tree
+from .schemes.chunks import chunk_bytes_for
+from .status import StatusClient
+from .status_tree import DEADLINE
+from .tls import TlsFiles
+from .tune_fit import ComputeFit, LinkFit, fit_compute, fit_links
+
+__all__ = ["HostMeasured", "Measurements", "Running", "TuneError", "Tuning", "gather",
+           "measurements", "tune"]
+
+
+class TuneError(CrnetError):
+    """What was measured does not allow a fit (yet): the message says why."""
+
+
+@dataclass(frozen=True)
+class Running:
+    """What the tree runs, as its nodes say."""
+
+    scheme: str
+    tree: Tree
+    samples: int
+    chunk_bytes: int           # as configured (0: auto)
+    vector_bytes: int
+
+    @property
+    def workers(self) -> int:
+        return self.tree.workers
+
+    @property
+    def shape(self) -> Tree:
+        return scheme_tree(self.scheme, tree=self.tree)
+
+
+@dataclass(frozen=True)
+class HostMeasured:
+    name: str                          # its place ("" the master)
+    host: str | None
+    local_samples: int
+    per_sample: tuple[float, ...]      # seconds per sample, one per step measured
+    links: tuple[tuple[int, float], ...]   # (bytes acknowledged, seconds busy sending)
+    min_rtts: tuple[float, ...]        # seconds
+    best_rate: float | None            # its links' best delivery rate (bytes/s)
+
+
+@dataclass(frozen=True)
+class Measurements:
+    running: Running
+    hosts: tuple[HostMeasured, ...]
+    periods: tuple[float, ...]         # the asked node's step periods (seconds)
+    unmeasured: tuple[str, ...]        # nodes that sent no measurements (silent, missing)
+
+
+async def gather(host: str, port: int, secret: bytes | None = None, tls: TlsFiles | None = None,
+                 window: int = TUNE_WINDOW_MAX, deadline: float = DEADLINE) -> dict:
+    """The node's subtree with every node's measured section (windows of at most
+    ``window`` steps), checked."""
+    client = await StatusClient.connect(host, port, secret=secret, tls=tls)
+    try:
+        return await client.refresh(deadline, measured=window)
+    finally:
+        client.close()
+
+
+def measurements(tree: dict) -> Measurements:
+    """What ``gather``'s answer says, per host. TuneError if it cannot be fitted from."""
+    root = tree.get("measured")
+    if root is None or root.get("config") is None:
+        raise TuneError(f"{_named(tree)} has no share of the data yet: nothing runs to tune")
+    config = root["config"]
+    if config["vector_bytes"] is None or config["samples"] is None:
+        raise TuneError("no step has finished yet: train a few steps first")
+    running = Running(config["scheme"], Tree(config["fanout"], config["stragglers"]),
+                      config["samples"], config["chunk_bytes"], config["vector_bytes"])
+    hosts, unmeasured = [], []
+    for entry in _nodes(tree):
+        m = entry.get("measured")
+        if m is None:
+            unmeasured.append(entry["name"] or "master")
+            continue
+        links = [(x["bytes"], x["busy_us"] / 1e6) for x in m["links"]
+                 if x["bytes"] is not None and x["busy_us"] is not None]
+        rtts = [x["min_rtt_us"] / 1e6 for x in m["links"] if x["min_rtt_us"] is not None]
+        rates = [x["rate"] for x in m["links"] if x["rate"]]
+        summed = m["summed"]
+        if summed is not None:
+            links.append((summed["bytes"], summed["busy_us"] / 1e6))
+            if summed["min_rtt_us"] is not None:
+                rtts.append(summed["min_rtt_us"] / 1e6)
+            if summed["rate"]:
+                rates.append(summed["rate"])
+        load = m["local_samples"] or 0
+        per_sample = tuple(t / load for t in _slowest(m["compute"])) if load > 0 else ()
+        hosts.append(HostMeasured(entry["name"], entry["host"], load, per_sample, tuple(links),
+                                  tuple(rtts), float(max(rates)) if rates else None))
+    periods = tuple(x / 1e6 for x in root["periods"]["micros"])
+    return Measurements(running, tuple(hosts), periods, tuple(unmeasured))
+
+
+def _nodes(entry: dict):
+    yield entry
+    for child in entry["children"]:
+        yield from _nodes(child)
+
+
+def _named(entry: dict) -> str:
+    return "the master" if not entry["name"] else f"node {entry['name']}"
+
+
+def _slowest(compute: list[dict]) -> list[float]:
+    """Per step that every shown process measured: the slowest one's seconds (the host's
+    part is in once all of them submitted)."""
+    if not compute:
+        return []
+    steps = set.intersection(*(set(c["steps"]) for c in compute))
+    slowest: dict[int, int] = {}
+    for c in compute:
+        for step, us in zip(c["steps"], c["micros"]):
+            if step in steps:
+                slowest[step] = max(slowest.get(step, 0), us)
+    return [slowest[s] / 1e6 for s in sorted(slowest)]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    measurements: Measurements
+    compute: ComputeFit                     # over every host
+    hosts: dict[str, ComputeFit]            # each host's own
+    links: LinkFit
+    running: Prediction                     # the running configuration, predicted
+    running_rank: int | None                # its place in ``ranking`` (1 = best)
+    ranking: list[Prediction]               # every candidate, best first
+
+    @property
+    def measured_mean(self) -> float | None:
+        p = self.measurements.periods
+        return float(np.mean(p)) if p else None
+
+    @property
+    def measured_p95(self) -> float | None:
+        p = self.measurements.periods
+        return float(np.percentile(p, 95)) if p else None
+
+    def to_json(self, top: int | None = None) -> dict:
+        run = self.measurements.running
+        return {
+            "workers": run.workers, "samples": run.samples, "vector_bytes": run.vector_bytes,
+            "chunk_bytes": chunk_bytes_for(run.vector_bytes, run.chunk_bytes),
+            "measured": {"steps": len(self.measurements.periods), "mean": self.measured_mean,
+                         "p95": self.measured_p95},
+            "compute": self.compute.to_json(),
+            "hosts": {name or "master": fit.to_json() for name, fit in self.hosts.items()},
+            "unmeasured": list(self.measurements.unmeasured),
+            "links": self.links.to_json(),
+            "running": {**self.running.to_json(), "rank": self.running_rank},
+            "candidates": len(self.ranking),
+            "ranking": [p.to_json() for p in self.ranking[:top]]}
+
+
+def tune(m: Measurements, *, trials: int = 1000, seed: int = 0, max_layers: int = 3,
+         bandwidth: float | None = None, latency: float | None = None) -> Tuning:
+    """Fit ``m`` and rank every scheme and shape for its number of workers by the fitted
+    model; ``bandwidth`` and ``latency`` replace the links' fit if given."""
+    per_host = {h.name: fit_compute(h.per_sample) for h in m.hosts if h.per_sample}
+    every = [x for h in m.hosts for x in h.per_sample]
+    if not every:
+        raise TuneError("no compute times measured yet: a training process's compute time "
+                        "is from one result to its next SUBMIT, so it needs two steps")
+    compute = fit_compute(every)
+    pairs = [pair for h in m.hosts for pair in h.links]
+    rtts = [r for h in m.hosts for r in h.min_rtts]
+    rates = [h.best_rate for h in m.hosts if h.best_rate is not None]
+    try:
+        links = fit_links(pairs, rtts, rates=rates)
+    except ValueError:
+        if bandwidth is None:
+            raise TuneError("no link carried bytes the kernel could count (TCP_INFO): "
+                            "give --bandwidth") from None
+        links = LinkFit(bandwidth, latency or 0.0, 0)
+    links = LinkFit(bandwidth if bandwidth is not None else links.bandwidth,
+                    latency if latency is not None else links.latency, links.pairs)
+    run = m.running
+    chunk = chunk_bytes_for(run.vector_bytes, run.chunk_bytes)
+    ranking = rank(run.workers, samples=run.samples, vector_bytes=run.vector_bytes,
+                   bandwidth=links.bandwidth, latency=links.latency, compute=compute.model,
+                   trials=trials, seed=seed, chunk_bytes=chunk, max_layers=max_layers, top=None)
+    running = predict(run.scheme, tree=None if run.scheme in ("gc", "rar") else run.tree,
+                      workers=run.workers, stragglers=run.shape.stragglers[0],
+                      samples=run.samples, vector_bytes=run.vector_bytes,
+                      bandwidth=links.bandwidth, latency=links.latency, compute=compute.model,
+                      trials=trials, seed=seed, chunk_bytes=chunk)
+    place = next((i + 1 for i, p in enumerate(ranking)
+                  if p.scheme == running.scheme and p.tree == running.tree), None)
+    return Tuning(m, compute, per_host, links, running, place, ranking)
