@@ -192,14 +192,15 @@ class Connection(asyncio.BufferedProtocol):
         is called the moment all of it went to the kernel (its buffer limit is 0: every
         write above it pauses). A link already closing is left as it is: its socket may be
         gone (descriptor -1), and it takes no more writes anyway."""
-        if self.is_closing:
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
-        sock = self.transport.get_extra_info("socket")
+        sock = transport.get_extra_info("socket")
         option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
         if sock is not None and option is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, option, unsent)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, unsent)
-        self.transport.set_write_buffer_limits(high=0, low=0)
+        transport.set_write_buffer_limits(high=0, low=0)
 
     # -- sending ----------------------------------------------------------------
     @property
