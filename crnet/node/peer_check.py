@@ -87,6 +87,9 @@ class PeerChecks:
     def gone(self, rank: int, conn: Connection) -> None:
         if self._asking.get(rank) is conn:
             del self._asking[rank]
+        for check in self._checks.values():
+            if check.asked_on is conn:   # its answer will not come: asked again on the next link
+                check.asked_on = None
 
     def answered(self, rank: int, msg: PeerChecked) -> None:
         """``rank`` answered a check on this node's link to it (a late answer is moot)."""
