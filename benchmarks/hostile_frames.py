@@ -67,7 +67,7 @@ ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "int32": 4, "bfloat16": 2}
 # What a node sends its parent (up a tree link), and a host its peers (spread, rar).
 UP = (MsgType.JOINED, MsgType.OPEN, MsgType.FAIL, MsgType.CHUNK, MsgType.BCAST, MsgType.BARRIER,
       MsgType.JOB, MsgType.WANT_STATE, MsgType.STATUS_REPLY)
-PEER = (MsgType.PIECE, MsgType.MOOT, MsgType.OWNERS, MsgType.SEGMENT)
+PEER = (MsgType.PIECE, MsgType.MOOT, MsgType.OWNERS, MsgType.SEGMENT, MsgType.PEER_CHECK)
 ANY = tuple(MsgType)   # out of place on the link: the daemon closes it (or must ignore it)
 
 
@@ -253,6 +253,8 @@ class Forger:
             return self._frame(t, {"epoch": rng.choice([0, 1, 1 << 40]), "start": self.step(),
                                    "excluded": rng.sample(range(1, len(k.names)),
                                                           rng.randrange(len(k.names) - 1))})
+        if t == MsgType.PEER_CHECK:   # a question about a link id (any host's answer is no)
+            return self._frame(t, {"link_id": rng.randbytes(16)})
         if t == MsgType.STATUS_REPLY:
             return self._frame(t, {"id": rng.choice([0, 1, 1 << 62]), "node": rng.choice(
                 [{}, {"name": self.name(), "state": "joined"}, {"children": [{}] * 100}])})

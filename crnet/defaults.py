@@ -33,6 +33,11 @@ RECONNECT_BACKOFF = (0.1, 2.0)     # first and longest pause between attempts to
 # to 2 minutes) and a link that came back stays silent for as long.
 LINK_TIMEOUT = 8.0
 CONNECT_TIMEOUT = 4.0
+# spread, with a cluster secret: a peer link is taken as the rank it claims once that rank's
+# host confirms it, over this host's own link there (node/peer_check.py). The check waits at
+# most this long (for that link too, if it is still being dialed); then the link is closed
+# and its dialer dials again.
+PEER_CHECK_TIMEOUT = LINK_TIMEOUT
 SHUTDOWN_GRACE = 5.0               # seconds an orderly shutdown may take before it is cut short
 # Control payloads (ASSIGN) are small next to gradients; cap what a peer can make us hold.
 MAX_CONTROL_PAYLOAD = 64 << 20

@@ -57,12 +57,16 @@ class MsgType(enum.IntEnum):
     STATUS_REPLY = 37   # node -> asker: its subtree's state
     # Ring links (TCP, --scheme rar), predecessor -> successor; the first two open spread's too.
     PEER_HELLO = 10     # I am your predecessor (rar) or host (spread), rank r
-    PEER_WELCOME = 11   # successor -> predecessor: accepted, segments may flow
+    PEER_WELCOME = 11   # successor -> predecessor: accepted (with a secret, PEER_CONFIRMED follows)
     SEGMENT = 12        # a ring segment of a step (phase, round, segment)
     # Peer links (TCP, --scheme spread), every host -> every other host.
     PIECE = 19          # a chunk of a host's vector to its owner, or of the sum from its owner
     OWNERS = 38         # master -> every host: which hosts own no chunks, from which step on
     MOOT = 39           # owner -> a host: its piece of a chunk is not needed (decoded without it)
+    # Confirming a spread peer's rank (with a cluster secret; node/peer_check.py).
+    PEER_CHECK = 40     # acceptor -> the claimed host, on its own link there: is this your link's id?
+    PEER_CHECKED = 41   # that host -> the asker, on the same link: yes or no
+    PEER_CONFIRMED = 42  # acceptor -> dialer: its rank is confirmed (rar: at once); pieces may flow
     # The local training process (Unix socket).
     CLIENT_HELLO = 20   # client -> daemon: first frame (pid)
     CLIENT_WELCOME = 21  # daemon -> client: this host's assignment

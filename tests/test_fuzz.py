@@ -19,13 +19,7 @@ async def test_twenty_thousand_hostile_frames_change_nothing(tmp_path, capsys):
 # The hostile peer drives raw sockets with the loop's sock_* calls: asyncio's loop, as in
 # tests/test_trust.py (on uvloop the training processes were never told to stop).
 @pytest.mark.asyncio(loop_factories=["asyncio"])
-@pytest.mark.parametrize("scheme", [
-    "cr",
-    pytest.param("spread", marks=pytest.mark.xfail(
-        reason="open: a spread peer link's rank is the dialer's word: the hostile peer takes the "
-               "master's links to the hosts, whose steps then fail until no process holds the job's "
-               "state and the tree stops (tests/test_trust_fuzzed.py); in a short run, by timing")),
-])
+@pytest.mark.parametrize("scheme", ["cr", "spread"])
 async def test_ten_thousand_frames_from_a_secret_holder_in_two_slots_leave_every_result_exact(
         tmp_path, capsys, scheme):
     """The authenticated fuzzer (benchmarks/fuzz_authenticated.py), short: a peer that holds

@@ -52,6 +52,9 @@ def grads_for(seed):
 
 def spread_tree(local_tree, **options):
     assert owner_count(DIM * 8, len(NAMES)) == len(NAMES)   # every host an owner
+    # With a cluster secret, as beyond loopback: every peer link (a restarted host's too)
+    # carries pieces only once its rank is confirmed (crnet/node/peer_check.py).
+    options.setdefault("secret", True)
     return local_tree(TREE, M, scheme="spread", chunk_bytes=CHUNK, timeout=TIMEOUT, **options)
 
 

@@ -6,6 +6,7 @@ sends the one frame the fuzzer's run narrowed the fault down to."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 
 import numpy as np
 import pytest
@@ -13,11 +14,26 @@ import pytest
 from benchmarks.hostile_peer import Peer, authenticate, dial
 from crnet import StepRefused
 from crnet.auth import load_secret
+from crnet.defaults import PEER_CHECK_TIMEOUT
 from crnet.fields import MAX_STEP
 from crnet.launch import MASTER, LocalTree
-from crnet.messages import Bcast, Hello, Job, Joined, PeerHello, Phase, Piece, Refuse, Welcome
+from crnet.messages import (
+    LINK_ID_BYTES,
+    Bcast,
+    Hello,
+    Job,
+    Joined,
+    PeerConfirmed,
+    PeerHello,
+    PeerWelcome,
+    Phase,
+    Piece,
+    Refuse,
+    Welcome,
+)
 from crnet.plan import Tree
 
+from .conftest import wait_for_log
 from .test_trust import SAMPLES, STAR, TIMEOUT, close_all, connect, exact, grads_for, processed, running, step
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_factories=["asyncio"])]
@@ -33,10 +49,12 @@ async def insider(lt: LocalTree, name: str = "2") -> Peer:
 
 
 async def as_peer(lt: LocalTree, name: str, rank: int) -> Peer:
-    """A secret holder's spread peer link to daemon ``name``, claiming ``rank``; admitted."""
+    """A secret holder's spread peer link to daemon ``name``, claiming ``rank`` (with a link
+    id of its own, which that rank's host knows nothing of); welcomed, not confirmed."""
     peer = await dial(lt.ports[name])
-    answer = await authenticate(peer, load_secret(lt.options["secret_file"]), PeerHello(rank))
-    assert answer is not None and not isinstance(answer, Refuse), answer
+    hello = PeerHello(rank, link_id=secrets.token_bytes(LINK_ID_BYTES))
+    answer = await authenticate(peer, load_secret(lt.options["secret_file"]), hello)
+    assert isinstance(answer, PeerWelcome), answer
     return peer
 
 
@@ -68,17 +86,15 @@ async def test_a_job_frame_does_not_end_a_running_job_of_processes_without_a_nam
 
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open: a spread peer link's rank is the dialer's word (crnet/node/mesh.py, "
-                          "Mesh.accept): host 0's process got the forged sum, [666 666 ...]")
 async def test_a_spread_peer_that_claims_the_owners_rank_does_not_replace_the_sum(tmp_path):
     """--scheme spread: the master owns every chunk of a small vector and sends each host
     the sum on its peer link (rank 0). A secret holder in slot 2 dials host 0 as a peer
-    claiming rank 0 (the handshake binds only the cluster secret, which it holds, and the
-    newest link of a rank replaces the one before) and sends a sum's piece (GATHER) for the
-    next two steps, 666 everywhere. Today host 0's process gets [666 666 ...] as the
-    result of both, and the master fails them (host 0, holding a "sum", sent no piece):
-    the fuzzer's spread runs showed it as failed steps and processes left stale."""
+    claiming rank 0 (the handshake binds only the cluster secret, which it holds) and sends
+    a sum's piece (GATHER) for the next two steps, 666 everywhere. Host 0's process got
+    [666 666 ...] as the result of both, and the master failed them (host 0, holding a
+    "sum", sent no piece): the fuzzer's spread runs showed it as failed steps and processes
+    left stale. Now host 0 takes nothing on a peer link before the master confirmed that it
+    is the master's (``crnet/node/peer_check.py``): the piece closes the link."""
     grads = grads_for(32)
     want = grads.sum(axis=0)
     with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], secret=True,
@@ -90,13 +106,54 @@ async def test_a_spread_peer_that_claims_the_owners_rank_does_not_replace_the_su
                 assert exact(await step(clients, grads, t), want), t
             claim = await as_peer(lt, "0", 0)
             forged = np.full(want.size, 666.0)
-            for t in (3, 4):
+            for t in (3, 4):   # (the first closes the link: the second may find it closed)
                 piece = Piece(t, Phase.GATHER, 0, want.size, "float64")
-                assert await claim.write(b"".join(bytes(p) for p in piece.frame(forged)))
+                await claim.write(b"".join(bytes(p) for p in piece.frame(forged)))
             await asyncio.sleep(0.3)
             outcomes = {t: await step(clients, grads, t) for t in (3, 4)}
             claim.close()
             assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
+        finally:
+            close_all(clients)
+            hostile.close()
+
+
+async def test_a_spread_peer_link_whose_rank_is_not_confirmed_is_closed_and_takes_nothing(tmp_path):
+    """--scheme spread, with a secret: a secret holder in slot 2 dials the master claiming
+    host 1's rank. Host 1 says (over the master's own link to it) that the link is not its
+    own: the master closes it, saying which rank it claimed and where it came from, and
+    never confirms it. Claimed again, the link sends host 1's piece of steps 3 and 4 (the
+    master owns the small vector's one chunk), 10^6 everywhere: it is closed, and those
+    steps are exact. Claiming the rank of a host nobody can dial (slot 2 said no address)
+    gets no answer: closed after PEER_CHECK_TIMEOUT. Before the check, each of these links
+    was taken as the rank it claimed and kept."""
+    grads = grads_for(35)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], secret=True,
+                 scheme="spread") as lt:
+        hostile = await insider(lt)
+        clients = await connect(lt, [MASTER, "0", "1"])
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want), t
+            rank = STAR.rank("1")
+            silent = await as_peer(lt, MASTER, rank)
+            assert await silent.recv(timeout=5) is None, "the master kept an unconfirmed peer link"
+            await wait_for_log(lt, MASTER, f"says it is rank {rank}, which did not confirm it "
+                                           "(it says that is not its link): closed", timeout=5)
+            forging = await as_peer(lt, MASTER, rank)
+            for t in (3, 4):   # (the first closes the link: the second may find it closed)
+                piece = Piece(t, Phase.REDUCE, 0, want.size, "float64")
+                await forging.write(b"".join(bytes(p) for p in piece.frame(np.full(want.size, 1e6))))
+            got = await forging.recv(timeout=5)
+            assert got is None or not isinstance(got[0], PeerConfirmed), got
+            outcomes = {t: await step(clients, grads, t) for t in (3, 4)}
+            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
+            nowhere = await as_peer(lt, MASTER, STAR.rank("2"))
+            assert await nowhere.recv(timeout=PEER_CHECK_TIMEOUT + 3) is None
+            await wait_for_log(lt, MASTER, f"says it is rank {STAR.rank('2')}, which did not confirm "
+                                           f"it (no answer in {PEER_CHECK_TIMEOUT:g} s", timeout=3)
+            assert exact(await step(clients, grads, 5), want)
         finally:
             close_all(clients)
             hostile.close()

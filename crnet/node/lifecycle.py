@@ -53,6 +53,7 @@ from .membership import Membership
 from .metrics import MetricsServer, NodeView, registry_for, server_context
 from .neighbours import Neighbours
 from .notify import Notifier, Readiness
+from .peer_check import OutboundPeer
 from .rooms import Rooms
 from .steps import EngineSettings, StepEngine
 from .tls_door import TlsDoor
@@ -290,9 +291,9 @@ class Node:
         parent_host, parent_port = self.settings.parent
         return f"[{parent_host}]:{parent_port}" if ":" in parent_host else f"{parent_host}:{parent_port}"
 
-    def _dialer(self, address: str | None):
+    def _dialer(self, address: str | None, peer: OutboundPeer):
         """Dials a peer (a ring successor, a spread host) at ``address`` (None: the master,
-        at the parent's)."""
+        at the parent's); its link reports to ``peer``."""
         if address is None:
             address = self._parent_address()
             assert address is not None
@@ -304,7 +305,7 @@ class Node:
         async def dial(hello):
             if bad:
                 raise ProtocolError(f"cannot dial {bad}")
-            link = PeerLink()
+            link = PeerLink(peer, confirmed_by_welcome=self.settings.secret is None)
             guard = Dialing(link, self.settings.secret)
             _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self._connection(guard, Limits(max_payload=0), f"peer {address}"),

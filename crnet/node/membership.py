@@ -40,7 +40,7 @@ from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
 from .jobs import JobCounts
-from .mesh import Mesh
+from .mesh import Mesh, PeerDialer
 from .neighbours import ChildSlot, Neighbours
 from .signal import Signal
 from .steps import StepEngine, vouched
@@ -58,12 +58,12 @@ class Membership:
     def __init__(self, engine: StepEngine, neighbours: Neighbours, *, stop: Callable[[int], None],
                  place: Place | None = None, samples: int | None = None,
                  name: str | None = None, dial_parent: Dialer | None = None,
-                 dial_peer: Callable[[str | None], Dialer] | None = None,
+                 dial_peer: PeerDialer | None = None,
                  resolve_timeout: float | None = None, host_id: str | None = None,
                  parent_address: str | None = None, local_processes: int = 1):
         """The master passes its ``place`` and ``samples`` (it knows the tree from its
         options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
-        learns both from its parent. ``dial_peer(address)`` dials a peer: a ring successor,
+        learns both from its parent. ``dial_peer(address, peer)`` dials a peer: a ring successor,
         a spread host (``None``: the one at the parent's address, the master).
         A node whose parent's host name does not resolve for ``resolve_timeout`` s exits 2.
         ``parent_address`` (host:port) is where it dials its parent. ``local_processes``:
@@ -293,10 +293,10 @@ class Membership:
         self.engine.child_lost(k)
         self._report_joined()
 
-    def peer_hello(self, conn: Connection, hello: PeerHello) -> None:
+    def peer_hello(self, conn: Connection, hello: PeerHello, confirmed: Callable[[], None]) -> None:
         """A peer (rar's ring predecessor, spread's other hosts): accept it if this node has
-        peers (``JoinRefused`` if not)."""
-        self.mesh.accept(conn, hello, self.place, self.label)
+        peers (``JoinRefused`` if not); ``confirmed()`` once its rank is (``mesh.py``)."""
+        self.mesh.accept(conn, hello, self.place, self.label, confirmed)
 
     def _report_joined(self) -> None:
         place = self.place

@@ -13,6 +13,12 @@ links of those that send to it. Where peers listen comes with the assignment:
 
 A host that restarts at the same address is dialed again (``dial.py`` reconnects);
 one that moved needs the tree to assign anew (a restart of the master).
+
+With a cluster secret, a spread peer link's rank is not the dialer's word: the rank's own
+host confirms it over this node's link there (``peer_check.py``) before anything that
+comes on it counts, and only then (PEER_CONFIRMED) does its dialer send on it. rar's
+successor does not dial its predecessor, so it has nothing to ask over: a predecessor is
+confirmed at once.
 """
 
 from __future__ import annotations
@@ -22,21 +28,28 @@ import logging
 from collections.abc import Callable
 
 from ..errors import JoinRefused
-from ..messages import PeerHello, PeerWelcome, RingPlace
+from ..messages import PeerCheck, PeerConfirmed, PeerHello, PeerWelcome, RingPlace
 from ..peer_text import shown
 from ..plan import Tree
 from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
 from .neighbours import ChildSlot, Neighbours
+from .peer_check import OutboundPeer, PeerChecks
 
 log = logging.getLogger("crnet.node")
 
-__all__ = ["Mesh"]
+__all__ = ["Mesh", "PeerDialer"]
 
-# Links one peer rank may have to this node at once. A new one does not close the old:
-# anyone who holds the secret can say it is any rank, and a live peer's link must not be
-# cut by that; a restarted peer's dead link goes by itself (keepalive, --link-timeout).
+# Dials a peer at an address (None: the parent's, the master's); its link reports to the
+# ``OutboundPeer`` (welcomed, gone, the answers to this node's checks: ``peer_check.py``).
+PeerDialer = Callable[[str | None, OutboundPeer], Dialer]
+
+# Links one peer rank may have to this node at once, and links claiming it that are being
+# checked. A new one does not close the old unless its rank is confirmed (then it is that
+# rank's newest, and the oldest is one it gave up on): anyone who holds the secret can say
+# it is any rank, and a live peer's link must not be cut by that; a restarted peer's dead
+# link goes by itself (keepalive, --link-timeout).
 LINKS_PER_RANK = 4
 
 
@@ -44,15 +57,17 @@ class Mesh:
     """This node's peer links (``neighbours.peers``, ``neighbours.peers_in``) and the
     addresses they are dialed at."""
 
-    def __init__(self, neighbours: Neighbours, dial: Callable[[str | None], Dialer] | None,
+    def __init__(self, neighbours: Neighbours, dial: PeerDialer | None,
                  lost: Callable[[int], None], unreachable: Callable[[int], None] = lambda rank: None):
-        """``dial(address)`` dials a peer (None: the one at the parent's address, the
-        master); ``lost(rank)`` hears that a peer's link to this node is gone;
-        ``unreachable(rank)`` that this node's link to it is (or could not be dialed)."""
+        """``dial(address, peer)`` dials a peer (None: the one at the parent's address,
+        the master), whose link reports to ``peer``; ``lost(rank)`` hears that a peer's
+        link to this node is gone; ``unreachable(rank)`` that this node's link to it is
+        (or could not be dialed)."""
         self.neighbours = neighbours
         self._dial = dial
         self._lost = lost
         self._unreachable = unreachable
+        self.checks = PeerChecks()
         self.addresses: tuple[str | None, ...] = ()   # spread: where every rank listens
         self.tasks: list[asyncio.Task] = []
         self._inbound: dict[int, list[Connection]] = {}   # rank -> its links here, newest last
@@ -112,7 +127,8 @@ class Mesh:
             log.error("%s: this node cannot dial peers", what)
             return
         self.tasks.append(supervised(keep_connected(
-            what, self._dial(address), hello=lambda: PeerHello(me),
+            what, self._dial(address, self.checks.to(rank)),
+            hello=lambda: PeerHello(me, link_id=self.checks.new_link(rank)),
             up=lambda conn: self.neighbours.peer_up(rank, conn),
             down=lambda why: self._down(rank, why), failed=lambda: self._failed(rank),
             refused=lambda e: log.error("%s refused this node: %s", what, shown(e.reason))),
@@ -129,8 +145,11 @@ class Mesh:
             self._unreachable(rank)
 
     # -- links accepted from peers
-    def accept(self, conn: Connection, hello: PeerHello, place: Place | None, label: str) -> None:
-        """A peer dialed this node: take its link, or ``JoinRefused`` why not."""
+    def accept(self, conn: Connection, hello: PeerHello, place: Place | None, label: str,
+               confirmed: Callable[[], None]) -> None:
+        """A peer dialed this node: welcome its link, or ``JoinRefused`` why not; and
+        ``confirmed()`` once its rank is (at once, but in spread with a secret), from when
+        what comes on it counts as that rank's. A link not confirmed is closed."""
         if place is not None and place.scheme == "spread":
             hosts = place.tree.workers + 1
             if not 0 <= hello.rank < hosts or hello.rank == place.tree.rank(place.name):
@@ -142,13 +161,36 @@ class Mesh:
                 raise JoinRefused(f"rank {hello.rank} is not the ring predecessor of rank {ring.rank}")
         else:
             raise JoinRefused(f"{label} has no peers (yet)", retry=True)
-        links = self._inbound.setdefault(hello.rank, [])
-        if len(links) >= LINKS_PER_RANK:
-            raise JoinRefused(f"rank {hello.rank} has {len(links)} links to {label} already",
-                              retry=True)
-        links.append(conn)
-        self.neighbours.peers_in[hello.rank] = conn   # pieces come on any; this one is shown
+        rank = hello.rank
+        checked = place.scheme == "spread" and conn.authenticated
+        links = self.checks.pending(rank) if checked else len(self._inbound.get(rank, ()))
+        if links >= LINKS_PER_RANK:
+            raise JoinRefused(f"rank {rank} has {links} links to {label} already"
+                              + (" being checked" if checked else ""), retry=True)
         conn.send(PeerWelcome())
+        if checked:
+            self.checks.check(conn, rank, hello.link_id, lambda: self._confirmed(conn, rank, confirmed))
+        else:
+            self._confirmed(conn, rank, confirmed)
+
+    def _confirmed(self, conn: Connection, rank: int, confirmed: Callable[[], None]) -> None:
+        links = self._inbound.setdefault(rank, [])
+        if len(links) >= LINKS_PER_RANK:   # (checked: the rank's own, its newest)
+            links.pop(0).close()
+        links.append(conn)
+        self.neighbours.peers_in[rank] = conn   # pieces come on any; this one is shown
+        confirmed()
+        if conn.authenticated:   # (without a secret the dialer takes its welcome for this)
+            conn.send(PeerConfirmed())
+
+    def answer(self, conn: Connection, rank: int, msg: PeerCheck) -> None:
+        """The host that dialed ``conn`` as ``rank`` asks about a link that claims this
+        node's rank (``peer_check.py``)."""
+        self.checks.answer(conn, rank, msg)
+
+    def dropped(self, conn: Connection) -> None:
+        """An accepted peer link closed before its rank was confirmed."""
+        self.checks.dropped(conn)
 
     def lost(self, rank: int, conn: Connection) -> bool:
         """An accepted peer link closed: True if it was that rank's last one here."""
@@ -167,6 +209,7 @@ class Mesh:
     def close(self) -> None:
         for task in self.tasks:
             task.cancel()
+        self.checks.close()
         for links in self._inbound.values():
             for conn in links:
                 conn.close()

@@ -9,7 +9,7 @@ that connection closes.
 - ``child.py``   ``ChildLink``: accepted on ``--listen``: a child, a peer or ``crnet status``.
 - ``parent.py``  ``ParentLink``: dialed to the parent.
 - ``peer.py``    ``PeerLink``: dialed to a peer (the ring successor, a spread host); this node
-  only sends on it.
+  sends its pieces on it, and asks there about links that claim that peer's rank.
 - ``client.py``  ``ClientLink``: the local training process on the Unix socket, with
   ``client_steps.py`` (its steps: requests, answers, progress) and ``client_group.py``
   (broadcasts and barriers with the rest of its job).

@@ -2,7 +2,8 @@
 
 It starts with HELLO (a child joining), PEER_HELLO (a peer: the ring predecessor, rar; another
 host, spread) or STATUS_HELLO (``crnet status``), and what it may send from then on follows
-from which:
+from which. A peer's rank is confirmed before anything it sends counts as that rank's (spread
+with a cluster secret: by that rank's host, ``node/peer_check.py``; else at once):
 
 ==============  ==============================================================
 state           may send
@@ -10,7 +11,8 @@ state           may send
 NEW             HELLO, PEER_HELLO, STATUS_HELLO
 CHILD           CHUNK, JOINED, FAIL, OPEN, JOB, BCAST, WANT_STATE, BARRIER,
                 STATUS_REPLY, REFUSE (it cannot take the place it was welcomed to)
-PEER            SEGMENT (rar), PIECE, OWNERS and MOOT (spread)
+UNCONFIRMED     PEER_CHECK (it asks about a link that claims this node's rank)
+PEER            SEGMENT (rar), PIECE, OWNERS and MOOT (spread), PEER_CHECK
 STATUS          STATUS (it may ask again: ``crnet status --watch``)
 REFUSED         anything: REFUSE was sent, what it sent before reading it is moot
 ==============  ==============================================================
@@ -36,6 +38,7 @@ from ...messages import (
     Moot,
     Open,
     Owners,
+    PeerCheck,
     PeerHello,
     Piece,
     Refuse,
@@ -62,6 +65,7 @@ RECENT_FAILS = 64   # the steps a child's FAILs are remembered for (each step is
 class ChildState(enum.Enum):
     NEW = "a peer before HELLO"
     CHILD = "a child"
+    UNCONFIRMED = "a peer not yet confirmed"
     PEER = "a peer"
     STATUS = "crnet status"
     REFUSED = "a refused peer"
@@ -91,6 +95,8 @@ class ChildLink(StateMachine):
             assert self.rank is not None
             if self.membership.mesh.lost(self.rank, conn):
                 log.warning("peer %d disconnected", self.rank)
+        elif self.state is ChildState.UNCONFIRMED:
+            self.membership.mesh.dropped(conn)
         elif self.slot is not None:
             self.membership.child_lost(self.slot, conn)
 
@@ -104,13 +110,15 @@ class ChildLink(StateMachine):
         self.state = ChildState.CHILD
 
     def _peer_hello(self, conn: Connection, msg: PeerHello, payload) -> None:
+        self.state, self.rank = ChildState.UNCONFIRMED, msg.rank
         try:
-            self.membership.peer_hello(conn, msg)
+            self.membership.peer_hello(conn, msg, self._confirmed)
         except JoinRefused as e:
+            self.rank = None
             self._refuse(conn, e)
-            return
+
+    def _confirmed(self) -> None:
         self.state = ChildState.PEER
-        self.rank = msg.rank
 
     def _status_hello(self, conn: Connection, msg: StatusHello, payload) -> None:
         self.state = ChildState.STATUS       # answered at once; it may ask again (--watch)
@@ -218,6 +226,10 @@ class ChildLink(StateMachine):
         if payload is not None:   # (else it was dropped unread: moot, or another layout)
             self.engine.piece(self.rank, msg)
 
+    def _peer_check(self, conn: Connection, msg: PeerCheck, payload) -> None:
+        assert self.rank is not None
+        self.membership.mesh.answer(conn, self.rank, msg)
+
     def _status_request(self, conn: Connection, msg: StatusRequest, payload) -> None:
         self.status.asked(conn, msg.id, msg.deadline, msg.measured)
 
@@ -226,7 +238,9 @@ class ChildLink(StateMachine):
         ChildState.CHILD: {Chunk: _chunk, Joined: _joined, Fail: _fail, Open: _open, Job: _job,
                            Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
                            StatusReply: _status_reply, Refuse: _leaving},
-        ChildState.PEER: {Segment: _segment, Piece: _piece, Owners: _owners, Moot: _moot},
+        ChildState.UNCONFIRMED: {PeerCheck: _peer_check},
+        ChildState.PEER: {Segment: _segment, Piece: _piece, Owners: _owners, Moot: _moot,
+                          PeerCheck: _peer_check},
         ChildState.STATUS: {StatusRequest: _status_request},
         ChildState.REFUSED: {Message: ignore},
     }
