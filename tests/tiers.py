@@ -32,6 +32,7 @@ QUICK_FILES = frozenset({
     "test_tiers.py",
     "test_wire.py",
     "test_workload.py",
+    "test_workload_grouped.py",   # correlated stragglers: whole groups of workers slow together
 })
 
 # Quick tier, single tests (pytest's test names, parameters included): one real tree of
