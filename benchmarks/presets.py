@@ -5,8 +5,8 @@ step (20,000 samples over 20 workers at 20 us): long next to the aggregation of 
 20 kB vector, short enough that a run of 40 steps takes seconds. ``large`` is where real
 models live: a 4 MB vector on 1 Gbit/s links (a ring step moves it in ~70 ms) and 100 ms of
 uncoded compute, so a 10x straggler costs about 0.9 s. ``correlated`` slows pairs of sibling
-workers together (``grouped:A,P,F,G``): more than the s = 1 a parent tolerates, which is where
-CodedReduce with ``--beyond-s approximate`` (the ``cr-approx`` row) differs from ``cr``.
+workers together (``grouped:A,P,F,G``): more than the s = 1 their parent tolerates, which is
+where CodedReduce with ``--beyond-s approximate`` (the ``cr-approx`` row) differs from ``cr``.
 """
 
 from __future__ import annotations
@@ -74,16 +74,16 @@ PRESETS = {
         "quick", workers=6, cr_tree=Tree((2, 2), (1, 1)), gc_stragglers=1, samples=1200,
         elements=5000, rate="1gbit", compute="straggle:1e-4,0.2,5", steps=8, deadline=60.0,
         timeout=10.0, about="CI smoke run: 6 workers, a few steps"),
-    # Fanout 4, s = 1 at both layers; groups of 2 consecutive workers (in tree order) are half
-    # of one parent's children (the master's for the first two groups), an FRC group of
-    # theirs: a slow pair is one more straggler than the parent tolerates, and its parent
-    # is late too, which the master (s = 1) absorbs only when no other subtree is.
+    # Fanout 2,4 with s 0,1; groups of 2 consecutive workers (in tree order): the master's
+    # two children, then pairs of one bottom parent's four children (an FRC group of its
+    # code). A slow pair is one more straggler than that parent tolerates, and the master
+    # (s = 0) cannot do without the parent: with --beyond-s fail the step waits for the pair.
     "correlated": Preset(
-        "correlated", workers=20, cr_tree=Tree((4, 4), (1, 1)), gc_stragglers=3, samples=20000,
+        "correlated", workers=10, cr_tree=Tree((2, 4), (0, 1)), gc_stragglers=1, samples=20000,
         elements=5000, rate="1gbit", compute="grouped:2e-5,0.1,10,2", steps=60, deadline=120.0,
         timeout=10.0, patience=0.15,
-        about="20 workers in pairs of siblings, each pair 10x slower together with p = 0.1 "
-              "per step (more than the s = 1 a parent tolerates): run cr and cr-approx"),
+        about="10 workers, pairs of siblings 10x slower together with p = 0.1 per pair and "
+              "step (more than the s = 1 their parent tolerates): run cr and cr-approx"),
 }
 
 SWEEP_PROBS = (0.0, 0.05, 0.1, 0.2, 0.3)

@@ -76,7 +76,7 @@ def run(a) -> dict:
             weight = sum((b - s) * w for s, b, w in c.assignment.ranges)
             vec = c.buffer(a.elements, a.dtype)
             if a.barrier:
-                c.barrier("start", processes=a.barrier, timeout=a.timeout)
+                c.barrier("start", processes=a.barrier, timeout=max(a.timeout, 120.0))
             start = time.monotonic()
             for t in range(a.steps):
                 if time.monotonic() - start > a.deadline:

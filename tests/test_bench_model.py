@@ -75,22 +75,25 @@ def test_report_lists_spread_and_judges_its_pick_on_crs_shape():
 
 
 def test_correlated_preset_slows_more_than_s_siblings_at_once():
-    """Every group of the law lies in one parent's children and is more than that parent
-    tolerates, fewer than all of them (the parent still has children to decode from)."""
+    """Every group of the law at the bottom lies in one parent's children and is more than
+    that parent tolerates, fewer than all of them (the parent still has children to decode
+    from), and the master needs that parent (s = 0)."""
     preset, _ = resolve(PRESETS["correlated"])
     tree = preset_tree(preset, "cr")
-    assert tree == Tree((4, 4), (1, 1)) == preset.cr_tree
+    assert tree == Tree((2, 4), (0, 1)) == preset.cr_tree
     law = ComputeModel.parse(preset.compute)
     assert law.kind == "grouped" and law.prob > 0 and law.factor > 1
     workers = [name for name in tree.names() if name]
     groups: dict[int, list[str]] = {}
     for w, name in enumerate(workers):
         groups.setdefault(law.group_of(w), []).append(name)
-    for members in groups.values():
+    assert groups[0] == ["0", "1"]          # the master's children: slow together, no decode
+    for members in list(groups.values())[1:]:
         parents = {tree.parent(name) for name in members}
         assert len(parents) == 1, members
         code = tree.code_of(parents.pop())
         assert code is not None and code.s < len(members) < code.n
+    assert tree.stragglers[0] == 0
     # cr-approx is cr with the master's --beyond-s approximate and the preset's patience,
     # options crnetd has; a patience well within the timeout; the model has no row for it.
     scheme, options = crnetd_scheme("cr-approx", preset)
