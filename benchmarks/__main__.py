@@ -31,7 +31,9 @@ from .runner import run_preset, run_sweep
               type=click.Choice(list(PRESETS)),
               help="Scenario (repeatable).")
 @click.option("--schemes", default=",".join(report.ORDER), show_default=True,
-              help="Comma list of cr, spread, gc, tree, rar and gloo (PyTorch's ring allreduce).")
+              help="Comma list of cr, spread, gc, tree, rar and gloo (PyTorch's ring allreduce), "
+                   "and cr-approx (cr with crnetd's --beyond-s approximate, e.g. --preset "
+                   "correlated --schemes cr,cr-approx).")
 @click.option("--sweep", is_flag=True,
               help="Also sweep straggle probability x slowdown (stragglers preset; cr, spread, "
                    "rar, gloo).")
@@ -60,10 +62,10 @@ def main(presets, schemes, sweep, persistent_stragglers, steps, burst, seed, out
     crnet), installed with pip install -e '.[bench]': python -m benchmarks --preset quick
     """
     chosen = [s.strip() for s in schemes.split(",") if s.strip()]
-    unknown = set(chosen) - set(report.ORDER)
+    unknown = set(chosen) - set(report.ROWS)
     if unknown or "cr" not in chosen:
         raise click.UsageError(f"--schemes must include cr and only {', '.join(report.ORDER)} "
-                               f"(got {schemes!r})")
+                               f"or {', '.join(report.APPROX)} (got {schemes!r})")
     problem = requirements()
     if problem:
         raise click.ClickException(f"python -m benchmarks emulates hosts with network namespaces: "

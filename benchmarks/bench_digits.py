@@ -1,7 +1,8 @@
 """examples/train_digits.py on an emulated cluster: crnet against DDP over Gloo (root).
 
     python -m benchmarks.bench_digits [--steps 100] [--rate 1gbit] [--compute-ms 16] \\
-        [--straggle-prob 0.1] [--straggle-factor 10] [--shapes 3,3:1,1 3,3:2,0] [--out FILE]
+        [--straggle-prob 0.1] [--straggle-factor 10] [--straggle-groups 1] \\
+        [--shapes 3,3:1,1 3,3:2,0] [--beyond-s fail [approximate]] [--patience S] [--out FILE]
 
 One network namespace per host on a bridge, every link shaped (``benchmarks.netns``): for
 crnet a ``crnetd`` and one training process per host (the master's included, as
@@ -13,7 +14,11 @@ crnet's hook) on the first shape, placed as crnet's, torch's store on the master
 same script with the same global batches, initial parameters and injected stragglers
 (drawn from (seed, step, worker index)), so the table
 compares the aggregation alone: mean step time, and wall-clock time to the target test
-accuracy, measured by rank 0 from the end of step 0. The namespaces are deleted at the
+accuracy, measured by rank 0 from the end of step 0. ``--beyond-s fail approximate`` runs
+crnet's loop on every shape once per mode of the master's ``--beyond-s`` (with
+``--patience``, if given), each run's row saying how many steps had an approximate result
+and their mean coverage; with ``--straggle-groups G`` the stragglers are correlated (groups
+of G workers slow together: the example's ``--straggle-groups``). The namespaces are deleted at the
 end, also on error or Ctrl-C. Needs the ``examples`` extra (scikit-learn, tqdm) next to
 the ``bench`` one.
 """
@@ -56,6 +61,7 @@ def parse_shape(text: str) -> Tree:
 def script_args(a: argparse.Namespace, out: Path) -> list[str]:
     return [sys.executable, str(EXAMPLE), "--steps", str(a.steps), "--dtype", a.dtype,
             "--straggle-prob", str(a.straggle_prob), "--straggle-factor", str(a.straggle_factor),
+            "--straggle-groups", str(a.straggle_groups),
             "--compute-ms", str(a.compute_ms), "--target", str(a.target), "--seed", str(a.seed),
             "--json", str(out)]
 
@@ -86,13 +92,16 @@ def _finish(procs: list[subprocess.Popen], logs: list[Path], out: Path) -> dict:
 
 
 def run_crnet(cluster: EmulatedCluster, tree: Tree, a: argparse.Namespace, workdir: Path,
-              ddp: bool = False) -> dict:
+              ddp: bool = False, beyond_s: str = "fail") -> dict:
     """A crnetd and one training process per host; the master is host 0. ``ddp``: the
-    example's DDP on crnet, torch's store served by rank 0 on the master's host."""
+    example's DDP on crnet, torch's store served by rank 0 on the master's host.
+    ``beyond_s``: the master's --beyond-s (approximate: with ``a.patience`` if given)."""
     names = list(tree.names())
     host_of = {name: i for i, name in enumerate(names)}
     workdir.mkdir(parents=True, exist_ok=True)
-    lt = LocalTree(tree, a.samples, workdir=workdir, log_level="warning",
+    beyond = {"beyond_s": beyond_s, **({"patience": a.patience}
+                                       if beyond_s == "approximate" and a.patience else {})}
+    lt = LocalTree(tree, a.samples, workdir=workdir, log_level="warning", **beyond,
                    addresses={n: cluster.addresses[host_of[n]] for n in names},
                    spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
     out = workdir / "rank0.json"
@@ -140,7 +149,10 @@ def summary(name: str, r: dict) -> dict:
     if "error" in r:
         return {"name": name, "error": r["error"]}
     steps = np.diff(np.asarray(r["seconds"]))
+    coverage = list((r.get("approximate_coverage") or {}).values())
     return {"name": name, "workers": r["workers"], "steps": len(r["seconds"]),
+            "approximate_steps": r.get("approximate"),   # None: not a crnet loop
+            "mean_coverage": float(np.mean(coverage)) if coverage else None,
             "mean_s": float(steps.mean()), "p50_s": float(np.median(steps)),
             "p95_s": float(np.percentile(steps, 95)), "target_step": r["target_step"],
             "target_s": r["target_s"], "final_accuracy": r["final_test_accuracy"],
@@ -148,19 +160,21 @@ def summary(name: str, r: dict) -> dict:
 
 
 def table(rows: list[dict], target: float) -> str:
-    head = (f"{'run':24} {'workers':>7} {'mean step':>10} {'median':>9} {'p95':>9} "
-            f"{f'{target:.0%} at':>8} {'in':>8} {'final acc':>9}")
+    head = (f"{'run':30} {'workers':>7} {'mean step':>10} {'median':>9} {'p95':>9} "
+            f"{f'{target:.0%} at':>8} {'in':>8} {'final acc':>9} {'approx':>6} {'coverage':>8}")
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['name']:24} failed: {r['error'].splitlines()[0]}")
+            lines.append(f"{r['name']:30} failed: {r['error'].splitlines()[0]}")
             continue
         reached = r["target_step"] is not None
-        lines.append(f"{r['name']:24} {r['workers']:>7} {1e3 * r['mean_s']:>8.1f}ms "
+        approx, cov = r.get("approximate_steps"), r.get("mean_coverage")
+        lines.append(f"{r['name']:30} {r['workers']:>7} {1e3 * r['mean_s']:>8.1f}ms "
                      f"{1e3 * r['p50_s']:>7.1f}ms {1e3 * r['p95_s']:>7.1f}ms "
                      f"{'step ' + str(r['target_step']) if reached else '-':>8} "
                      f"{(format(r['target_s'], '.2f') + ' s') if reached else '-':>8} "
-                     f"{r['final_accuracy']:>9.4f}")
+                     f"{r['final_accuracy']:>9.4f} {'-' if approx is None else approx:>6} "
+                     f"{'-' if cov is None else format(cov, '.3f'):>8}")
     return "\n".join(lines)
 
 
@@ -173,6 +187,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--straggle-prob", type=float, default=0.1)
     p.add_argument("--straggle-factor", type=float, default=10.0)
+    p.add_argument("--straggle-groups", type=int, default=1, metavar="G",
+                   help="stragglers slowed together in groups of G consecutive workers "
+                        "(--straggle-prob per group); in a tree of fanout n, G = n is the "
+                        "children of one parent")
+    p.add_argument("--beyond-s", nargs="+", choices=["fail", "approximate"], default=["fail"],
+                   help="crnet's loop runs once per mode of crnetd's --beyond-s (master), in "
+                        "this order: e.g. fail approximate")
+    p.add_argument("--patience", type=float, default=None,
+                   help="crnetd's --patience (seconds per layer below a parent) in the "
+                        "approximate runs (default: the daemons')")
     p.add_argument("--compute-ms", type=float, default=16.0,
                    help="emulated compute per micro-batch of 8 samples (train_digits.py's default)")
     p.add_argument("--target", type=float, default=0.95)
@@ -194,15 +218,19 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM unwinds like Ctrl-C, so the namespaces are deleted on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rows: list[dict] = []
+    groups = f" in groups of {a.straggle_groups}" if a.straggle_groups > 1 else ""
     print(f"digits CNN, {n} workers, {a.samples} samples per step, {a.steps} steps, stragglers "
-          f"p = {a.straggle_prob:g} x{a.straggle_factor:g}, {a.compute_ms:g} ms per 8 samples, "
-          f"links {a.rate}", flush=True)
+          f"p = {a.straggle_prob:g} x{a.straggle_factor:g}{groups}, {a.compute_ms:g} ms per 8 "
+          f"samples, links {a.rate}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bd-") as tmp, \
             EmulatedCluster(n + 1, rate=None if a.rate == "none" else a.rate) as cluster:
         for shape, tree in zip(a.shapes, trees):
-            name = f"crnet cr {shape.replace(':', ' s ')}"
-            print(f"  {name} ...", flush=True)
-            rows.append(summary(name, run_crnet(cluster, tree, a, Path(tmp) / f"cr{len(rows)}")))
+            for mode in a.beyond_s:
+                name = f"crnet cr {shape.replace(':', ' s ')}" + (f" {mode}" if a.beyond_s != ["fail"]
+                                                                  else "")
+                print(f"  {name} ...", flush=True)
+                rows.append(summary(name, run_crnet(cluster, tree, a, Path(tmp) / f"cr{len(rows)}",
+                                                    beyond_s=mode)))
         if not a.no_ddp_crnet:
             name = f"ddp on crnet {a.shapes[0].replace(':', ' s ')}"
             print(f"  {name} ...", flush=True)

@@ -4,7 +4,9 @@ Per-sample times are chosen so a worker's normal uncoded compute is about 20 ms 
 step (20,000 samples over 20 workers at 20 us): long next to the aggregation of a
 20 kB vector, short enough that a run of 40 steps takes seconds. ``large`` is where real
 models live: a 4 MB vector on 1 Gbit/s links (a ring step moves it in ~70 ms) and 100 ms of
-uncoded compute, so a 10x straggler costs about 0.9 s.
+uncoded compute, so a 10x straggler costs about 0.9 s. ``correlated`` slows pairs of sibling
+workers together (``grouped:A,P,F,G``): more than the s = 1 their parent tolerates, which is
+where CodedReduce with ``--beyond-s approximate`` (the ``cr-approx`` row) differs from ``cr``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Preset:
     spread_tree: Tree | None = None  # spread's shape; None: the model's best if cr's is, else cr's
     persistent: bool = False        # crnet's workers finish every computation (cannot stop)
     burst: str | None = None        # every link's tbf bucket (a tc size); None: netns's default
+    patience: float | None = None   # cr-approx's crnetd --patience; None: the daemons' default
 
     @property
     def vector_bytes(self) -> int:
@@ -71,6 +74,16 @@ PRESETS = {
         "quick", workers=6, cr_tree=Tree((2, 2), (1, 1)), gc_stragglers=1, samples=1200,
         elements=5000, rate="1gbit", compute="straggle:1e-4,0.2,5", steps=8, deadline=60.0,
         timeout=10.0, about="CI smoke run: 6 workers, a few steps"),
+    # Fanout 2,4 with s 0,1; groups of 2 consecutive workers (in tree order): the master's
+    # two children, then pairs of one bottom parent's four children (an FRC group of its
+    # code). A slow pair is one more straggler than that parent tolerates, and the master
+    # (s = 0) cannot do without the parent: with --beyond-s fail the step waits for the pair.
+    "correlated": Preset(
+        "correlated", workers=10, cr_tree=Tree((2, 4), (0, 1)), gc_stragglers=1, samples=20000,
+        elements=5000, rate="1gbit", compute="grouped:2e-5,0.1,10,2", steps=60, deadline=120.0,
+        timeout=10.0, patience=0.15,
+        about="10 workers, pairs of siblings 10x slower together with p = 0.1 per pair and "
+              "step (more than the s = 1 their parent tolerates): run cr and cr-approx"),
 }
 
 SWEEP_PROBS = (0.0, 0.05, 0.1, 0.2, 0.3)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 ORDER = ("cr", "spread", "gc", "tree", "rar", "gloo")   # every scheme the benchmark runs
+APPROX = ("cr-approx",)   # runs only when asked: cr with --beyond-s approximate (runner.VARIANTS)
+ROWS = ("cr", *APPROX, *ORDER[1:])                      # the tables' order
 SWEPT = ("spread", "rar", "gloo")   # what the sweep compares CR with
 
 
@@ -13,9 +15,9 @@ def table(doc: dict) -> str:
     schemes = doc["schemes"]
     cr = schemes.get("cr", {}).get("mean_s")
     lines = [f"preset {doc['preset']}: {doc.get('about', '')}",
-             f"{'scheme':6} {'steps':>7} {'mean':>9} {'median':>9} {'p95':>9} {'model':>9} "
+             f"{'scheme':9} {'steps':>7} {'mean':>9} {'median':>9} {'p95':>9} {'model':>9} "
              f"{'model*':>9} {'meas/model*':>11} {'CR speedup':>10}  notes"]
-    for name in [s for s in ORDER if s in schemes]:
+    for name in [s for s in ROWS if s in schemes]:
         r = schemes[name]
         mean, model = r.get("mean_s"), r.get("model", {}).get("mean_s")
         same = r.get("model", {}).get("same_draws_mean_s")
@@ -26,13 +28,17 @@ def table(doc: dict) -> str:
             notes.append("WRONG RESULT")
         if r.get("stalled"):
             notes.append("stalled")
+        if r.get("approximate_steps"):
+            notes.append(f"{r['approximate_steps']} approximate, mean coverage "
+                         f"{r['mean_coverage']:.3f}")
         if r.get("errors"):
             notes.append(r["errors"][0][:60])
-        lines.append(f"{name:6} {r['steps_completed']:>3}/{r['steps']:<3} {_ms(mean)} "
+        lines.append(f"{name:9} {r['steps_completed']:>3}/{r['steps']:<3} {_ms(mean)} "
                      f"{_ms(r.get('p50_s'))} {_ms(r.get('p95_s'))} {_ms(model)} {_ms(same)} "
                      f"{ratio} {speed}  " + "; ".join(notes))
     lines.append("model: expected over the compute distribution; model*: on this run's own "
-                 "compute draws (steps 1..S-1)")
+                 "compute draws (steps 1..S-1)" + ("; cr-approx: cr with --beyond-s approximate "
+                                                   "(not modelled)" if "cr-approx" in schemes else ""))
     verdict = auto_verdict(doc)
     if verdict:
         lines.append(verdict)
@@ -42,14 +48,15 @@ def table(doc: dict) -> str:
 def auto_verdict(doc: dict) -> str | None:
     """How ``plan --auto``'s pick did against the best crnet scheme measured.
 
-    plan --auto chooses among crnet's schemes, so Gloo is not in the comparison, and
-    a scheme that did not complete every step (it stalled) has no fair mean.
+    plan --auto chooses among crnet's schemes, so Gloo is not in the comparison, nor
+    cr-approx (its results are not all exact), and a scheme that did not complete every
+    step (it stalled) has no fair mean.
     """
     auto = doc.get("plan_auto")
     if not auto:
         return None
     measured = {k: r["mean_s"] for k, r in doc["schemes"].items()
-                if k != "gloo" and r["mean_s"] and r["steps_completed"] == r["steps"]}
+                if k not in ("gloo", *APPROX) and r["mean_s"] and r["steps_completed"] == r["steps"]}
     line = f"plan --auto picks {auto['scheme']} ({auto['shape']})"
     if not measured:
         return line
@@ -106,7 +113,9 @@ def summary(doc: dict) -> dict:
     """The ``--json`` last line."""
     return {"preset": doc["preset"], "schemes": {
         name: {"mean_s": r.get("mean_s"), "p95_s": r.get("p95_s"),
-               "model_s": r.get("model", {}).get("mean_s")}
+               "model_s": r.get("model", {}).get("mean_s"),
+               **({"approximate_steps": r["approximate_steps"], "mean_coverage": r["mean_coverage"]}
+                  if name in APPROX else {})}
         for name, r in doc["schemes"].items()}}
 
 
@@ -121,7 +130,7 @@ def plot(docs: list[dict], sweep: list[dict] | None, path: Path) -> str | None:
     panels = len(docs) + (1 if sweep else 0)
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
     for ax, doc in zip(axes[0], docs):
-        names = [s for s in ORDER if s in doc["schemes"] and doc["schemes"][s]["step_times"]]
+        names = [s for s in ROWS if s in doc["schemes"] and doc["schemes"][s]["step_times"]]
         data = [[1e3 * t for t in doc["schemes"][s]["step_times"]] for s in names]
         if data:
             ax.boxplot(data, showmeans=True)

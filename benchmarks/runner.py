@@ -6,6 +6,12 @@ hosts 1..N are the workers: one ``crnetd`` and one emulated training process
 compute times in every scheme (``ComputeModel.compute_time(load, seed, step, i)``),
 so the schemes see the same stragglers in the same steps; only their loads
 differ, as their allocations do.
+
+``cr-approx`` is ``cr`` on the same tree with the master's ``--beyond-s approximate`` (and
+the preset's ``--patience``): a parent short of n - s children when its patience runs out
+decodes from those there, and the row counts the steps whose result was approximate and
+their mean coverage (``Client.last_result_info``, which every worker checks its result
+against). The model has no approximate decode: that row has no prediction.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +43,19 @@ from .netns import EmulatedCluster
 from .presets import Preset
 
 NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
+# Benchmark schemes that are a crnet scheme with more crnetd options: name -> (scheme, options).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "cr-approx": ("cr", {"beyond_s": "approximate"})}
+
+
+def crnetd_scheme(name: str, preset: Preset) -> tuple[str, dict[str, Any]]:
+    """The crnet scheme a benchmark scheme runs, and the master's options it adds."""
+    if name not in VARIANTS:
+        return name, {}
+    scheme, options = VARIANTS[name]
+    if preset.patience is not None:
+        options = {**options, "patience": preset.patience}
+    return scheme, options
 
 
 def preset_tree(preset: Preset, scheme: str) -> Tree:
@@ -51,15 +71,17 @@ def preset_tree(preset: Preset, scheme: str) -> Tree:
 
 def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Path,
               seed: int = 0, strict: bool = False) -> dict:
-    """One crnet scheme: daemons and emulated workers on the cluster's hosts. ``strict``:
-    strict daemons, and a ``LaunchError`` naming each one that failed and its log."""
+    """One crnet scheme (or a ``VARIANTS`` one): daemons and emulated workers on the cluster's
+    hosts. ``strict``: strict daemons, and a ``LaunchError`` naming each one that failed and
+    its log."""
+    row, (scheme, options) = scheme, crnetd_scheme(scheme, preset)
     tree = preset_tree(preset, scheme)
     names = list(tree.names())                   # master first, then workers breadth first
     host_of = {name: i for i, name in enumerate(names)}
     workdir.mkdir(parents=True, exist_ok=True)
     lt = LocalTree(tree, preset.samples, workdir=workdir, timeout=preset.timeout,
                    chunk_bytes=preset.chunk_bytes, scheme=scheme, log_level="warning",
-                   keep_results=max(8, preset.steps), strict=strict,
+                   keep_results=max(8, preset.steps), strict=strict, **options,
                    addresses={n: cluster.addresses[host_of[n]] for n in names},
                    spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
     workers: list[subprocess.Popen] = []
@@ -72,6 +94,10 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
                     "--compute", preset.compute, "--seed", str(seed),
                     "--worker-index", str(i - 1), "--deadline", str(preset.deadline),
                     "--timeout", str(2 * preset.timeout + 5), "--out", str(workdir / f"w{i}.json")]
+            if scheme != row:
+                # A parent's patience counts from the step's start: without a start barrier,
+                # processes still starting up would make the first steps approximate.
+                argv += ["--barrier", str(len(names))]
             if name == MASTER:
                 argv.append("--observer")
             elif preset.persistent:
@@ -89,13 +115,16 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
         lt.stop()
     failed = lt.problems() if strict else []
     if failed:
-        raise LaunchError(f"{scheme}: a daemon failed (--strict):\n" + "\n".join(failed))
+        raise LaunchError(f"{row}: a daemon failed (--strict):\n" + "\n".join(failed))
     records = [_read(workdir / f"w{i}.json") for i in range(len(names))]
     observer, rest = records[0], records[1:]
     times = observer.get("completion_times") or []
     steps = max(1, len([t for t in times if t is not None]))
-    return _summarise(scheme, times, preset,
+    approx = observer.get("approximate") or []   # [step, coverage, residual] per approximate step
+    return _summarise(row, times, preset,
                       correct=all(r.get("correct", False) for r in records if r),
+                      approximate_steps=len(approx),
+                      mean_coverage=float(np.mean([c for _, c, _ in approx])) if approx else None,
                       errors=[r["error"] for r in records if r and r.get("error")],
                       skipped=sum(r.get("skipped_compute", 0) for r in rest if r),
                       cpu_ms_per_step={"daemons": 1000 * daemons_cpu / steps / len(names),
@@ -206,6 +235,8 @@ def predict(preset: Preset, scheme: str, seed: int = 0, trials: int = 4000) -> d
     emulated workers drew in this run (steps 1..S-1), so measured and modelled
     differ only by what the model leaves out, not by the luck of 40 draws.
     """
+    if scheme in VARIANTS:   # the model decodes exactly or waits: no approximate decodes
+        return {"mean_s": None, "p50_s": None, "p95_s": None, "same_draws_mean_s": None}
     compute = ComputeModel.parse(preset.compute)
     kind = "rar" if scheme == "gloo" else scheme
     stragglers = preset.gc_stragglers
@@ -264,7 +295,9 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
                             if ms is not None)
             log(f"  {scheme:5} {r['steps_completed']:>3}/{preset.steps} steps, mean "
                 f"{_ms(r['mean_s'])}, model {_ms(r['model']['mean_s'])} "
-                f"({time.monotonic() - started:.0f} s); CPU per step and host: {cpu or '-'}")
+                f"({time.monotonic() - started:.0f} s); CPU per step and host: {cpu or '-'}"
+                + (f"; {r['approximate_steps']} approximate steps, mean coverage "
+                   f"{r['mean_coverage']:.3f}" if r.get("approximate_steps") else ""))
     return {"preset": preset.name, "about": preset.about, "config": _config(preset),
             "calibrated_latency_s": calibrated, "plan_auto": auto, "schemes": results}
 
@@ -279,7 +312,7 @@ def _config(p: Preset) -> dict:
             "samples": p.samples, "elements": p.elements, "vector_bytes": p.vector_bytes,
             "rate": p.rate, "compute": p.compute, "steps": p.steps, "freeze": p.freeze,
             "deadline_s": p.deadline, "timeout_s": p.timeout, "latency_s": p.latency,
-            "persistent_stragglers": p.persistent, "burst": p.burst}
+            "persistent_stragglers": p.persistent, "burst": p.burst, "patience_s": p.patience}
 
 
 def _ms(x) -> str:

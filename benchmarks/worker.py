@@ -4,7 +4,10 @@ Compute is emulated: each step the worker sleeps its load x per-sample time x
 straggle factor (``crnet.workload``), so the benchmark measures aggregation, not
 this machine's two cores. The vector is the sum over the worker's batch share of
 per-sample gradients that are all ``(t + 1) * ones``, so every result is checkable:
-it must be ``samples * (t + 1)`` everywhere.
+it must be ``samples * (t + 1)`` everywhere; an approximate result (the master's
+``--beyond-s approximate``) must be ``coverage * samples * (t + 1)``, its coverage the
+one ``Client.last_result_info`` gives (every sample's gradient is the same, so the
+result is the batch's effective mass times it), and the record lists those steps.
 
 Compute times are independent from step to step (the paper's model): a worker
 "computes" in micro-batches of ``SLICE`` and checks ``Client.finished(t)``
@@ -15,7 +18,8 @@ mid-step): it then starts the next steps late too (``python -m benchmarks
 --persistent-stragglers`` reports that mode).
 
     python -m benchmarks.worker --socket S --elements E --steps T --compute SPEC \
-        --seed 0 --worker-index I --out result.json [--observer] [--freeze-at K --daemon-pid P]
+        --seed 0 --worker-index I --out result.json [--observer] [--freeze-at K --daemon-pid P] \
+        [--barrier N]
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ def main(argv=None) -> None:
                    help="finish every emulated computation, even for a step the tree finished")
     p.add_argument("--observer", action="store_true",
                    help="the master's client: take every result, compute nothing")
+    p.add_argument("--barrier", type=int, default=None, metavar="N",
+                   help="wait until N processes (this one included) are there before step 0")
     p.add_argument("--freeze-at", type=int, default=None)
     p.add_argument("--daemon-pid", type=int, default=None)
     p.add_argument("--deadline", type=float, default=300.0)
@@ -61,13 +67,16 @@ def run(a) -> dict:
     compute = ComputeModel.parse(a.compute)
     record = {"worker": a.worker_index, "steps_completed": 0, "completion_times": [],
               "compute_s": [], "skipped_compute": 0, "failed_steps": [], "correct": True,
-              "error": None, "cpu_steady_s": 0.0, "cpu_steps": 0}
+              "error": None, "cpu_steady_s": 0.0, "cpu_steps": 0,
+              "approximate": []}   # [step, coverage, residual] of every approximate result
     cpu_from = None   # this process's CPU time when step 1 began (step 0 includes start-up)
     try:
         with Client(a.socket, timeout=a.timeout * 2) as c:
             load = c.assignment.local_samples
             weight = sum((b - s) * w for s, b, w in c.assignment.ranges)
             vec = c.buffer(a.elements, a.dtype)
+            if a.barrier:
+                c.barrier("start", processes=a.barrier, timeout=max(a.timeout, 120.0))
             start = time.monotonic()
             for t in range(a.steps):
                 if time.monotonic() - start > a.deadline:
@@ -99,8 +108,12 @@ def run(a) -> dict:
                 if cpu_from is not None:
                     record["cpu_steady_s"] = time.process_time() - cpu_from
                     record["cpu_steps"] = t
-                want = c.assignment.samples * (t + 1)
-                if not (abs(result[0] - want) <= 1e-4 * want and abs(result[-1] - want) <= 1e-4 * want):
+                full = want = c.assignment.samples * (t + 1)
+                info = c.last_result_info
+                if info is not None and not info.exact:
+                    record["approximate"].append([t, info.coverage, info.residual])
+                    want = full * info.coverage
+                if not (abs(result[0] - want) <= 1e-4 * full and abs(result[-1] - want) <= 1e-4 * full):
                     record["correct"] = False
     except (CrnetError, OSError) as e:
         record["error"] = f"{type(e).__name__}: {e}"

@@ -39,8 +39,12 @@ rounding:
 Injected stragglers (``--straggle-prob P --straggle-factor F``, with ``--compute-ms``): in
 each step a compute process is slow with probability P, drawn from ``(seed, step, worker
 index)`` (crnet's worker i is DDP's rank i), so every run and both frameworks see the same
-stragglers in the same steps. ``--compute-ms`` emulates compute (a sleep before each
-micro-batch) per ``--micro-batch-size`` samples, F times as long in a slow step, so that
+stragglers in the same steps. ``--straggle-groups G`` makes them correlated: workers
+0..G-1, G..2G-1, ... are slow together, with probability P per group drawn from ``(seed,
+step, group)`` (crnet.workload's ``grouped`` law; G = 1 is the default); in crnet's order
+(a parent's children consecutive) G = n_L is the children of one parent of the last layer
+when n_L divides the workers above them. ``--compute-ms`` emulates compute (a sleep before
+each micro-batch) per ``--micro-batch-size`` samples, F times as long in a slow step, so that
 stragglers matter on a model this small. It is per sample: a crnet worker computes ``d*``
 of the batch (more than DDP's ``1/N``: the price of coding) and pays for it.
 
@@ -101,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="initial parameters, batches, straggler draws")
     p.add_argument("--straggle-prob", type=float, default=0.0)
     p.add_argument("--straggle-factor", type=float, default=10.0)
+    p.add_argument("--straggle-groups", type=int, default=1, metavar="G",
+                   help="workers slowed together: --straggle-prob is per group of G consecutive "
+                        "workers")
     p.add_argument("--compute-ms", type=float, default=0.0,
                    help="emulated compute per micro-batch of --micro-batch-size samples")
     p.add_argument("--target", type=float, default=0.95,
@@ -114,9 +121,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", default=None, help="PNG of the loss and test accuracy curves")
     a = p.parse_args(argv)
     if a.steps < 1 or a.micro_batch_size < 1 or not 0 <= a.straggle_prob <= 1 \
-            or a.straggle_factor < 1 or a.compute_ms < 0:
+            or a.straggle_factor < 1 or a.compute_ms < 0 or a.straggle_groups < 1:
         p.error("need --steps >= 1, --micro-batch-size >= 1, --straggle-prob in [0, 1], "
-                "--straggle-factor >= 1, --compute-ms >= 0")
+                "--straggle-factor >= 1, --compute-ms >= 0, --straggle-groups >= 1")
     if a.straggle_prob > 0 and a.compute_ms == 0:
         p.error("stragglers slow the emulated compute: give --compute-ms too")
     if a.backend == "crnet" and not a.ddp:
@@ -179,6 +186,7 @@ class Stragglers:
 
     def __init__(self, a: argparse.Namespace, worker: int):
         self.seed, self.prob, self.factor = a.seed, a.straggle_prob, a.straggle_factor
+        self.group = a.straggle_groups        # workers slowed together (by one draw)
         self.per_sample = a.compute_ms / 1000 / a.micro_batch_size
         self.worker = worker                  # < 0: computes nothing (crnet's master host)
 
@@ -186,7 +194,7 @@ class Stragglers:
         w = self.worker if worker is None else worker
         if w < 0 or self.prob == 0:
             return False
-        return bool(np.random.default_rng([self.seed, step, w]).random() < self.prob)
+        return bool(np.random.default_rng([self.seed, step, w // self.group]).random() < self.prob)
 
     def micro_batch(self, step: int, n: int) -> None:
         """Call before computing a micro-batch of ``n`` samples of ``step``."""
@@ -218,6 +226,7 @@ class Record:
     def __init__(self, model: nn.Module, rank: int, steps: int, mode: str):
         self.active = rank == 0
         self.times: dict[int, float] = {}
+        self.coverage: dict[int, float] = {}    # crnet: steps whose result was approximate
         self.params = {-1: parameters_to_vector(model.parameters()).detach().clone()}
         tty = sys.stdout.isatty()
         self.bar = tqdm(total=steps, desc=mode, unit="step", disable=not self.active,
@@ -263,7 +272,9 @@ def train_crnet(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record,
             stragglers.micro_batch(step, len(idx))
             losses = F.cross_entropy(model(data.x_train[idx]), data.y_train[idx], reduction="none")
             weighted_loss(losses, w).backward()                     # crnet: sum_i w_i loss_i
-        opt.step()                                 # the global batch's mean gradient, everywhere
+        applied = opt.step()                       # the global batch's mean gradient, everywhere
+        if applied and not (got := c.last_result_info).exact:    # beyond s: estimated from
+            record.coverage[step] = got.coverage                  # the share the tree covers
         record.step(step, model)
     record.close()
     info = run_info(c, opt)
@@ -274,7 +285,8 @@ def train_crnet(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record,
 def run_info(c, opt) -> dict:
     """What a crnet run reports beside the model: its size and the steps' outcomes."""
     return {"workers": c.assignment.workers * c.assignment.processes, "samples": c.assignment.samples,
-            "abandoned": opt.abandoned, "skipped": opt.skipped, "resyncs": opt.resyncs}
+            "abandoned": opt.abandoned, "skipped": opt.skipped, "resyncs": opt.resyncs,
+            "approximate": opt.approximate}
 
 
 def train_ddp(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record, dict]:
@@ -407,11 +419,13 @@ def report(a: argparse.Namespace, mode: str, data: Digits, record: Record, info:
     reached = (f"{a.target:.0%} at step {steps[hit]} after {curves['seconds'][hit]:.2f} s"
                if hit is not None else f"{a.target:.0%} not reached")
     print(f"{mode}: {info['workers']} workers, {len(steps)} steps of {info['samples']} samples, "
-          f"mean step {1e3 * mean_step:.1f} ms, {injected} stragglers injected; final loss "
+          f"mean step {1e3 * mean_step:.1f} ms, {injected} stragglers injected, "
+          f"{len(record.coverage)} approximate steps; final loss "
           f"{curves['loss'][-1]:.4f}, test accuracy {acc[-1]:.4f}; {reached}")
     if a.plot:
         plot(a.plot, mode, curves, a.target)
     return {"mean_step_s": mean_step, "stragglers_injected": injected, "target": a.target,
+            "approximate_coverage": {str(t): c for t, c in sorted(record.coverage.items())},
             "target_step": steps[hit] if hit is not None else None,
             "target_s": curves["seconds"][hit] if hit is not None else None,
             "final_test_accuracy": acc[-1], **curves}

@@ -11,7 +11,10 @@ from click.testing import CliRunner
 from benchmarks import report
 from benchmarks.__main__ import main
 from benchmarks.presets import PRESETS
-from benchmarks.runner import predict, preset_tree, resolve
+from benchmarks.runner import VARIANTS, crnetd_scheme, predict, preset_tree, resolve
+from crnet.options import BY_NAME
+from crnet.plan import Tree
+from crnet.workload import ComputeModel
 
 
 def test_help_lists_spread_and_the_large_preset():
@@ -69,3 +72,53 @@ def test_report_lists_spread_and_judges_its_pick_on_crs_shape():
     doc["plan_auto"] = {"scheme": "spread", "shape": "fanout 20, s 0", "tree": [[20], [0]]}
     assert "not measured in this run (best measured: spread)" in report.table(doc)
     assert set(report.summary(doc)["schemes"]) == {"cr", "spread", "rar"}
+
+
+def test_correlated_preset_slows_more_than_s_siblings_at_once():
+    """Every group of the law at the bottom lies in one parent's children and is more than
+    that parent tolerates, fewer than all of them (the parent still has children to decode
+    from), and the master needs that parent (s = 0)."""
+    preset, _ = resolve(PRESETS["correlated"])
+    tree = preset_tree(preset, "cr")
+    assert tree == Tree((2, 4), (0, 1)) == preset.cr_tree
+    law = ComputeModel.parse(preset.compute)
+    assert law.kind == "grouped" and law.prob > 0 and law.factor > 1
+    workers = [name for name in tree.names() if name]
+    groups: dict[int, list[str]] = {}
+    for w, name in enumerate(workers):
+        groups.setdefault(law.group_of(w), []).append(name)
+    assert groups[0] == ["0", "1"]          # the master's children: slow together, no decode
+    for members in list(groups.values())[1:]:
+        parents = {tree.parent(name) for name in members}
+        assert len(parents) == 1, members
+        code = tree.code_of(parents.pop())
+        assert code is not None and code.s < len(members) < code.n
+    assert tree.stragglers[0] == 0
+    # cr-approx is cr with the master's --beyond-s approximate and the preset's patience,
+    # options crnetd has; a patience well within the timeout; the model has no row for it.
+    scheme, options = crnetd_scheme("cr-approx", preset)
+    assert (scheme, options) == ("cr", {"beyond_s": "approximate", "patience": preset.patience})
+    assert set(options) <= set(BY_NAME) and crnetd_scheme("cr", preset) == ("cr", {})
+    assert 0 < preset.patience * tree.layers < preset.timeout / 10
+    assert predict(preset, "cr-approx")["mean_s"] is None
+    assert predict(preset, "cr", trials=200)["mean_s"] > 0
+    assert set(report.APPROX) == set(VARIANTS) and set(report.ROWS) == {*report.ORDER, *VARIANTS}
+
+
+def test_report_shows_the_approximate_steps_and_coverage():
+    cfg = {"cr_fanout": [4, 4], "cr_stragglers": [1, 1]}
+    approx = {**_row(0.1), "approximate_steps": 3, "mean_coverage": 0.8125}
+    doc = {"preset": "correlated", "config": cfg, "schemes": {"cr-approx": approx, "cr": _row(0.2)},
+           "plan_auto": {"scheme": "cr", "shape": "fanout 4,4, s 1,1", "tree": [[4, 4], [1, 1]]}}
+    lines = report.table(doc).splitlines()
+    assert lines[2].startswith("cr ") and lines[3].startswith("cr-approx ")
+    assert "3 approximate, mean coverage 0.812" in lines[3]
+    assert "scheme that completed every step (cr)" in lines[-1]   # not cr-approx: not exact
+    assert report.summary(doc)["schemes"]["cr-approx"]["approximate_steps"] == 3
+
+
+def test_cr_approx_is_a_scheme_the_cli_knows():
+    result = CliRunner().invoke(main, ["--schemes", "cr,cr-approxx"])
+    assert result.exit_code == 2 and "or cr-approx" in result.output
+    help_text = CliRunner().invoke(main, ["--help"], prog_name="python -m benchmarks").output
+    assert "cr-approx" in help_text and "correlated" in help_text

@@ -148,6 +148,7 @@ def test_every_process_trains_like_one_process_under_stragglers(tmp_path, dtype,
     assert runs[0]["stragglers_injected"] > 0
     assert sum(r["abandoned"] for r in runs) > 0         # processes left steps the tree had done
     assert all(r["skipped"] == r["resyncs"] == 0 for r in runs)
+    assert all(r["approximate"] == 0 for r in runs)       # --beyond-s fail: every result exact
     assert "[master] crnet: 12 workers, 30 steps of 240 samples" in out.stdout
 
 
@@ -168,3 +169,25 @@ def test_ddp_on_crnet_trains_like_one_process_under_stragglers(tmp_path):
     runs = [json.loads((tmp_path / f"run-{rank}.json").read_text()) for rank in range(processes)]
     assert all(r["mode"] == "ddp-crnet" and r["skipped"] == r["resyncs"] == 0 for r in runs)
     assert f"[master] ddp-crnet: 3 workers, {steps} steps of 240 samples" in out.stdout
+
+
+def test_straggle_groups_are_the_grouped_workload_law():
+    """--straggle-groups G slows workers 0..G-1, G..2G-1, ... together, with the draw of
+    crnet.workload's grouped law (the benchmark's): per (seed, step, group); G = 1 is the
+    independent draw per (seed, step, worker)."""
+    from crnet.workload import ComputeModel
+
+    ex = example()
+    for groups in (1, 3):
+        a = ex.parse_args(["--straggle-prob", "0.2", "--straggle-groups", str(groups),
+                           "--compute-ms", "1", "--seed", "7"])
+        law = ComputeModel("grouped", 1.0, prob=0.2, factor=10.0, group=groups)
+        slow = [[ex.Stragglers(a, worker=w).slow(t) for w in range(12)] for t in range(50)]
+        assert slow == [[law.compute_time(1, 7, t, w) > 1.0 for w in range(12)] for t in range(50)]
+        if groups == 3:
+            assert all(len({row[3 * g], row[3 * g + 1], row[3 * g + 2]}) == 1
+                       for row in slow for g in range(4))
+        assert any(any(row) for row in slow) and not all(all(row) for row in slow)
+    assert not ex.Stragglers(a, worker=-1).slow(0)     # the master's host computes nothing
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--straggle-groups", "0"])

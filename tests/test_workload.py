@@ -12,6 +12,7 @@ from crnet.workload import ComputeModel
 MODELS = [
     ComputeModel("fixed", 1e-4),
     ComputeModel("straggle", 1e-4, prob=0.1, factor=10),
+    ComputeModel("grouped", 1e-4, prob=0.1, factor=10, group=1),
     ComputeModel("shifted_exp", 1e-4, mu=2000.0),
     ComputeModel("empirical", 1e-4, multipliers=(1.0, 1.5, 4.0)),
 ]
@@ -46,6 +47,7 @@ def test_sample_shape_and_proportional_to_load():
     ("shifted-exp:2e-5,5000", ComputeModel("shifted_exp", 2e-5, mu=5000.0)),
     ("shifted_exp:2e-5,5000", ComputeModel("shifted_exp", 2e-5, mu=5000.0)),
     (" Straggle: 0.001, 0.5, 3 ", ComputeModel("straggle", 1e-3, prob=0.5, factor=3.0)),
+    ("grouped:1e-4,0.1,10,3", ComputeModel("grouped", 1e-4, prob=0.1, factor=10.0, group=3)),
 ])
 def test_parse(text, want):
     assert ComputeModel.parse(text) == want
@@ -55,6 +57,7 @@ def test_parse(text, want):
 @given(a=st.floats(0, 1), p=st.floats(0, 1), f=st.floats(1, 1e3), mu=st.floats(1e-3, 1e6))
 def test_parse_describe_round_trip(a, p, f, mu):
     for model in (ComputeModel("fixed", a), ComputeModel("straggle", a, prob=p, factor=f),
+                  ComputeModel("grouped", a, prob=p, factor=f, group=4),
                   ComputeModel("shifted_exp", a, mu=mu)):
         assert ComputeModel.parse(model.describe()) == model
 
@@ -63,6 +66,8 @@ def test_describe_is_short():
     straggle = ComputeModel("straggle", 1e-4, prob=0.1, factor=10)
     assert straggle.describe() == "straggle:0.0001,0.1,10"
     assert ComputeModel("shifted_exp", 2e-5, mu=5000).describe() == "shifted-exp:2e-05,5000"
+    grouped = ComputeModel("grouped", 1e-4, prob=0.1, factor=10, group=3)
+    assert grouped.describe() == "grouped:0.0001,0.1,10,3"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -77,6 +82,10 @@ def test_describe_is_short():
     ("straggle:1e-4,0.1", "expected straggle:A,P,F"),
     ("straggle:1e-4,1.5,10", "probability must be in [0, 1]"),
     ("straggle:1e-4,0.1,0.5", "factor must be a finite number >= 1"),
+    ("grouped:1e-4,0.1,10", "expected grouped:A,P,F,G"),
+    ("grouped:1e-4,0.1,10,2.5", "group size G '2.5' is not a whole number"),
+    ("grouped:1e-4,0.1,10,0", "group size must be an integer >= 1"),
+    ("grouped:1e-4,1.5,10,3", "probability must be in [0, 1]"),
     ("shifted-exp:1e-4,0", "mu must be a finite number > 0"),
     ("shifted-exp:1e-4", "expected shifted-exp:A,MU"),
     ("empirical:1e-4", "expected empirical:A,FILE"),

@@ -35,6 +35,7 @@ QUICK_FILES = frozenset({
     "test_tune_fit.py",      # crnet tune's fit: known compute laws and links recovered
     "test_wire.py",
     "test_workload.py",
+    "test_workload_grouped.py",   # correlated stragglers: whole groups of workers slow together
 })
 
 # Quick tier, single tests (pytest's test names, parameters included): one real tree of
@@ -55,6 +56,7 @@ FULL_FILES = frozenset({
     "test_batches.py",
     "test_bench.py",
     "test_bench_model.py",
+    "test_bench_correlated.py",   # the benchmark's cr-approx row on real daemons (loopback)
     "test_bench_frames.py",
     "test_bench_hop.py",
     "test_bench_step.py",

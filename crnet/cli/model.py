@@ -29,10 +29,12 @@ def model_options(f):
                      show_default=True,
                      help="A worker's compute time per step, A = time per sample (20us, "
                           "0.02ms; a plain number is seconds): fixed:A, straggle:A,P,F (slowed "
-                          "F times with probability P), shifted-exp:A,MU (A plus an exponential "
-                          "time of rate MU per second, mean 1/MU s per sample: 1e5, 1e5/s, "
-                          "100/ms), empirical:A,FILE (FILE: multipliers or measured step times, "
-                          "one per line, divided by their minimum)."),
+                          "F times with probability P), grouped:A,P,F,G (the same for groups of "
+                          "G consecutive workers at once: correlated stragglers), "
+                          "shifted-exp:A,MU (A plus an exponential time of rate MU per second, "
+                          "mean 1/MU s per sample: 1e5, 1e5/s, 100/ms), empirical:A,FILE (FILE: "
+                          "multipliers or measured step times, one per line, divided by their "
+                          "minimum)."),
         click.option("--chunk-bytes", type=size, default=None,
                      help="Model pipelining in chunks of this size (crnetd's default grows with the "
                           "vector, 1-4 MiB); default: whole vectors, store and forward."),
