@@ -210,3 +210,43 @@ async def test_frc_stragglers_in_different_groups_are_not_beyond_s(local_tree):
     assert all(c.last_result_info == ResultInfo() for c in there)   # exact, and said so
     for c in clients.values():
         c.close()
+
+
+async def test_a_parent_whose_own_gradient_came_after_its_patience_decodes_at_once(local_tree):
+    """Node 0 (4 children, s = 1, FRC) has children 0.0 and 0.1, one whole group, frozen,
+    and its own training process is slower than its patience. The patience runs out while
+    node 0 waits for its own gradient; when that comes, node 0 decodes from the children
+    there at once (an approximate result), not at the timeout."""
+    tree = Tree((1, 4), (0, 1))
+    grads = np.random.default_rng(33).standard_normal((M, DIM))
+    lt = local_tree(tree, M, timeout=TIMEOUT, code_kind="frc", beyond_s="approximate",
+                    patience=PATIENCE)
+    clients = await _connect(lt)
+    frozen = ("0.0", "0.1")
+    late = 3 * PATIENCE
+
+    async def submit(name, c):
+        if name == "0":
+            await asyncio.sleep(late)
+        return await _submit(c, grads, 1)
+
+    try:
+        await gather_or_cancel(*(_submit(c, grads, 0) for c in clients.values()))
+        for name in frozen:
+            lt.signal(name, signal.SIGSTOP)
+        there = {n: c for n, c in clients.items() if n not in frozen}
+        started = time.monotonic()
+        results = await gather_or_cancel(*(submit(n, c) for n, c in there.items()))
+        took = time.monotonic() - started
+    finally:
+        for name in frozen:
+            lt.signal(name, signal.SIGCONT)
+    assert took < late + 1.5, took               # node 0's gradient, not the timeout
+    infos = {c.last_result_info for c in there.values()}
+    assert len(infos) == 1, infos
+    info = infos.pop()
+    assert info is not None and not info.exact and 0.0 < info.coverage < 1.0
+    for r in results:
+        assert np.array_equal(r, results[0])
+    for c in clients.values():
+        c.close()

@@ -74,6 +74,9 @@ class CodedReduce(Scheme):
         # patience runs out decodes from those there (approximate.py); step -> its timer.
         self.approximate = place.beyond_s == "approximate" and self.code is not None
         self._patience: dict[int, asyncio.TimerHandle] = {}
+        # Steps whose patience ran out while this node's own gradient was late: it decodes
+        # from the children there the moment that gradient comes.
+        self._impatient: set[int] = set()
 
     # -- up: the local vector and the children's chunks --------------------------------
     def local(self, step: int, vector: np.ndarray) -> str | None:
@@ -98,6 +101,8 @@ class CodedReduce(Scheme):
         self._settle(up)
         if self.ups.get(step) is up:
             self._emit(up, ready)
+        if step in self._impatient:
+            self._patience_up(step)
         return None
 
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
@@ -349,11 +354,13 @@ class CodedReduce(Scheme):
         """The patience for ``step`` ran out: short of n - s children (for some chunk),
         decode every chunk not yet decoded from the children that sent something."""
         self._patience.pop(step, None)
+        self._impatient.discard(step)
         up = self.ups.get(step)
         if up is None or up.complete or up.approx is not None or self.code is None:
             return
         if up.has_local and up.local is None:
-            return          # this node's own gradient is late: its deadline decides
+            self._impatient.add(step)   # this node's own gradient is late: decoded when it comes
+            return
         present = sorted(k for k in up.senders if k not in up.silent)
         if not present:
             return          # nobody to decode from: the deadline fails the step
@@ -467,6 +474,7 @@ class CodedReduce(Scheme):
         timer = self._patience.pop(step, None)
         if timer is not None:
             timer.cancel()
+        self._impatient.discard(step)
         self.down.pop(step, None)
         self._ahead.pop(step, None)
         self._rivals.pop(step, None)
