@@ -63,6 +63,7 @@ class InsiderMesh:
         self._listener.listen(64)
         self._listener.setblocking(False)
         self._tasks: set[asyncio.Task] = set()
+        self.started = False
 
     @property
     def address(self) -> str:
@@ -74,6 +75,7 @@ class InsiderMesh:
         return Hello(name=name, listen=self.address)
 
     def start(self) -> InsiderMesh:
+        self.started = True
         self._spawn(self._serve())
         return self
 
