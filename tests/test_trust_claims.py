@@ -358,3 +358,44 @@ async def test_low_a_chunks_claimed_total_costs_no_memory_per_chunk(tmp_path, wi
             close_all(clients)
     assert grew < 24 << 20, f"the master's peak RSS grew by {grew >> 20} MiB"
     assert all(exact(o, want) for o in outcomes), outcomes
+
+
+class FaultStillThere(AssertionError):
+    """The attack succeeded: the one failure the test's ``xfail`` expects."""
+
+
+@pytest.mark.xfail(reason="issue 26 row 13 (open on spread peer links): a PIECE's claimed total sizes "
+                          "per-chunk state at its owner", strict=True, raises=FaultStillThere)
+async def test_low_a_spread_pieces_claimed_total_costs_no_memory_per_chunk(tmp_path, with_secret, peers):
+    """Row 13 on a confirmed spread peer link: at 1 KiB chunks a secret holder in slot 2, a
+    peer the master confirmed for its own rank, sends the master one 1 KiB piece of step 3
+    claiming a 1 GiB vector (2^20 chunks, each the master's to decode; within the host's
+    memory, so not refused). Measured: the master's peak RSS grew by 141 MiB and its loop
+    was busy for 1.4 s (at 8 GiB: 1.1 GiB and still growing after 10 s, and a step's
+    answer came after 6.4 s, past the bound). It must grow by less than 24 MiB, as a
+    CHUNK's claim does."""
+    grads = grads_for(25)
+    want = grads.sum(axis=0)
+    mesh = InsiderMesh(load_secret(os.environ["CRNET_SECRET_FILE"]), STAR.rank("2")).start()
+    link = None
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], chunk_bytes=1024,
+                 scheme="spread") as lt:
+        hostile = await hostile_child(peers, lt, mesh=mesh)
+        clients = await connect(lt, [MASTER, "0", "1"])
+        pid = lt.procs[MASTER].pid
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            link = await mesh.dial(lt.ports[MASTER], 0, confirmed=PEER_CHECK_TIMEOUT + 2)
+            assert link is not None, "the master did not confirm the holder's own rank"
+            before = await settled(lambda: peak_rss(pid))
+            piece = Piece(3, Phase.REDUCE, 0, 1 << 27, "float64")
+            assert await link.write(b"".join(bytes(p) for p in piece.frame(bytes(1024))))
+            grew = await settled(lambda: peak_rss(pid)) - before
+        finally:
+            close_all(clients)
+            hostile.close()
+            if link is not None:
+                link.close()
+            await mesh.close()
+    if grew >= 24 << 20:
+        raise FaultStillThere(f"the master's peak RSS grew by {grew >> 20} MiB")
