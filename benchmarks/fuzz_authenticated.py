@@ -3,8 +3,13 @@
 The hostile peer holds the cluster secret. After a real handshake it takes real slots of a
 tree of strict crnetd processes, slots whose hosts are left unstarted: an interior slot
 (its whole subtree: it claims all of it joined) and a leaf slot under a real parent, in a
-``--scheme cr`` tree and in a ``--scheme spread`` tree, where it also dials every other
-host as a spread peer. On those links it sends what ``hostile_frames.Forger`` makes:
+``--scheme cr`` tree and in a ``--scheme spread`` tree. In spread each slot is a host
+with its own rank, as a compromised host is (``hostile_mesh.InsiderMesh``): it listens
+where its HELLO says, accepts the other hosts' peer links, answers their checks of its
+links truthfully and confirms theirs or not (or forges PEER_CHECKED and PEER_CONFIRMED on
+them); so its links to every host, as its own rank, are confirmed and what it sends on
+them reaches their engines. Now and then it also dials a host as another rank (such a
+link may only ask; the rest closes it). On those links it sends what ``hostile_frames.Forger`` makes:
 every message type a node may send (JOINED, OPEN, FAIL, CHUNK, BCAST, BARRIER, JOB,
 WANT_STATE, STATUS_REPLY up the tree; PIECE for both phases, MOOT, OWNERS and SEGMENT
 to peers), well-formed, with steps near, inside and far beyond the window, hostile
@@ -34,6 +39,7 @@ import contextlib
 import json
 import os
 import random
+import secrets
 import sys
 import time
 from collections import Counter
@@ -44,6 +50,7 @@ from crnet.auth import load_secret
 from crnet.defaults import GRACE_MAX, GRACE_MIN, GRACE_SHARE
 from crnet.launch import LocalTree
 from crnet.messages import (
+    LINK_ID_BYTES,
     Barrier,
     Bcast,
     Fail,
@@ -51,6 +58,7 @@ from crnet.messages import (
     Hello,
     Job,
     Joined,
+    PeerConfirmed,
     PeerHello,
     Refuse,
     Result,
@@ -60,6 +68,7 @@ from crnet.messages import (
 from crnet.plan import Tree
 
 from .hostile_frames import Forger, Known
+from .hostile_mesh import InsiderMesh
 from .hostile_peer import Peer, authenticate, dial
 
 SAMPLES, ELEMENTS, CHUNK_BYTES = 60, 384, 1024   # 3 chunks of float64 a step
@@ -104,6 +113,15 @@ class HostileHost:
         self.rng = rng
         self.link: Peer | None = None
         self.peers: list[Peer] = []
+        self.names = list(lt.tree.names())
+        self.rank = self.names.index(name)
+        # spread: its listener and its answers for its rank; its own links, by host
+        self.mesh = InsiderMesh(secret, self.rank, confirm=0.9, rng=random.Random(rng.random()),
+                                seen=known.seen.append) if lt.scheme == "spread" else None
+        self.own: dict[str, Peer] = {}
+        self.confirmed: set[Peer] = set()    # links whose rank the host confirmed
+        self.confirmations = 0               # of them, all told
+        self.on_confirmed = 0                # frames sent on them
         # One reader per link; a link's socket is closed only once its reader is done and
         # no write is under way on it (a closed descriptor still in the loop's selector
         # would be reused by the next dial's).
@@ -115,9 +133,12 @@ class HostileHost:
         """Take the slot: HELLO, the proof, WELCOME; then JOINED for the whole subtree."""
         parent = self.lt.tree.parent(self.name)
         assert parent is not None
+        if self.mesh is not None and not self.mesh.started:
+            self.mesh.start()
+        hello = Hello(name=self.name) if self.mesh is None else self.mesh.hello(self.name)
         while True:
             peer = await dial(self.lt.ports[parent])
-            answer = await authenticate(peer, self.secret, Hello(name=self.name))
+            answer = await authenticate(peer, self.secret, hello)
             if isinstance(answer, Welcome):
                 break
             peer.close()
@@ -131,21 +152,37 @@ class HostileHost:
         self.readers[peer] = asyncio.ensure_future(self._read(peer))
 
     async def dial_peers(self) -> None:
-        """spread: a peer link to every real host, as this slot's rank or another's."""
-        names = list(self.lt.tree.names())
+        """spread: a link of its own rank to every real host it has none to (confirmed once
+        the host asked its listener); now and then one claiming another rank."""
+        assert self.mesh is not None
         for name in self.real:
-            rank = self.rng.choice([names.index(self.name)] * 3 + list(range(len(names))))
+            port, rank = self.lt.ports[name], self.names.index(name)
             with contextlib.suppress(OSError, asyncio.TimeoutError):
-                peer = await dial(self.lt.ports[name])
-                try:
-                    answer = await authenticate(peer, self.secret, PeerHello(rank))
-                except (OSError, asyncio.TimeoutError):
-                    answer = None
-                if answer is None or isinstance(answer, Refuse):
-                    peer.close()
-                    continue
-                self.peers.append(peer)
-                self.readers[peer] = asyncio.ensure_future(self._read(peer))
+                if name not in self.own:
+                    peer = await self.mesh.dial(port, rank)
+                    if peer is not None:
+                        self.own[name] = peer
+                        self._reading(peer)
+                if self.rng.random() < 0.25:
+                    await self._impersonate(port)
+
+    async def _impersonate(self, port: int) -> None:
+        """A link that claims any rank (its id nobody's): the host asks that rank, gets no."""
+        claimed = self.rng.randrange(len(self.names))
+        peer = await dial(port)
+        try:
+            hello = PeerHello(claimed, link_id=secrets.token_bytes(LINK_ID_BYTES))
+            answer = await authenticate(peer, self.secret, hello)
+        except (OSError, asyncio.TimeoutError):
+            answer = None
+        if answer is None or isinstance(answer, Refuse):
+            peer.close()
+        else:
+            self._reading(peer)
+
+    def _reading(self, peer: Peer) -> None:
+        self.peers.append(peer)
+        self.readers[peer] = asyncio.ensure_future(self._read(peer))
 
     async def _read(self, peer: Peer) -> None:
         """Take in what the daemon sends: what it says of the tree, frames to replay."""
@@ -165,6 +202,9 @@ class HostileHost:
                     del k.nonces[:-16]
                 elif isinstance(msg, Job):
                     k.job = msg.name
+                elif isinstance(msg, PeerConfirmed):
+                    self.confirmed.add(peer)
+                    self.confirmations += 1
         except (OSError, asyncio.TimeoutError, ValueError):
             pass
         finally:
@@ -178,6 +218,10 @@ class HostileHost:
             self.link = None
         if peer in self.peers:
             self.peers.remove(peer)
+        self.confirmed.discard(peer)
+        for name, own in list(self.own.items()):
+            if own is peer:
+                del self.own[name]
 
     async def burst(self, frames: int, rate: float, deadline: float) -> None:
         """Send ``frames`` frames at about ``rate`` a second, taking the slot again when
@@ -187,24 +231,31 @@ class HostileHost:
             if self.link is None:
                 self.closed += 1
                 await self.join(deadline)
-                if self.lt.scheme == "spread" and len(self.peers) < len(self.real):
-                    await self.dial_peers()
-            target: Peer | None
-            if self.peers and self.rng.random() < 0.35:
-                target, data = self.rng.choice(self.peers), self.forger.peer()
-            else:
-                target, data = self.link, self.forger.up()
-            assert target is not None
-            self.writing = target
-            ok = await target.write(data, within=5.0)
-            self.writing = None
-            if target not in self.readers:      # its reader is done: closed by the daemon
-                target.close()
-            elif not ok:
-                self._forget(target)
-                self.readers[target].cancel()   # which closes it
+            if self.mesh is not None and len(self.own) < len(self.real) and i % 16 == 0:
+                await self.dial_peers()
+            r = self.rng.random()
+            if self.mesh is not None and r < 0.02:    # on a host's link to it: forged answers
+                await self.mesh.send(self.forger.answer())
+            elif self.peers and r < 0.35:
+                # Mostly on a confirmed link, where its pieces count; else on one the host
+                # is still checking (or that claims another rank), where they close it.
+                links = list(self.confirmed) if self.confirmed and r < 0.3 else self.peers
+                await self._send(self.rng.choice(links), self.forger.peer())
+            elif self.link is not None:   # (else closed meanwhile: taken again next)
+                await self._send(self.link, self.forger.up())
             if i % 8 == 7:
                 await asyncio.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+
+    async def _send(self, target: Peer, data: bytes) -> None:
+        self.on_confirmed += target in self.confirmed
+        self.writing = target
+        ok = await target.write(data, within=5.0)
+        self.writing = None
+        if target not in self.readers:      # its reader is done: closed by the daemon
+            target.close()
+        elif not ok:
+            self._forget(target)
+            self.readers[target].cancel()   # which closes it
 
     async def close(self) -> None:
         readers = dict(self.readers)
@@ -217,6 +268,8 @@ class HostileHost:
         for peer, task in readers.items():
             if not task.done():
                 peer.close()
+        if self.mesh is not None:
+            await self.mesh.close()
 
 
 @dataclass
@@ -342,6 +395,11 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
           f"timeouts {o['timeout']}, errors "
           f"{o['error']}; waits past the bound ({tally.bound:.2f} s) {o['past bound']}, longest "
           f"{tally.max_wait:.2f} s; links taken again {sum(h.closed for h in hosts)}")
+    if sc.scheme == "spread":
+        print("  peer links: " + "; ".join(
+            f"slot {h.name} (rank {h.rank}) confirmed {h.confirmations} of its own, frames on "
+            f"them {h.on_confirmed}, checks answered yes {h.mesh.answers[True]} no {h.mesh.answers[False]}"
+            for h in hosts if h.mesh is not None))
     grown = []
     for name in real:
         w, e = (warm or rss).get(name, 0), rss.get(name, 0)

@@ -5,7 +5,8 @@ wrong, what a stranger can send. ``Forger`` is what a host that holds the cluste
 and a slot of the tree can send: every message type a node may send on a tree link or a
 peer link, well-formed and with values chosen from what the host knows of the tree
 (``Known``: the step the tree is at, the window, the vector's layout, the job, the keys
-and nonces it saw) or far from it, and replays of frames it saw or sent.
+and nonces it saw) or far from it, and replays of frames it saw or sent; ``answer()`` is
+what it sends back on a host's peer link to it (forged PEER_CHECKED, PEER_CONFIRMED).
 
 One rule keeps the forger a straggler and not a source of wrong gradients (which the
 threat model lets a compromised host send, and which would spoil the sums the fuzzer
@@ -190,6 +191,20 @@ class Forger:
         if r < 0.11:
             return self.junk()
         return self.typed(self.rng.choice(PEER))
+
+    def answer(self) -> bytes:
+        """One frame for a host's peer link to this one, where an honest host sends only
+        PEER_WELCOME, PEER_CONFIRMED and PEER_CHECKED: answers to checks nobody asked (or
+        replayed), a confirmation again, junk."""
+        r = self.rng.random()
+        if r < 0.5:
+            return self._frame(MsgType.PEER_CHECKED, {"link_id": self.rng.randbytes(16),
+                                                      "ok": self.rng.random() < 0.5})
+        if r < 0.7:
+            return self._frame(MsgType.PEER_CONFIRMED, {})
+        if r < 0.85:
+            return self.replay() or self.junk()
+        return self.junk()
 
     def junk(self) -> bytes:
         """A frame of any type with hostile fields (most close the link)."""

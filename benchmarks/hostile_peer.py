@@ -4,7 +4,9 @@
 or any bytes) and reads the daemon's frames back. ``authenticate`` performs the dialer's
 side of the cluster secret's handshake (HELLO or PEER_HELLO with a nonce, CHALLENGE,
 PROOF) for a peer that holds the secret, as a host of the tree does: after it, the
-daemon acts on what the peer sends as it would on a real host's frames.
+daemon acts on what the peer sends as it would on a real host's frames. ``accept`` is the
+acceptor's side, for a peer that listens itself (``hostile_mesh.py``: a host of the tree
+dials it).
 
 Used by the trust tests (``tests/test_trust*.py``) and the authenticated fuzzer
 (``benchmarks/fuzz_authenticated.py``).
@@ -20,13 +22,13 @@ from dataclasses import dataclass
 
 import msgpack
 
-from crnet.auth import mac, new_nonce
+from crnet.auth import mac, new_nonce, verify
 from crnet.errors import CrnetError
 from crnet.handshake import claim
 from crnet.messages import Challenge, Hello, Message, PeerHello, Proof, parse
 from crnet.wire import PREFIX, MsgType
 
-__all__ = ["Peer", "Unparsed", "authenticate", "dial"]
+__all__ = ["Peer", "Unparsed", "accept", "authenticate", "dial"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Peer:
         sock.setblocking(False)
         self.sock = sock
         self._buf = bytearray()
+        self._writing: asyncio.Lock | None = None   # one ``write`` at a time: frames never interleave
 
     def send(self, msg: Message, payload=None) -> bool:
         return self.send_bytes(b"".join(bytes(p) for p in msg.frame(payload)))
@@ -69,11 +72,18 @@ class Peer:
     async def write(self, data: bytes, within: float = 10.0) -> bool:
         """``send_bytes`` without blocking the event loop: False if the daemon closed the
         connection or stopped reading for ``within`` seconds."""
+        self._writing = self._writing or asyncio.Lock()
         try:
-            await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(self.sock, data), within)
+            async with self._writing:
+                await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(self.sock, data), within)
         except (OSError, asyncio.TimeoutError):
             return False
         return True
+
+    @property
+    def writing(self) -> bool:
+        """A ``write`` is under way (its socket must not be closed under it)."""
+        return self._writing is not None and self._writing.locked()
 
     async def _fill(self, n: int) -> bool:
         """At least ``n`` bytes buffered; False at EOF. Nothing is consumed here, so a
@@ -172,3 +182,21 @@ async def authenticate(peer: Peer, secret: bytes, hello: Hello | PeerHello,
         return None
     answer = await peer.recv(timeout)
     return None if answer is None else answer[0]
+
+
+async def accept(peer: Peer, secret: bytes, timeout: float = 10.0) -> Hello | PeerHello | None:
+    """The acceptor's side of the handshake on a connection a host of the tree dialed:
+    its hello (with its nonce), CHALLENGE, its PROOF checked. Returns the hello, or None
+    if it hung up or its proof was wrong (plain TCP: no TLS channel to bind)."""
+    got = await peer.recv(timeout)
+    if got is None or not isinstance(got[0], (Hello, PeerHello)) or got[0].nonce is None:
+        return None
+    said, theirs, ours = got[0], got[0].nonce, new_nonce()
+    role, name = claim(said)
+    if not await peer.write(b"".join(bytes(p) for p in Challenge(
+            ours, mac(secret, "acceptor", theirs, ours, role, name)).frame())):
+        return None
+    proof = await peer.recv(timeout)
+    if proof is None or not isinstance(proof[0], Proof):
+        return None
+    return said if verify(mac(secret, "dialer", theirs, ours, role, name), proof[0].mac) else None

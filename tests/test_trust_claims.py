@@ -11,6 +11,7 @@ a node's parent (``FakeParent``). The rows are issue 26's table: 1, 2, 12 and 13
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 import time
@@ -19,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.hostile_mesh import InsiderMesh
 from crnet.allocation import NodeShare, pack_allocation
 from crnet.auth import load_secret, mac, new_nonce
+from crnet.defaults import PEER_CHECK_TIMEOUT
 from crnet.handshake import claim
 from crnet.launch import MASTER, free_port
 from crnet.messages import (
@@ -113,9 +116,12 @@ async def prove(peers, port: int, said: Hello | PeerHello,
     return peer, None if answer is None else answer[0]
 
 
-async def hostile_child(peers, lt, name: str = "2", tree_step: int = -1) -> Peer:
-    """A slot of the master held by a secret holder, which says it joined (JOINED)."""
-    peer, welcome = await enter(peers, lt.ports[MASTER], name)
+async def hostile_child(peers, lt, name: str = "2", tree_step: int = -1,
+                        mesh: InsiderMesh | None = None) -> Peer:
+    """A slot of the master held by a secret holder, which says it joined (JOINED); with
+    ``mesh``, it says it listens where ``mesh`` accepts spread peer links (HELLO's listen)."""
+    hello = Hello(name=name) if mesh is None else mesh.hello(name)
+    peer, welcome = await prove(peers, lt.ports[MASTER], dataclasses.replace(hello, nonce=new_nonce()))
     assert isinstance(welcome, Welcome), welcome
     peer.send(Joined(1, tree_step))
     return peer
@@ -203,21 +209,25 @@ async def test_high_steps_opened_ahead_by_one_child_do_not_time_out(tmp_path, wi
 
     A secret holder says steps 1..16 began below it (OPEN, or a chunk of each: its vector,
     which it may get wrong; with --scheme spread, a piece of each on its peer link to the
-    master, which owns the small vector's one chunk); the tree's processes get to those
-    steps after --timeout. No step fails: with OPEN every result is exact; otherwise the
-    hostile vector may be in the sum (s = 1), but every step has one."""
+    master, which owns the small vector's one chunk: a link the master confirmed, as the
+    holder listens and answers for its own rank like a real host); the tree's processes
+    get to those steps after --timeout. No step fails: with OPEN every result is exact;
+    otherwise the hostile vector may be in the sum (s = 1), but every step has one."""
     spread = frame == "spread piece"
     grads = grads_for(23)
     want = grads.sum(axis=0)
     names = [MASTER, "0", "1"]
+    mesh = InsiderMesh(load_secret(os.environ["CRNET_SECRET_FILE"]), STAR.rank("2")).start()
     with running(tmp_path / "tree", STAR, SAMPLES, only=names,
                  scheme="spread" if spread else "cr") as lt:
-        hostile = await hostile_child(peers, lt)
+        hostile = await hostile_child(peers, lt, mesh=mesh if spread else None)
         clients = await connect(lt, names if spread else ["0", "1"])
         try:
             assert exact(await step(clients, grads, 0), want)
             if spread:
-                hostile = await hostile_peer(peers, lt.ports[MASTER], STAR.rank("2"))
+                link = await mesh.dial(lt.ports[MASTER], 0, confirmed=PEER_CHECK_TIMEOUT + 2)
+                assert link is not None, "the master did not confirm the holder's own rank"
+                hostile = link
             for t in range(1, 17):
                 if frame == "open":
                     hostile.send(Open(t))
@@ -227,8 +237,13 @@ async def test_high_steps_opened_ahead_by_one_child_do_not_time_out(tmp_path, wi
                     hostile.send(Chunk(t, 0, DIM, "float64"), np.zeros(DIM).tobytes())
             await asyncio.sleep(TIMEOUT + 1)     # every clock those started has run out
             outcomes = [await step(clients, grads, t) for t in (1, 2, 3, 4, 5)]
+            if spread:   # its pieces were taken: the link was kept (nothing comes on it now)
+                with pytest.raises(asyncio.TimeoutError):
+                    await hostile.recv(timeout=0.3)
         finally:
             close_all(clients)
+            hostile.close()
+            await mesh.close()
     if frame == "open":
         assert all(exact(o, want) for o in outcomes), outcomes
     else:
@@ -343,3 +358,38 @@ async def test_low_a_chunks_claimed_total_costs_no_memory_per_chunk(tmp_path, wi
             close_all(clients)
     assert grew < 24 << 20, f"the master's peak RSS grew by {grew >> 20} MiB"
     assert all(exact(o, want) for o in outcomes), outcomes
+
+
+async def test_low_a_spread_pieces_claimed_total_costs_no_memory_per_chunk(tmp_path, with_secret, peers):
+    """Row 13 on a confirmed spread peer link: at 1 KiB chunks a secret holder in slot 2, a
+    peer the master confirmed for its own rank, sends the master one 1 KiB piece of step 3
+    claiming a 1 GiB vector (2^20 chunks, each the master's to decode; within the host's
+    memory, so not refused). Before the fix (one record per chunk of the claimed vector,
+    made at once: ``spread_step.py``) the master's peak RSS grew by 141 MiB and its loop
+    was busy for 1.4 s (at 8 GiB: 1.1 GiB and still growing after 10 s, and a step's
+    answer came after 6.4 s, past the bound). It grows by less than 24 MiB, as for a
+    CHUNK's claim."""
+    grads = grads_for(25)
+    want = grads.sum(axis=0)
+    mesh = InsiderMesh(load_secret(os.environ["CRNET_SECRET_FILE"]), STAR.rank("2")).start()
+    link = None
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], chunk_bytes=1024,
+                 scheme="spread") as lt:
+        hostile = await hostile_child(peers, lt, mesh=mesh)
+        clients = await connect(lt, [MASTER, "0", "1"])
+        pid = lt.procs[MASTER].pid
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            link = await mesh.dial(lt.ports[MASTER], 0, confirmed=PEER_CHECK_TIMEOUT + 2)
+            assert link is not None, "the master did not confirm the holder's own rank"
+            before = await settled(lambda: peak_rss(pid))
+            piece = Piece(3, Phase.REDUCE, 0, 1 << 27, "float64")
+            assert await link.write(b"".join(bytes(p) for p in piece.frame(bytes(1024))))
+            grew = await settled(lambda: peak_rss(pid)) - before
+        finally:
+            close_all(clients)
+            hostile.close()
+            if link is not None:
+                link.close()
+            await mesh.close()
+    assert grew < 24 << 20, f"the master's peak RSS grew by {grew >> 20} MiB"

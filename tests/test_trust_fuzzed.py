@@ -11,6 +11,7 @@ import secrets
 import numpy as np
 import pytest
 
+from benchmarks.hostile_mesh import InsiderMesh
 from benchmarks.hostile_peer import Peer, authenticate, dial
 from crnet import StepRefused
 from crnet.auth import load_secret
@@ -39,10 +40,12 @@ from .test_trust import SAMPLES, STAR, TIMEOUT, close_all, connect, exact, grads
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_factories=["asyncio"])]
 
 
-async def insider(lt: LocalTree, name: str = "2") -> Peer:
-    """Slot ``name`` of the master, taken by a peer that holds the secret; JOINED sent."""
+async def insider(lt: LocalTree, name: str = "2", mesh: InsiderMesh | None = None) -> Peer:
+    """Slot ``name`` of the master, taken by a peer that holds the secret; JOINED sent. With
+    ``mesh``, it listens there for spread peer links (HELLO's listen) and answers for its rank."""
     peer = await dial(lt.ports[MASTER])
-    answer = await authenticate(peer, load_secret(lt.options["secret_file"]), Hello(name=name))
+    hello = Hello(name=name) if mesh is None else mesh.hello(name)
+    answer = await authenticate(peer, load_secret(lt.options["secret_file"]), hello)
     assert isinstance(answer, Welcome), answer
     assert await peer.write(b"".join(bytes(p) for p in Joined(1).frame()))
     return peer
@@ -166,7 +169,8 @@ def shown(outcomes: dict) -> dict:
 
 
 async def test_a_spread_peers_sum_piece_far_ahead_moves_no_master(tmp_path):
-    """--scheme spread: a secret holder in slot 2 sends the master, on its own peer link, a
+    """--scheme spread: a secret holder in slot 2 sends the master, on its own peer link (the
+    master confirmed it: the holder listens and answers for its rank like a real host), a
     sum's piece (GATHER) of step 2^63 - 1. Beyond the window a sum's chunk tells a host
     where the tree is (a restarted host learns so), but the master is where the tree is:
     before the fix the piece opened that step at the master, whose deadline failed it for
@@ -175,22 +179,27 @@ async def test_a_spread_peers_sum_piece_far_ahead_moves_no_master(tmp_path):
     want = grads.sum(axis=0)
     with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], secret=True,
                  scheme="spread") as lt:
-        hostile = await insider(lt)
+        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("2")).start()
+        hostile = await insider(lt, mesh=mesh)
         clients = await connect(lt, [MASTER, "0", "1"])
+        link = None
         try:
             for t in range(3):
                 assert exact(await step(clients, grads, t), want), t
-            link = await as_peer(lt, MASTER, STAR.rank("2"))
+            link = await mesh.dial(lt.ports[MASTER], 0, confirmed=PEER_CHECK_TIMEOUT + 2)
+            assert link is not None, "the master did not confirm the holder's own rank"
             piece = Piece(MAX_STEP, Phase.GATHER, 0, want.size, "float64")
             assert await link.write(b"".join(bytes(p) for p in piece.frame(np.zeros(want.size))))
             await asyncio.sleep(TIMEOUT + 1.5)      # past that step's deadline
             assert (await clients[MASTER].stats())["tree_step"] == 2
             outcomes = {t: await step(clients, grads, t) for t in (3, 4)}
-            link.close()
             assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
         finally:
             close_all(clients)
             hostile.close()
+            if link is not None:
+                link.close()
+            await mesh.close()
 
 
 TWO_LAYERS = Tree.regular(2, 2, 1)   # master -> 0, 1; 0 -> 0.0, 0.1; 1 -> 1.0, 1.1
@@ -246,3 +255,45 @@ async def test_a_broadcast_piece_sent_again_over_a_new_link_closes_no_honest_par
             close_all(clients)
             interior.close()
             leaf.close()
+
+
+class FaultStillThere(AssertionError):
+    """The attack succeeded: the one failure the test's ``xfail`` expects."""
+
+
+@pytest.mark.xfail(reason="issue 26 row 2 (open): a confirmed peer's piece sets a step's layout at the "
+                          "master, which has no vector of its own", strict=True, raises=FaultStillThere)
+async def test_a_confirmed_peers_piece_in_another_layout_fails_no_step(tmp_path):
+    """--scheme spread: a secret holder in slot 2, a confirmed peer for its own rank (it
+    listens and answers checks like a real host), sends the master a piece of the next step
+    in another layout (DIM + 1 x float64) before any honest host's. Found by the authenticated
+    fuzzer once its pieces went on confirmed links: the master, which adds no vector of its
+    own, begins the step in the first piece's layout and drops every honest host's ("rank 1's
+    piece is 8 x float64, but the step's vector is 9 x float64 here: dropped"): the step
+    fails for the tree. (In the fuzzer's tree the master then took every honest host off the
+    map of owners: "from step 53 on, rank(s) 1, 2, 4, 5, 7, 8, 9, 10, 11, 12 own no chunks".)"""
+    grads = grads_for(36)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], secret=True,
+                 scheme="spread") as lt:
+        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("2")).start()
+        hostile = await insider(lt, mesh=mesh)
+        clients = await connect(lt, [MASTER, "0", "1"])
+        link = None
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want), t
+            link = await mesh.dial(lt.ports[MASTER], 0, confirmed=PEER_CHECK_TIMEOUT + 2)
+            assert link is not None, "the master did not confirm the holder's own rank"
+            piece = Piece(3, Phase.REDUCE, 0, want.size + 1, "float64")
+            assert await link.write(b"".join(bytes(p) for p in piece.frame(np.zeros(want.size + 1))))
+            await asyncio.sleep(0.3)
+            outcomes = {t: await step(clients, grads, t) for t in (3, 4, 5)}
+        finally:
+            close_all(clients)
+            hostile.close()
+            if link is not None:
+                link.close()
+            await mesh.close()
+    if not all(exact(o, want) for o in outcomes.values()):
+        raise FaultStillThere(str(shown(outcomes)))

@@ -97,7 +97,9 @@ class SpreadStep:
         self.first, self.last = owners.elements_of(rank)
         self._pieces: np.ndarray | None = None       # (hosts, owned elements): pieces received
         self._sums: np.ndarray | None = None         # the owned chunks' sums, sent from here
-        self._chunks = {c: _Chunk(recursion.hosts) for c in self.owned}
+        # Each owned chunk's state, made when its first piece comes: a peer's piece may claim
+        # a vector of millions of chunks (issue 26 row 13), of which it sends one.
+        self._chunks: dict[int, _Chunk] = {}
         self.gathered: set[int] = set()              # chunks of the sum this host has
         self.used: set[int] = set()                  # ranks some owned chunk was decoded from
         self.senders: set[int] = set()               # ranks whose pieces came
@@ -142,8 +144,14 @@ class SpreadStep:
     def sum_arrived(self, chunk: int) -> None:
         self.gathered.add(chunk)
 
+    def _state(self, chunk: int) -> _Chunk:
+        state = self._chunks.get(chunk)
+        if state is None:
+            state = self._chunks[chunk] = _Chunk(self.recursion.hosts)
+        return state
+
     def _arrived(self, rank: int, chunk: int) -> bool:
-        state = self._chunks[chunk]
+        state = self._state(chunk)
         if state.done or state.has[rank]:
             return False
         state.has[rank] = 1
@@ -176,7 +184,9 @@ class SpreadStep:
     def moot(self, chunk: int) -> list[int]:
         """The ranks whose pieces of owned ``chunk`` are not in and no longer needed (a node
         above them is available), each told once."""
-        state = self._chunks[chunk]
+        state = self._chunks.get(chunk)
+        if state is None:    # no piece of it came: nothing is available there
+            return []
         out = []
         for v in state.fresh:
             for u in self.recursion.below(v):
@@ -228,18 +238,24 @@ class SpreadStep:
 
     # -- what is missing
     def waiting_for(self) -> str:
-        missing_sum = sorted({self.owners.owner(c) for c in range(self.layout.chunks)
-                              if c not in self.gathered and c not in self._chunks})
-        undecoded = [c for c, s in self._chunks.items() if not s.done]
+        # (Per owner and from either end, not per chunk: a step may claim millions.)
+        missing_sum = sorted({r for r in self.owners.ranks if r != self.rank and any(
+            c not in self.gathered for c in self.owners.chunks_of(r))})
+        undecoded = [next((c for c in chunks if self._undecoded(c)), None)
+                     for chunks in (self.owned, reversed(self.owned))]
         parts = []
         if self.mine is None and self.rank != 0:
             parts.append("this host's training process's vector")
-        if undecoded:
-            parts.append(f"enough pieces to decode chunks {undecoded[0]}..{undecoded[-1]} "
+        if undecoded[0] is not None:
+            parts.append(f"enough pieces to decode chunks {undecoded[0]}..{undecoded[1]} "
                          f"(pieces from {len(self.senders)} of {self.recursion.hosts - 1} hosts)")
         if missing_sum:
             parts.append(f"the sum's chunks from owner rank(s) {', '.join(map(str, missing_sum))}")
         return "; ".join(parts) or "nothing"
+
+    def _undecoded(self, chunk: int) -> bool:
+        state = self._chunks.get(chunk)
+        return state is None or not state.done
 
     # -- memory
     def _block(self) -> np.ndarray:
