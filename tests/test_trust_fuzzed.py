@@ -261,8 +261,6 @@ class FaultStillThere(AssertionError):
     """The attack succeeded: the one failure the test's ``xfail`` expects."""
 
 
-@pytest.mark.xfail(reason="issue 26 row 2 (open): a confirmed peer's piece sets a step's layout at the "
-                          "master, which has no vector of its own", strict=True, raises=FaultStillThere)
 async def test_a_confirmed_peers_piece_in_another_layout_fails_no_step(tmp_path):
     """--scheme spread: a secret holder in slot 2, a confirmed peer for its own rank (it
     listens and answers checks like a real host), sends the master a piece of the next step

@@ -15,10 +15,14 @@ CodedReduce's tree, codes, allocation and straggler tolerance, and moves the dec
 Every host moves about 2N/(N+1) of the vector each way, as in a ring, in two hops. The
 design, its traffic and its faults: docs/spread.md.
 
-A step's layout is its first piece's or this host's vector's: this host's vector, once
-in, is the step's (a new model's vectors change everywhere at once); pieces of another
-layout are dropped (their senders count as missing here), and the sum's chunks of
-another layout close the link they came on (an owner decodes only the step's layout).
+A step's layout is this host's vector's or the tree's (the last result's), else for now
+its first piece's: this host's vector, once in, is the step's (a new model's vectors
+change everywhere at once), and a piece of the tree's layout begins again a step that
+began with a piece of another, as long as nothing was decoded or gathered in it (so one
+host's piece of another layout, come first, cannot take the step from the others:
+the master adds no vector of its own). Pieces of another layout than the step's are
+dropped (their senders count as missing here), and the sum's chunks of another layout
+close the link they came on (an owner decodes only the step's layout).
 """
 
 from __future__ import annotations
@@ -343,17 +347,19 @@ class Spread(Scheme):
     # -- the step's state
     def _step(self, step: int, total: int, dtype: str, local: bool = False) -> SpreadStep | None:
         """The step's SpreadStep, begun with a ``total`` x ``dtype`` layout if new. This
-        host's vector (``local``) begins it again in its own layout if only pieces of
-        another came so far (nothing decoded or gathered from them)."""
+        host's vector (``local``), or a piece of the tree's layout, begins it again in that
+        layout if only pieces of another came so far (nothing decoded or gathered from them)."""
         if self.ports.steps.is_decided(step):
             return None
         st = self.steps.get(step)
-        if st is not None and (_fits(st, total, dtype) or not local or st.mine is not None
+        settles = local or self.ports.steps.tree_vector == (total, dtype)
+        if st is not None and (_fits(st, total, dtype) or not settles or st.mine is not None
                                or st.decoded or st.gathered):
             return st
         if st is not None:
-            log.warning("step %d began here with pieces of %s, but this host's vector is %d x %s: "
-                        "beginning it again", step, st.layout.describe(), total, dtype)
+            log.warning("step %d began here with pieces of %s, but %s is %d x %s: beginning it "
+                        "again", step, st.layout.describe(),
+                        "this host's vector" if local else "the tree's", total, dtype)
         self.newest = max(self.newest, step)
         st = self.steps[step] = self._new_step(step, total, dtype)
         return st
