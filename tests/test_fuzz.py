@@ -27,13 +27,13 @@ async def test_ten_thousand_frames_from_a_secret_holder_in_two_slots_leave_every
     the README's loop. In a cr tree it is only a straggler: not one step fails either.
 
     In spread its peer links are confirmed for its own ranks (``benchmarks/hostile_mesh.py``),
-    and two faults are still open there: a confirmed peer's piece in another layout fails a
-    step for the tree (``test_trust_fuzzed.py``, an expected failure), and the hostile peer's
-    two slots are two ranks, as many as the peers whose pieces start a step's clock
-    (``PEER_VOUCHERS``): a step far ahead fails, the steps behind it are passed over, every
-    process goes stale at once and none can answer the others' state requests. So the tree
-    may stop: until those are fixed that alone is let pass here (no crash, no wrong result,
-    no wait past the bound, RSS flat still hold)."""
+    and one fault is still open there: the hostile peer's two slots are two ranks, as many
+    as the peers whose pieces start a step's clock (``PEER_VOUCHERS``): a step far ahead
+    fails, the steps behind it are passed over, every process goes stale at once and none
+    can answer the others' state requests. So the tree may stop: until that is fixed it
+    alone is let pass here (no crash, no wrong result, no wait past the bound, RSS flat
+    still hold). (A confirmed peer's piece in another layout no longer takes a step's
+    layout at the master: ``test_trust_fuzzed.py``.)"""
     code = await fuzz_authenticated(frames=10_000, batch=2000, rate=800, seed=1,
                                     workdir=str(tmp_path), schemes=(scheme,))
     out, err = capsys.readouterr()
