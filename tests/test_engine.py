@@ -1088,43 +1088,23 @@ async def test_a_local_failure_does_not_move_the_tree(engine_at):
 
 # ---------------------------------------------------------------- an exact decode at the master
 
-@pytest.mark.parametrize("tree, quorums, tolerance", [
+@pytest.mark.parametrize("tree, steps, tolerance", [
     # CRC (3 children, s = 1): each chunk from its own 2 fastest children; exact to rounding.
-    (Tree((3,), (1,)), [(2, 0), (1, 2), (0, 1)], 1e-12),
+    (Tree((3,), (1,)), [[(2, 0), (1, 2), (0, 1)]], 1e-12),
     # FRC (4 children, s = 1): any 3 of 4, coefficients 1.0: exact in floating point.
-    # (The tree's first step: no layout is settled, so not from fewer; see below.)
-    (Tree((4,), (1,)), [(3, 1, 0), (0, 2, 1), (1, 3, 2)], 0.0),
-], ids=["crc", "frc"])
-async def test_the_master_decodes_the_exact_sum_from_the_fastest_children(engine_at, tree, quorums,
+    (Tree((4,), (1,)), [[(3, 1, 0), (0, 2, 1), (1, 3, 2)]], 0.0),
+    # FRC, groups {0, 1} and {2, 3}: from the tree's second step on (its layout settled),
+    # one child of every group decodes each chunk, fewer than n - s = 3; at the first, a
+    # layout needs n - s children that agree on it.
+    (Tree((4,), (1,)), [[(0, 1, 2)] * 3, [(3, 1), (0, 2), (1, 2)]], 0.0),
+], ids=["crc", "frc", "frc-one-of-every-group"])
+async def test_the_master_decodes_the_exact_sum_from_the_fastest_children(engine_at, tree, steps,
                                                                          tolerance):
-    step, dim = 7, 10
+    dim = 10
     messages, want = coded(tree, dim)
     links = [FakeLink() for _ in range(tree.fanout[0])]
     engine = engine_at(master(tree, chunk_bytes=32), links)   # 3 chunks: 4 + 4 + 2 elements
-    answer = recorder()
-    engine.request(step, np.empty(dim), answer)
-    for chunk, quorum in enumerate(quorums):
-        for k in quorum:
-            assert send_chunk(engine, k, step, chunk, messages[k])
-    [outcome] = answer.got
-    assert isinstance(outcome, Resolved) and outcome.step == step
-    np.testing.assert_allclose(outcome.vector, want, rtol=tolerance, atol=tolerance)
-    for link in links:    # every child gets the result, the slow ones too
-        np.testing.assert_array_equal(link.vector(Result, step), outcome.vector)
-    assert engine.window.tree_step == step and engine.stats.steps_done == 1
-    assert engine.window.tree_vector == (dim, "float64")
-
-
-async def test_once_the_trees_layout_is_known_frc_decodes_from_one_child_of_every_group(engine_at):
-    """FRC, 4 children, s = 1 (groups {0, 1} and {2, 3}): from the tree's second step on
-    (its layout settled), two children of different groups decode each chunk, fewer than
-    n - s = 3; before that a layout needs n - s children that agree on it."""
-    tree = Tree((4,), (1,))
-    dim = 10
-    messages, want = coded(tree, dim)
-    links = [FakeLink() for _ in range(4)]
-    engine = engine_at(master(tree, chunk_bytes=32), links)   # 3 chunks
-    for step, quorums in ((0, [(0, 1, 2)] * 3), (1, [(3, 1), (0, 2), (1, 2)])):
+    for step, quorums in enumerate(steps, start=7):
         answer = recorder()
         engine.request(step, np.empty(dim), answer)
         for chunk, quorum in enumerate(quorums):
@@ -1132,8 +1112,11 @@ async def test_once_the_trees_layout_is_known_frc_decodes_from_one_child_of_ever
                 assert send_chunk(engine, k, step, chunk, messages[k])
         [outcome] = answer.got
         assert isinstance(outcome, Resolved) and outcome.step == step
-        np.testing.assert_array_equal(outcome.vector, want)
-    assert engine.stats.steps_done == 2
+        np.testing.assert_allclose(outcome.vector, want, rtol=tolerance, atol=tolerance)
+        for link in links:    # every child gets the result, the slow ones too
+            np.testing.assert_array_equal(link.vector(Result, step), outcome.vector)
+        assert engine.window.tree_step == step and engine.window.tree_vector == (dim, "float64")
+    assert engine.stats.steps_done == len(steps)
 
 
 async def test_a_child_that_stopped_reading_is_cut_off_and_the_others_get_the_result(engine_at):
