@@ -1128,3 +1128,25 @@ async def test_a_child_that_stopped_reading_is_cut_off_and_the_others_get_the_re
     assert stuck.aborted == "child stopped reading (1000 bytes queued)"
     assert stuck.messages() == []
     assert len(reading.messages(Result)) == 1
+
+
+# ---------------------------------------------------------------- peers' vouchers (row 2)
+
+async def test_peers_start_the_clock_of_the_next_step_only(engine_at):
+    """Issue 26 row 2 with two hostile ranks: PEER_VOUCHERS peers that send pieces of a step
+    far ahead must not start its clock (it would fail for the tree before the tree gets
+    there); their vouchers count once the step before it is decided here. The next step's
+    clock they do start."""
+    place = Place("", 0, STAR, "spread", "auto", 32)
+    engine = engine_at(place, [FakeLink() for _ in range(3)], timeout=0.2)
+    clocks = engine.deadlines
+    for rank in (1, 2):
+        clocks.open(5, True, peer=rank)      # far ahead: tree at step -1
+        clocks.open(0, True, peer=rank)      # the next step
+    await asyncio.sleep(0.5)
+    assert engine.is_decided(0)              # its clock ran out: failed, as a stall
+    assert clocks.is_open(5) and not engine.is_decided(5)
+    for t in range(1, 5):
+        engine.decisions.fail(t, "decided for the test", True)
+    assert not engine.is_decided(5)
+    await wait_until(lambda: engine.is_decided(5), "step 5's clock to run out", timeout=5)

@@ -12,9 +12,14 @@ A step's clock at a parent starts when this node's own training process asks for
 when s + 1 of its children (all of them, if fewer are connected) say it began below them
 (an OPEN, or a first chunk): any s children may straggle, so s + 1 include one that is
 not just straggling; or when ``PEER_VOUCHERS`` peers (spread, rar: hosts that send this
-one pieces) sent it one. A child or a peer that opens every step of the window opens
-them here (its pieces are taken, the window bounds them), but starts no clock: one
-broken or hostile host cannot make honest steps time out early. The processes below it
+one pieces) sent it one, for a step at most one past the newest decided here (the
+vouchers of a later one count once the one before it is decided: peers are any hosts,
+and a few that send pieces of steps far ahead must not start their clocks before the
+tree gets there; an honest host starts a step only once it has the one before, so this
+costs a clock at most the time between two decisions here). A child or a peer that
+opens every step of the window opens them here (its pieces are taken, the window bounds
+them), but starts no clock: one broken or hostile host cannot make honest steps time
+out early. The processes below it
 still get their answer in time: their own node's clock runs from their request.
 """
 
@@ -111,9 +116,18 @@ class Deadlines:
             if who in openers:
                 return
             openers.add(who)
-            peers = sum(1 for o in openers if isinstance(o, tuple))
-            if peers < PEER_VOUCHERS and len(openers) - peers < self._vouchers():
+            if not self._vouched(step, openers):
                 return
+        self._start(step, announce)
+
+    def _vouched(self, step: int, openers: set[int | tuple[str, int]]) -> bool:
+        """Do the children and peers that said ``step`` began start its clock here?"""
+        peers = sum(1 for o in openers if isinstance(o, tuple))
+        if len(openers) - peers >= self._vouchers():
+            return True
+        return peers >= PEER_VOUCHERS and step <= self.window.newest_decided + 1
+
+    def _start(self, step: int, announce: bool) -> None:
         self._openers.pop(step, None)
         loop = asyncio.get_running_loop()
         handles = self._open[step]
@@ -148,6 +162,10 @@ class Deadlines:
         self._sent_up.discard(step)
         self._openers.pop(step, None)
         self._clock.pop(step, None)
+        after = step + 1     # its peers' vouchers may count now (the module's docstring)
+        openers = self._openers.get(after)
+        if openers is not None and self._open.get(after) == [] and self._vouched(after, openers):
+            self._start(after, announce=self.place is not None and not self.place.is_leaf)
         return self._began.pop(step, None)
 
     def close_all(self) -> None:
