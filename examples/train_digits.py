@@ -259,7 +259,7 @@ def train_crnet(a: argparse.Namespace, data: Digits) -> tuple[nn.Module, Record,
                  "crnet run --samples sets it")
     c.barrier("start", timeout=300)                                 # crnet: everyone is here
     model = make_model(a.seed, dtype(a))
-    broadcast_parameters(model, c, root=rank == 0)                  # crnet: rank 0's parameters
+    broadcast_parameters(model, c, root=0)                          # crnet: rank 0's parameters
     opt = DistributedOptimizer(make_optimizer(a, model), model, c, join=False)  # crnet
     sampler = CodedSampler(len(data.y_train), c, seed=a.seed)       # crnet: the same batches
     stragglers = Stragglers(a, worker=rank - c.assignment.processes)  # the master host's: none
