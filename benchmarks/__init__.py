@@ -21,6 +21,8 @@ the ``bench`` extra (matplotlib, torch), so install the checkout with
     one parent's aggregate receive throughput from its children, on loopback.
 ``python -m benchmarks.bench_step``
     the step time of a 13-node tree on loopback, per vector size.
+``python -m benchmarks.bench_tune``
+    ``crnet tune``'s pick after a poor start against every scheme, on an emulated cluster (root).
 
 ``_machine.py`` holds the machine-load helpers bench_hop and bench_step share.
 """

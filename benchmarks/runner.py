@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,12 @@ def preset_tree(preset: Preset, scheme: str) -> Tree:
 
 
 def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Path,
-              seed: int = 0, strict: bool = False) -> dict:
+              seed: int = 0, strict: bool = False,
+              before_stop: Callable[[LocalTree], None] | None = None) -> dict:
     """One crnet scheme (or a ``VARIANTS`` one): daemons and emulated workers on the cluster's
     hosts. ``strict``: strict daemons, and a ``LaunchError`` naming each one that failed and
-    its log."""
+    its log. ``before_stop(tree)``: called once the workers are done, the daemons still up
+    (``bench_tune`` asks them what they measured)."""
     row, (scheme, options) = scheme, crnetd_scheme(scheme, preset)
     tree = preset_tree(preset, scheme)
     names = list(tree.names())                   # master first, then workers breadth first
@@ -110,6 +113,8 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
         _wait(workers[:1], preset.deadline + 4 * preset.timeout + 30)
         _wait(workers[1:], 2 * preset.timeout + 5)
         daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values()) - daemons_cpu
+        if before_stop is not None:
+            before_stop(lt)
     finally:
         stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
         lt.stop()

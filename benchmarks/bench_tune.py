@@ -1,0 +1,218 @@
+"""``python -m benchmarks.bench_tune``: does ``crnet tune`` pick well from what it measured?
+
+Issue 28's check, per preset (root: an emulated cluster, ``netns.py``):
+
+1. a job starts with a deliberately poor configuration (``--start``, per preset) and runs
+   ``--start-steps`` steps;
+2. ``crnet tune MASTER --json`` (the CLI, as an operator runs it, from the master's host)
+   gathers the daemons' windows, fits the model and ranks every scheme and shape;
+3. the configuration it ranks first runs the preset's steps, and so does every scheme at
+   the shape the model picks for it from the preset's own numbers (what ``python -m
+   benchmarks`` runs), all on the same cluster in the same run.
+
+The table gives the tuned pick's measured mean against the best measured (target: within
+10%), and tune's prediction for the running (poor) configuration against what it measured
+(target: within 20%). Every row's results are checked exact by the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from crnet.errors import LaunchError
+from crnet.launch import MASTER, LocalTree
+from crnet.plan import Tree
+
+from . import child_env
+from .netns import EmulatedCluster, requirements
+from .presets import PRESETS, Preset
+from .runner import preset_tree, resolve, run_crnet
+
+SCHEMES = ("cr", "spread", "gc", "tree", "rar")
+# A start each preset's measurements show to be poor (docs/benchmarks.md): the ring waits
+# for every straggler; CodedReduce's tree moves n vectors per parent on slow links.
+POOR = {"stragglers": "rar", "large": "rar", "bandwidth": "cr:4,4:1,1", "heavy-tail": "gc:3",
+        "correlated": "rar"}
+
+
+def parse_config(text: str) -> tuple[str, Tree | None, int | None]:
+    """``rar``, ``gc:S`` or ``SCHEME:FANOUT:S`` (``cr:4,4:1,1``): scheme, tree, gc's s."""
+    scheme, _, rest = text.partition(":")
+    if scheme not in SCHEMES:
+        raise click.BadParameter(f"{text!r}: the scheme is one of {', '.join(SCHEMES)}")
+    if scheme == "rar":
+        return scheme, None, None
+    if scheme == "gc":
+        return scheme, None, int(rest or 0)
+    fanout, _, s = rest.partition(":")
+    try:
+        f = tuple(int(x) for x in fanout.split(","))
+        st = tuple(int(x) for x in s.split(",")) if s else (0,) * len(f)
+        return scheme, Tree(f, st), None
+    except ValueError as e:
+        raise click.BadParameter(f"{text!r}: {e}") from None
+
+
+def configured(preset: Preset, scheme: str, tree: Tree | None, gc_s: int | None) -> Preset:
+    """``preset`` (resolved) with ``scheme`` running on ``tree`` (or gc with s = ``gc_s``)."""
+    if scheme == "cr":
+        return replace(preset, cr_tree=tree)
+    if scheme == "tree":
+        return replace(preset, tree_shape=tree)
+    if scheme == "spread":
+        return replace(preset, spread_tree=tree)
+    if scheme == "gc":
+        return replace(preset, gc_stragglers=gc_s)
+    return preset
+
+
+def picked(entry: dict) -> tuple[str, Tree | None, int | None]:
+    """A ranking entry of ``crnet tune --json`` as (scheme, tree, gc's s)."""
+    scheme = entry["scheme"]
+    if scheme == "rar":
+        return scheme, None, None
+    tree = Tree(tuple(entry["fanout"]), tuple(entry["stragglers"]))
+    if scheme == "gc":
+        return scheme, None, tree.stragglers[0]
+    return scheme, tree, None
+
+
+def describe(scheme: str, tree: Tree | None, gc_s: int | None) -> str:
+    if scheme == "rar":
+        return "rar"
+    if scheme == "gc":
+        return f"gc s {gc_s}"
+    assert tree is not None
+    return (f"{scheme} {','.join(map(str, tree.fanout))}:"
+            f"{','.join(map(str, tree.stragglers))}")
+
+
+def ask_tune(cluster: EmulatedCluster, lt: LocalTree, out: dict) -> None:
+    """``crnet tune`` from the master's host, as an operator would run it."""
+    address = f"{lt.addresses[MASTER]}:{lt.ports[MASTER]}"
+    argv = [sys.executable, "-m", "crnet", "tune", address, "--json", "--top", "5"]
+    if (lt.workdir / "secret").exists():
+        argv += ["--secret-file", str(lt.workdir / "secret")]
+    p = cluster.popen(0, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
+    stdout, stderr = p.communicate(timeout=300)
+    if p.returncode != 0:
+        raise LaunchError(f"crnet tune exited {p.returncode}: {stderr.decode(errors='replace')}")
+    out.update(json.loads(stdout))
+
+
+def run_one(preset: Preset, start: str, start_steps: int, schemes, workdir: Path, seed: int,
+            strict: bool, log) -> dict:
+    preset, _ = resolve(preset, seed)
+    s_scheme, s_tree, s_gc = parse_config(start)
+    poor = replace(configured(preset, s_scheme, s_tree, s_gc), steps=start_steps)
+    rows: dict[str, dict] = {}
+    tuning: dict = {}
+    with EmulatedCluster(preset.workers + 1, rate=preset.rate, burst=preset.burst) as cluster:
+        r = run_crnet(cluster, poor, s_scheme, workdir / "start", seed, strict,
+                      before_stop=lambda lt: ask_tune(cluster, lt, tuning))
+        rows["start"] = {**r, "config": describe(s_scheme, s_tree, s_gc)}
+        log(f"  start {rows['start']['config']}: {start_steps} steps, mean {_ms(r['mean_s'])}; "
+            f"tune measured {_ms(tuning['measured']['mean'])}, predicts "
+            f"{_ms(tuning['running']['mean'])}, ranks it {tuning['running']['rank']} of "
+            f"{tuning['candidates']}")
+        best = picked(tuning["ranking"][0])
+        r = run_crnet(cluster, configured(preset, *best), best[0], workdir / "tuned", seed, strict)
+        rows["tuned"] = {**r, "config": describe(*best), "model_mean_s": tuning["ranking"][0]["mean"]}
+        log(f"  tuned {rows['tuned']['config']}: mean {_ms(r['mean_s'])} (tune predicts "
+            f"{_ms(tuning['ranking'][0]['mean'])})")
+        for scheme in schemes:
+            r = run_crnet(cluster, preset, scheme, workdir / scheme, seed, strict)
+            tree = None if scheme in ("rar", "gc") else preset_tree(preset, scheme)
+            rows[scheme] = {**r, "config": describe(scheme, tree, preset.gc_stragglers)}
+            log(f"  {rows[scheme]['config']}: mean {_ms(r['mean_s'])}")
+    return {"preset": preset.name, "start": start, "tune": tuning, "rows": rows}
+
+
+def summary(doc: dict) -> list[str]:
+    rows = doc["rows"]
+    done = {k: r for k, r in rows.items() if k not in ("start", "tuned") and r["mean_s"]
+            and r["steps_completed"] == r["steps"]}
+    best = min(done, key=lambda k: done[k]["mean_s"]) if done else None
+    tuned, start, t = rows["tuned"], rows["start"], doc["tune"]
+    ratio = (tuned["mean_s"] / done[best]["mean_s"]) if best and tuned["mean_s"] else None
+    pred = t["running"]["mean"] / t["measured"]["mean"] if t["measured"]["mean"] else None
+    exact = all(r.get("correct") for r in rows.values())
+    return [f"{doc['preset']:<11} {start['config']:<14} {_ms(t['measured']['mean'])} "
+            f"{_ms(t['running']['mean'])} {_x(pred)}   {tuned['config']:<18} {_ms(tuned['mean_s'])}"
+            f"   {(rows[best]['config'] if best else '-'):<18} {_ms(done[best]['mean_s'] if best else None)}"
+            f" {_x(ratio)}   {'yes' if exact else 'NO'}"]
+
+
+def _ms(x) -> str:
+    return "      -  " if x is None else f"{1e3 * x:7.1f} ms"
+
+
+def _x(x) -> str:
+    return "   -  " if x is None else f"{x:5.2f}x"
+
+
+HEAD = ("preset      start          measured   predicted  pred/meas   tune's pick        "
+        "measured     best measured      mean       tuned/best  exact")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--preset", "presets", multiple=True, default=["stragglers", "bandwidth", "large"],
+              show_default=True, type=click.Choice(list(PRESETS)), help="Scenario (repeatable).")
+@click.option("--start", "starts", multiple=True, metavar="PRESET=CONFIG",
+              help="The poor start for a preset: rar, gc:S or SCHEME:FANOUT:S (cr:4,4:1,1); "
+                   f"default {', '.join(f'{k}={v}' for k, v in POOR.items())}.")
+@click.option("--start-steps", type=click.IntRange(min=3), default=30, show_default=True,
+              help="Steps of the poor start before crnet tune asks.")
+@click.option("--schemes", default=",".join(SCHEMES), show_default=True,
+              help="The schemes run to find the best (each at the model's shape for the preset).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), default="bench_tune.json", show_default=True)
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Keep daemon logs and raw results here (default: a temporary directory).")
+@click.option("--strict", is_flag=True, help="Strict daemons: an internal error fails the run.")
+def main(presets, starts, start_steps, schemes, seed, out, workdir, strict):
+    """crnet tune's pick against every scheme measured in the same run (root)."""
+    missing = requirements()
+    if missing:
+        raise click.ClickException(missing)
+    chosen = dict(POOR)
+    for s in starts:
+        name, eq, config = s.partition("=")
+        if not eq or name not in PRESETS:
+            raise click.BadParameter(f"{s!r}: PRESET=CONFIG with a preset of {', '.join(PRESETS)}",
+                                     param_hint="--start")
+        parse_config(config)
+        chosen[name] = config
+    names = [s for s in schemes.split(",") if s]
+    for s in names:
+        if s not in SCHEMES:
+            raise click.BadParameter(f"{s!r}: one of {', '.join(SCHEMES)}", param_hint="--schemes")
+    base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="crnet-tune-"))
+    docs = []
+    try:
+        for name in presets:
+            click.echo(f"preset {name}: start {chosen.get(name, 'rar')}, {start_steps} steps")
+            docs.append(run_one(PRESETS[name], chosen.get(name, "rar"), start_steps, names,
+                                base / name, seed, strict, click.echo))
+    except LaunchError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        if workdir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    Path(out).write_text(json.dumps(docs, indent=1))
+    click.echo("\n" + HEAD)
+    for d in docs:
+        for line in summary(d):
+            click.echo(line)
+
+
+if __name__ == "__main__":
+    main()
