@@ -95,7 +95,7 @@ def describe(scheme: str, tree: Tree | None, gc_s: int | None) -> str:
             f"{','.join(map(str, tree.stragglers))}")
 
 
-def ask_tune(cluster: EmulatedCluster, lt: LocalTree, out: dict) -> None:
+def ask_tune(cluster, lt: LocalTree, out: dict) -> None:
     """``crnet tune`` from the master's host, as an operator would run it."""
     address = f"{lt.addresses[MASTER]}:{lt.ports[MASTER]}"
     argv = [sys.executable, "-m", "crnet", "tune", address, "--json", "--top", "5"]
@@ -110,29 +110,37 @@ def ask_tune(cluster: EmulatedCluster, lt: LocalTree, out: dict) -> None:
 
 def run_one(preset: Preset, start: str, start_steps: int, schemes, workdir: Path, seed: int,
             strict: bool, log) -> dict:
+    """``run_on`` a new emulated cluster of the preset's hosts and links."""
+    with EmulatedCluster(preset.workers + 1, rate=preset.rate, burst=preset.burst) as cluster:
+        return run_on(cluster, preset, start, start_steps, schemes, workdir, seed, strict, log)
+
+
+def run_on(cluster, preset: Preset, start: str, start_steps: int, schemes, workdir: Path,
+           seed: int, strict: bool, log) -> dict:
+    """The poor start, ``crnet tune``, its pick and every scheme of ``schemes`` on ``cluster``
+    (an ``EmulatedCluster``, or anything with its ``addresses`` and ``popen``)."""
     preset, _ = resolve(preset, seed)
     s_scheme, s_tree, s_gc = parse_config(start)
     poor = replace(configured(preset, s_scheme, s_tree, s_gc), steps=start_steps)
     rows: dict[str, dict] = {}
     tuning: dict = {}
-    with EmulatedCluster(preset.workers + 1, rate=preset.rate, burst=preset.burst) as cluster:
-        r = run_crnet(cluster, poor, s_scheme, workdir / "start", seed, strict,
-                      before_stop=lambda lt: ask_tune(cluster, lt, tuning))
-        rows["start"] = {**r, "config": describe(s_scheme, s_tree, s_gc)}
-        log(f"  start {rows['start']['config']}: {start_steps} steps, mean {_ms(r['mean_s'])}; "
-            f"tune measured {_ms(tuning['measured']['mean'])}, predicts "
-            f"{_ms(tuning['running']['mean'])}, ranks it {tuning['running']['rank']} of "
-            f"{tuning['candidates']}")
-        best = picked(tuning["ranking"][0])
-        r = run_crnet(cluster, configured(preset, *best), best[0], workdir / "tuned", seed, strict)
-        rows["tuned"] = {**r, "config": describe(*best), "model_mean_s": tuning["ranking"][0]["mean"]}
-        log(f"  tuned {rows['tuned']['config']}: mean {_ms(r['mean_s'])} (tune predicts "
-            f"{_ms(tuning['ranking'][0]['mean'])})")
-        for scheme in schemes:
-            r = run_crnet(cluster, preset, scheme, workdir / scheme, seed, strict)
-            tree = None if scheme in ("rar", "gc") else preset_tree(preset, scheme)
-            rows[scheme] = {**r, "config": describe(scheme, tree, preset.gc_stragglers)}
-            log(f"  {rows[scheme]['config']}: mean {_ms(r['mean_s'])}")
+    r = run_crnet(cluster, poor, s_scheme, workdir / "start", seed, strict,
+                  before_stop=lambda lt: ask_tune(cluster, lt, tuning))
+    rows["start"] = {**r, "config": describe(s_scheme, s_tree, s_gc)}
+    log(f"  start {rows['start']['config']}: {start_steps} steps, mean {_ms(r['mean_s'])}; "
+        f"tune measured {_ms(tuning['measured']['mean'])}, predicts "
+        f"{_ms(tuning['running']['mean'])}, ranks it {tuning['running']['rank']} of "
+        f"{tuning['candidates']}")
+    best = picked(tuning["ranking"][0])
+    r = run_crnet(cluster, configured(preset, *best), best[0], workdir / "tuned", seed, strict)
+    rows["tuned"] = {**r, "config": describe(*best), "model_mean_s": tuning["ranking"][0]["mean"]}
+    log(f"  tuned {rows['tuned']['config']}: mean {_ms(r['mean_s'])} (tune predicts "
+        f"{_ms(tuning['ranking'][0]['mean'])})")
+    for scheme in schemes:
+        r = run_crnet(cluster, preset, scheme, workdir / scheme, seed, strict)
+        tree = None if scheme in ("rar", "gc") else preset_tree(preset, scheme)
+        rows[scheme] = {**r, "config": describe(scheme, tree, preset.gc_stragglers)}
+        log(f"  {rows[scheme]['config']}: mean {_ms(r['mean_s'])}")
     return {"preset": preset.name, "start": start, "tune": tuning, "rows": rows}
 
 
