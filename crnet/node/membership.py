@@ -2,10 +2,10 @@
 
 Join, as the parent sees it: a child says HELLO; it gets a free slot (or the slot
 its ``--name`` held before, or else the slot its host id held before: a restarted
-host gets its share back without ``--name``, see ``_slot_for_host``) and WELCOME
+host gets its share back without ``--name``: ``host_slots.py``) and WELCOME
 with the tree; it reports how many workers of its subtree have JOINED. Once all N
 have, the master computes ``crnet.plan`` and ASSIGNs every subtree its allocation,
-down the tree.
+down the tree (``shares.py``: who gets which part).
 
 Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
@@ -27,23 +27,32 @@ import dataclasses
 import enum
 import logging
 from collections.abc import Callable
-from math import prod
 
 from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
 from ..fields import check_address
 from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
-from ..plan import PEER_SCHEMES, Tree, cut, part_masses, weighted_mass
-from ..plan import plan as make_plan
+from ..plan import PEER_SCHEMES
 from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
+from .host_slots import claim_slot, pick_slot
 from .jobs import JobCounts
 from .mesh import Mesh, PeerDialer
 from .neighbours import ChildSlot, Neighbours
+from .shares import (
+    child_ring,
+    plan_allocation,
+    process_assignment,
+    subtree_allocation,
+    subtree_workers,
+    with_masses,
+)
 from .signal import Signal
 from .steps import StepEngine, vouched
+
+__all__ = ["JoinState", "Membership", "subtree_workers"]
 
 log = logging.getLogger("crnet.node")
 
@@ -113,12 +122,8 @@ class Membership:
         (``Client.assignment``): the host's share cut in ``processes`` parts."""
         if self.allocation is None or self.place is None or self.samples is None:
             return None
-        share = self.allocation[self.place.name]
-        ranges = cut(share.local, processes)[process]
-        return {"name": self.place.name, "layer": share.layer, "samples": self.samples,
-                "workers": self.place.tree.workers, "ranges": [list(r) for r in ranges],
-                "process": process, "processes": processes,
-                "rank": self.place.tree.rank(self.place.name) * processes + process}
+        return process_assignment(self.place, self.allocation[self.place.name], self.samples,
+                                  process, processes)
 
     def close(self) -> None:
         self._closing = True    # the links closing now are the shutdown's: nothing to report
@@ -203,13 +208,7 @@ class Membership:
                                   "connection", retry=True)
         else:
             k = self._slot_for_host(hello.host, conn)
-        # The host id's slot from now on: the one it named, or was given (not a second
-        # node that shares a host id with a live one: that one keeps its slot).
-        if hello.host is not None and (hello.name is not None
-                                       or self.hosts.get(hello.host, k) == k):
-            for other in [h for h, held in self.hosts.items() if held == k]:
-                del self.hosts[other]      # the slot is this host's now
-            self.hosts[hello.host] = k
+        claim_slot(self.hosts, hello.host, k, hello.name is not None)
         listen = hello.listen
         if listen is not None and listen.startswith("0.0.0.0:"):
             # It listens everywhere: reach it at the address it connected from.
@@ -225,25 +224,20 @@ class Membership:
         return k
 
     def _slot_for_host(self, host: str | None, conn: Connection) -> int:
-        """The slot for a child without ``--name``: the one its host id held before, if
-        free; else a free one no other host id held (else any free one). A second live
-        node with the same host id is not refused: it gets another slot (and a warning
-        that says to give each daemon its own ``--host-id``); the host id keeps its slot."""
+        """The slot for a child without ``--name`` (``host_slots.pick_slot``). A second live
+        node with the same host id gets another slot, and a warning that says to give
+        each daemon its own ``--host-id``."""
         assert self.place is not None
         slots = self.neighbours.slots
-        free = [k for k, slot in enumerate(slots) if slot.link is None]
-        if not free:
+        if all(slot.link is not None for slot in slots):
             raise JoinRefused(f"{self.place.label} has all {len(slots)} child slots taken")
-        held = None if host is None else self.hosts.get(host)
-        if held is not None and slots[held].link is None:
-            return held
+        k, held = pick_slot(self.hosts, host, slots)
         if held is not None:
             log.warning("host id %s connected from %s, but it holds child slot %s from %s: giving "
                         "this one another slot (two daemons with one host id? give each its own "
                         "--host-id)", shown(host), conn.label,
                         self.place.tree.children(self.place.name)[held], slots[held].peer)
-        unclaimed = [k for k in free if k not in self.hosts.values()]
-        return (unclaimed or free)[0]
+        return k
 
     def child_joined(self, k: int, msg: Joined) -> None:
         """Child ``k`` counts the workers of its subtree that joined. More than its subtree
@@ -318,11 +312,8 @@ class Membership:
             log.info("%d/%d workers joined", count, place.tree.workers)
         if count == place.tree.workers and self.allocation is None:
             assert self.samples is not None
-            p = make_plan(place.tree, self.samples, place.code_kind)
-            self.allocation = {a.name: NodeShare(a.layer, tuple(a.local), tuple(a.responsibility))
-                               for a in p.nodes.values()}
-            log.info("all workers joined: plan for %d samples, d* = %.6g, max local %d",
-                     self.samples, p.optimal_load, p.max_local_samples)
+            self.allocation, said = plan_allocation(place.tree, self.samples, place.code_kind)
+            log.info("all workers joined: %s", said)
             self._assigned()
 
     def _children_claim(self) -> int:
@@ -348,33 +339,19 @@ class Membership:
             self.mesh.keep_successor(ring)
         if self.place.is_master and self.place.scheme == "spread":
             self.mesh.join(self.place.tree, "", Mesh.everyone(self.place.tree, self.neighbours.slots))
-        self.place = self._with_masses(self.place)
+        self.place = with_masses(self.place, self.allocation)
         self.engine.start(self.place)
         for k, slot in enumerate(self.neighbours.slots):
             if slot.link is not None and slot.workers and not slot.assigned:
                 self._assign_child(k)
         self.on_assigned.emit(None)
 
-    def _with_masses(self, place: Place) -> Place:
-        """``place`` with its share as masses, for a parent's approximate decodes."""
-        if place.is_leaf or self.allocation is None:
-            return place
-        share = self.allocation[place.name]
-        return dataclasses.replace(place, local_mass=weighted_mass(share.local), part_mass=tuple(
-            part_masses(share.responsibility, share.local, place.tree.fanout[place.layer])))
-
     def _assign_child(self, k: int) -> None:
         assert self.place is not None and self.allocation is not None and self.samples is not None
         slots = self.neighbours.slots
-        child = self.place.tree.children(self.place.name)[k]
-        prefix = child + "."
-        sub = {n: v for n, v in self.allocation.items() if n == child or n.startswith(prefix)}
-        ring = None
-        if self.place.scheme == "rar":
-            # Ranks 0..N-1 are the workers, N the master: the last worker's successor is
-            # its parent (None), whose address it knows better than the master does.
-            ring = RingPlace(k, len(slots) + 1, slots[k + 1].address if k + 1 < len(slots)
-                             else None)
+        sub = subtree_allocation(self.allocation, self.place.tree.children(self.place.name)[k])
+        ring = (child_ring(k, [slot.address for slot in slots]) if self.place.scheme == "rar"
+                else None)
         link = slots[k].link
         assert link is not None
         slots[k].assigned = link.send(Assign(self.samples, ring, self.mesh.addresses),
@@ -484,7 +461,3 @@ class Membership:
             self.mesh.join(self.place.tree, self.place.name, peers)
         self._assigned()
 
-
-def subtree_workers(tree: Tree, layer: int) -> int:
-    """How many workers the subtree of a node at ``layer`` (>= 1) holds, itself included."""
-    return sum(prod(tree.fanout[layer:deeper]) for deeper in range(layer, tree.layers + 1))
