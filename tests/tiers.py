@@ -33,6 +33,7 @@ QUICK_FILES = frozenset({
     "test_spread_step.py",
     "test_tiers.py",
     "test_tune_fit.py",      # crnet tune's fit: known compute laws and links recovered
+    "test_tune_write.py",    # crnet tune --write: the choice read back as the master's --config
     "test_wire.py",
     "test_workload.py",
     "test_workload_grouped.py",   # correlated stragglers: whole groups of workers slow together
