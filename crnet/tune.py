@@ -15,7 +15,8 @@ scheme and shape ranked by the fitted model.
    workers, as ``crnet plan --auto`` does, with the fitted inputs; and the running
    configuration's own prediction, to hold against its measured step time.
 5. **Apply** (``master_config``, ``config_text``): a choice as the master's ``--config``
-   file keys (``crnet tune --write``).
+   file keys (``crnet tune --write``); ``replan_choice``: the best one ``crnetd --plan auto``
+   can take between jobs without hosts joining again.
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ from .status_tree import DEADLINE
 from .tls import TlsFiles
 from .tune_fit import ComputeFit, LinkFit, fit_compute, fit_links
 
-__all__ = ["HostMeasured", "Measurements", "Running", "TuneError", "Tuning", "config_text",
-           "gather", "master_config", "measurements", "tune"]
+__all__ = ["REPLANNED", "HostMeasured", "Measurements", "Running", "TuneError", "Tuning",
+           "config_text", "gather", "master_config", "measurements", "replan_choice", "tune"]
+
+# The schemes a tree re-plans among between jobs (``crnetd --plan auto``): the ones whose
+# hosts sit in the tree the same way (a parent's children send it their pieces); rar's
+# ring and spread's peers are links of their own, made when the hosts join.
+REPLANNED = ("cr", "gc", "tree")
 
 
 class TuneError(CrnetError):
@@ -221,6 +227,24 @@ def tune(m: Measurements, *, trials: int = 1000, seed: int = 0, max_layers: int 
     place = next((i + 1 for i, p in enumerate(ranking)
                   if p.scheme == running.scheme and p.tree == running.tree), None)
     return Tuning(m, compute, per_host, links, running, place, ranking)
+
+
+def replan_choice(t: Tuning, margin: float = 0.05) -> Prediction | None:
+    """The best candidate that keeps every host in its place (the running fanout; a scheme
+    of ``REPLANNED``, from one of them), if its predicted mean is more than ``margin`` below
+    the running configuration's; else None (the running plan stays)."""
+    run = t.measurements.running
+    if run.scheme not in REPLANNED:
+        return None
+    fanout = run.shape.fanout
+    same = [p for p in t.ranking if p.scheme in REPLANNED and p.tree is not None
+            and p.tree.fanout == fanout]
+    if not same:
+        return None
+    best = same[0]
+    if (best.scheme, best.tree) == (t.running.scheme, run.shape):
+        return None
+    return best if best.mean < t.running.mean * (1 - margin) else None
 
 
 def master_config(choice: Prediction, running: Running) -> dict[str, object]:

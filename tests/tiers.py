@@ -104,6 +104,7 @@ FULL_FILES = frozenset({
     "test_trust_keys.py",     # issue 26: jobs, barrier and broadcast keys, state answers, slots
     "test_trust_liveness.py", # issue 26: every wait keeps its bound through a master restart
     "test_tune.py",           # issue 28: crnet tune gathers a real tree's windows, authenticated
+    "test_plan_auto.py",      # issue 28: crnetd --plan auto: job 2 runs the plan tuned from job 1
 })
 
 # Async tests in these files run twice, on asyncio's loop and on uvloop's: they test the

@@ -33,7 +33,6 @@ from ..errors import JoinRefused, ProtocolError
 from ..fields import check_address
 from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
-from ..plan import PEER_SCHEMES
 from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
@@ -51,6 +50,7 @@ from .shares import (
 )
 from .signal import Signal
 from .steps import StepEngine, vouched
+from .welcome import welcome_for, welcomed_place
 
 __all__ = ["JoinState", "Membership", "subtree_workers"]
 
@@ -89,8 +89,11 @@ class Membership:
         self.job = ""                                          # the training job the tree runs
         self.local_processes = local_processes
         self.jobs = JobCounts(neighbours, lambda: self.job,   # processes attached, by job
-                              lambda: self.place is not None and self.place.is_master, self.run_job,
-                              lambda: self.engine.window.tree_step >= 0)
+                              lambda: self.place is not None and self.place.is_master,
+                              self._start_job, lambda: self.engine.window.tree_step >= 0)
+        # The master, --plan auto (replan.py): called instead of ``run_job`` for a new job;
+        # it may ``replan`` first, and then runs it.
+        self.before_job: Callable[[str], None] | None = None
         # Who hears what (lifecycle.Node connects them; each listener keeps its disconnect):
         self.on_assigned: Signal[None] = Signal()   # this node holds its share (again)
         self.on_change: Signal[None] = Signal()     # the join moved (notify.py's STATUS)
@@ -157,6 +160,35 @@ class Membership:
             self.jobs.refused(msg)
         self.run_job(msg.name)
 
+    def _start_job(self, name: str) -> None:
+        if self.before_job is None or name == self.job:
+            self.run_job(name)
+        else:
+            self.before_job(name)
+
+    def replan(self, place: Place) -> None:
+        """The master, between jobs (``--plan auto``): the tree runs ``place`` (the same
+        hosts in the same places: another scheme or stragglers) from the next job on. Every
+        child gets its WELCOME with it, then its ASSIGN, before the JOB that starts the job
+        (one link: in that order), and passes both down the same way (``welcomed``)."""
+        assert self.place is not None and self.samples is not None
+        assert place.tree.fanout == self.place.tree.fanout
+        self.place = place
+        self.engine.stats.measured.clear()
+        if self.allocation is None:   # not every worker joined yet: they get it as they do
+            self._welcome_children()
+            return
+        self.allocation, said = plan_allocation(place.tree, self.samples, place.code_kind)
+        log.info("re-planned: %s", said)
+        self._welcome_children()
+        self._assigned()
+
+    def _welcome_children(self) -> None:
+        for k, slot in enumerate(self.neighbours.slots):
+            slot.assigned = False
+            if slot.link is not None:
+                slot.link.send(self._welcome(k))
+
     def run_job(self, name: str) -> None:
         """The tree runs job ``name`` from now on (the master decided): drop the previous
         job's steps, tell the subtree, and the processes waiting for it."""
@@ -215,13 +247,13 @@ class Membership:
             listen = f"{conn.label.rpartition(':')[0]}:{listen.rpartition(':')[2]}"
         slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.window.newest_step,
                              host=hello.host, peer=conn.label)
-        total, dtype = self.engine.window.tree_vector or (None, None)
-        conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
-                          place.code_kind, place.chunk_bytes, place.scheme,
-                          self.engine.window.tree_step, total, dtype, self.job, self.local_processes,
-                          place.beyond_s, place.patience))
+        conn.send(self._welcome(k))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
+
+    def _welcome(self, k: int) -> Welcome:
+        assert self.place is not None
+        return welcome_for(self.place, k, self.engine, self.job, self.local_processes)
 
     def _slot_for_host(self, host: str | None, conn: Connection) -> int:
         """The slot for a child without ``--name`` (``host_slots.pick_slot``). A second live
@@ -402,37 +434,21 @@ class Membership:
         self._stop(2)
 
     def welcomed(self, msg: Welcome) -> None:
-        """The parent's WELCOME: this node's place. ``ProtocolError`` if it differs from
-        the place it holds (nothing changes; the link closes and the node dials again after
-        a pause: a broken or hostile peer at the parent's address must not stop it for
-        good); ``JoinRefused`` if this node's configuration cannot take the place (no
-        --listen where children or a ring predecessor must reach it): like a REFUSE for
-        good, and as trusted (with a secret, only an authenticated parent welcomes), it
-        stops the node instead of joining and leaving every few seconds."""
-        tree = msg.tree
-        if self.place is not None and tree != self.place.tree:
-            raise ProtocolError(f"the parent's tree {tree} differs from the one this node joined")
-        if self.place is not None and msg.name != self.place.name:
-            raise ProtocolError(f"the parent gave this node slot {msg.name}, but it is "
-                                f"{self.place.name}")
-        ring = None if self.place is None else self.place.ring
-        place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes, ring,
-                      msg.beyond_s, msg.patience)
-        listening = self.listen_address is not None
-        if place.scheme in PEER_SCHEMES and not listening:
-            raise JoinRefused(f"{place.label} takes pieces from its peers (--scheme "
-                              f"{place.scheme}) and must accept them: start it with --listen")
-        if place.fanout and not listening:
-            raise JoinRefused(f"{place.label} is at layer {place.layer} of {tree.layers} and "
-                              "must accept children: start it with --listen")
-        if msg.local_processes != self.local_processes:
-            raise JoinRefused(f"{place.label} runs --local-processes {self.local_processes}, but "
-                              f"the tree runs {msg.local_processes} on every host (the master's "
-                              "--local-processes): start it with the same")
+        """The parent's WELCOME: this node's place (``welcome.welcomed_place``: its
+        ``ProtocolError`` and ``JoinRefused``), or what the tree runs there from now on."""
+        place = welcomed_place(msg, self.place, self.listen_address is not None,
+                               self.local_processes)
+        tree = place.tree
+        replanned = self.place is not None and place != self.place
         self.place = place
         if self.state is JoinState.JOINING:
             self.state = JoinState.WELCOMED
         self._size_slots()
+        if replanned:   # the master re-planned (--plan auto): its ASSIGN follows; pass both on
+            log.info("the tree runs %s, stragglers %s from now on", place.scheme,
+                     ",".join(map(str, tree.stragglers)))
+            self.engine.stats.measured.clear()
+            self._welcome_children()
         if msg.job and msg.job != self.job:
             self.run_job(msg.job)          # the tree moved to another job while it was away
         vector = None if msg.total is None or msg.dtype is None else (msg.total, msg.dtype)
