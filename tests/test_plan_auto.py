@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 
 import numpy as np
 import pytest
 
 from crnet import AsyncClient
+from crnet.errors import CrnetError
 from crnet.launch import MASTER
 from crnet.plan import Tree
 from crnet.tune import gather
 
-from .conftest import gather_or_cancel, local_gradient, rel_error
+from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,11 +70,6 @@ async def test_the_second_job_runs_the_tuned_plan(local_tree):
     assert all(sum(stop - start for start, stop, _ in x["ranges"]) == 4 for x in b)
     # ... and every node runs it.
     after = await gather("127.0.0.1", port, secret=secret)
-
-    def entries(entry):
-        yield entry
-        for child in entry["children"]:
-            yield from entries(child)
     for entry in entries(after):
         got = config_of(entry) if entry["name"] == "" else entry["measured"]["config"]
         assert (got["scheme"], got["fanout"], got["stragglers"]) == ("tree", [2, 2], [0, 0]), entry["name"]
@@ -101,6 +98,38 @@ async def test_the_first_job_runs_the_configured_plan_and_a_fixed_master_never_r
     tree = await gather("127.0.0.1", lt.ports[MASTER], secret=secret)
     assert config_of(tree)["stragglers"] == [1, 1]
     assert "plan auto" not in lt.log_path(MASTER).read_text()
+
+
+def entries(entry):
+    yield entry
+    for child in entry["children"]:
+        yield from entries(child)
+
+
+async def test_a_master_restarted_with_other_stragglers_gives_the_nodes_its_plan(local_tree):
+    """What crnet tune --write's advice relies on: the same shape with other stragglers
+    needs only the master restarted; the nodes rejoin it and take its plan."""
+    lt = local_tree(TREE, SAMPLES, secret=True)
+    secret = (lt.workdir / "secret").read_bytes().strip()
+    grads = np.random.default_rng(3).standard_normal((SAMPLES, 20))
+    a = await job(lt, "a", grads, 3)
+    assert all(sum(stop - start for start, stop, _ in x["ranges"]) == 12 for x in a)
+    lt.signal(MASTER, signal.SIGTERM)
+    lt.procs[MASTER].wait(15)
+    lt.tree = Tree((2, 2), (0, 0))
+    lt.start_node(MASTER)
+    lt.wait_sockets([MASTER], 30)
+
+    async def replanned():
+        try:
+            tree = await gather("127.0.0.1", lt.ports[MASTER], secret=secret)
+        except (OSError, CrnetError):
+            return False
+        return all(e["state"] == "joined" and ((e["measured"] or {}).get("config") or {}).get(
+            "stragglers") == [0, 0] for e in entries(tree))
+    await wait_until(replanned, "every node runs the restarted master's plan")
+    b = await job(lt, "b", grads, 3)
+    assert all(sum(stop - start for start, stop, _ in x["ranges"]) == 4 for x in b)
 
 
 # ---------------------------------------------------------------- membership, fake links
@@ -190,3 +219,38 @@ def test_a_node_takes_no_other_scheme_with_peers_in_its_place(membership):
         node.welcomed(Welcome("0", 1, (2,), (0,), "auto", 64, "rar"))
     node.welcomed(Welcome("0", 1, (2,), (0,), "auto", 64, "gc"))
     assert node.place.scheme == "gc"
+
+
+async def test_a_process_of_the_running_job_back_during_the_gathering_keeps_its_plan(membership):
+    """The master gathers and ranks before a new job starts; a process of the running job
+    that attaches meanwhile keeps that job running, on its plan: nothing is re-planned."""
+    from crnet.messages import Hello, Joined
+    from crnet.node.replan import AutoPlan
+    from crnet.tune import TuneError
+
+    from .fake_links import FakeLink
+
+    master = membership(fake_place(""), SAMPLES)
+    for k in range(2):
+        master.child_hello(FakeLink(), Hello())
+        master.child_joined(k, Joined(3))
+    master.run_job("a")
+    master.engine.learn(4)             # job a ran steps: job b is re-planned for
+    back = object()
+
+    class Status:
+        asked = 0
+
+        async def subtree(self, deadline, window):
+            self.asked += 1
+            if self.asked == 1:
+                master.jobs.attached(back, "a")      # a process of job a, back meanwhile
+            raise TuneError("nothing to fit")
+    status = Status()
+    AutoPlan(master, status, 16)
+    master.jobs.ask("b")
+    await asyncio.sleep(0.05)
+    assert master.job == "a" and master.place == fake_place("", TREE)
+    master.jobs.left(back)             # ... and once it is gone, job b starts (asked again)
+    await wait_until(lambda: master.job == "b", "job b starts", timeout=5)
+    assert status.asked == 2

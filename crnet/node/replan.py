@@ -26,6 +26,7 @@ import logging
 from ..errors import CrnetError
 from ..peer_text import shown
 from ..plan import Tree
+from ..schemes import Place
 from ..tune import Tuning, measurements, replan_choice, tune
 from ..units import format_rate, format_seconds
 from .dial import supervised
@@ -57,16 +58,26 @@ class AutoPlan:
         supervised(self._replan_then_run(name), "re-plan")
 
     async def _replan_then_run(self, name: str) -> None:
+        m = self.membership
+        place = None
         try:
             try:
-                await self._replan(name)
+                place = await self._choose(name)
             except (CrnetError, ValueError, asyncio.TimeoutError) as e:
                 log.info("plan auto: job %s starts on the running plan: %s", shown(name), e)
         finally:
             self._starting = None
-        self.membership.run_job(name)
+        if m.jobs.busy(m.job):   # a process of the running job came back meanwhile: it
+            log.info("plan auto: processes of job %s are attached again: job %s waits, nothing "
+                     "is re-planned", shown(m.job), shown(name))
+            m.jobs.ask(name)     # keeps its job and plan (the new job waits, or is refused)
+            return
+        if place is not None:
+            m.replan(place)
+        m.run_job(name)
 
-    async def _replan(self, name: str) -> None:
+    async def _choose(self, name: str) -> Place | None:
+        """The plan job ``name`` is to run, if not the running one (logged either way)."""
         tree = await self.status.subtree(GATHER_DEADLINE, self.window)
         t = await asyncio.get_running_loop().run_in_executor(
             None, lambda: tune(measurements(tree), trials=TRIALS))
@@ -75,15 +86,15 @@ class AutoPlan:
         old = f"{t.running.scheme} {t.running.shape} (predicted {format_seconds(t.running.mean)})"
         if choice is None or choice.tree is None:
             log.info("plan auto: job %s keeps %s: %s", shown(name), old, said)
-            return
+            return None
         place = self.membership.place
         assert place is not None
-        new_tree = Tree(choice.tree.fanout, choice.tree.stragglers)
         new = f"{choice.scheme} {choice.shape} (predicted {format_seconds(choice.mean)})"
         best = t.ranking[0]
         log.info("plan auto: job %s: %s -> %s: %s; best of every shape: %s %s (predicted %s)",
                  shown(name), old, new, said, best.scheme, best.shape, format_seconds(best.mean))
-        self.membership.replan(dataclasses.replace(place, tree=new_tree, scheme=choice.scheme))
+        return dataclasses.replace(place, tree=Tree(choice.tree.fanout, choice.tree.stragglers),
+                                   scheme=choice.scheme)
 
 
 def _said(t: Tuning) -> str:
