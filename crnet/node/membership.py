@@ -5,7 +5,8 @@ its ``--name`` held before, or else the slot its host id held before: a restarte
 host gets its share back without ``--name``: ``host_slots.py``) and WELCOME
 with the tree; it reports how many workers of its subtree have JOINED. Once all N
 have, the master computes ``crnet.plan`` and ASSIGNs every subtree its allocation,
-down the tree (``shares.py``: who gets which part).
+down the tree (``shares.py``: who gets which part). Between jobs the master may re-plan
+(``--plan auto``, ``replan.py``): every child gets WELCOME and ASSIGN again, then JOB.
 
 Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
