@@ -50,6 +50,14 @@ class Measured:
         self._decided: tuple[int, float] | None = None
         self._before: tuple[int, float] | None = None
 
+    def clear(self) -> None:
+        """Forget every window: the tree was re-planned (``--plan auto``), and times of
+        the old plan would mix with the new one's."""
+        self.compute.clear()
+        self.arrivals.clear()
+        self.periods.clear()
+        self._decided = self._before = None
+
     # -- the hooks
     def attached(self, seat: int | None) -> None:
         """A process took ``seat``: its first SUBMIT follows no answer of its own."""

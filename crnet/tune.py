@@ -14,6 +14,9 @@ scheme and shape ranked by the fitted model.
 4. **Rank** (``tune``): ``crnet.model.rank`` over every scheme and shape for this many
    workers, as ``crnet plan --auto`` does, with the fitted inputs; and the running
    configuration's own prediction, to hold against its measured step time.
+5. **Apply** (``master_config``, ``config_text``): a choice as the master's ``--config``
+   file keys (``crnet tune --write``); ``replan_choice``: the best one ``crnetd --plan auto``
+   can take between jobs without hosts joining again.
 """
 
 from __future__ import annotations
@@ -32,8 +35,13 @@ from .status_tree import DEADLINE
 from .tls import TlsFiles
 from .tune_fit import ComputeFit, LinkFit, fit_compute, fit_links
 
-__all__ = ["HostMeasured", "Measurements", "Running", "TuneError", "Tuning", "gather",
-           "measurements", "tune"]
+__all__ = ["REPLANNED", "HostMeasured", "Measurements", "Running", "TuneError", "Tuning",
+           "config_text", "gather", "master_config", "measurements", "replan_choice", "tune"]
+
+# The schemes a tree re-plans among between jobs (``crnetd --plan auto``): the ones whose
+# hosts sit in the tree the same way (a parent's children send it their pieces); rar's
+# ring and spread's peers are links of their own, made when the hosts join.
+REPLANNED = ("cr", "gc", "tree")
 
 
 class TuneError(CrnetError):
@@ -219,3 +227,66 @@ def tune(m: Measurements, *, trials: int = 1000, seed: int = 0, max_layers: int 
     place = next((i + 1 for i, p in enumerate(ranking)
                   if p.scheme == running.scheme and p.tree == running.tree), None)
     return Tuning(m, compute, per_host, links, running, place, ranking)
+
+
+def replan_choice(t: Tuning, margin: float = 0.05) -> Prediction | None:
+    """The best candidate that keeps every host in its place (the running fanout; a scheme
+    of ``REPLANNED``, from one of them), if its predicted mean is more than ``margin`` below
+    the running configuration's; else None (the running plan stays)."""
+    run = t.measurements.running
+    if run.scheme not in REPLANNED:
+        return None
+    fanout = run.shape.fanout
+    same = [p for p in t.ranking if p.scheme in REPLANNED and p.tree is not None
+            and p.tree.fanout == fanout]
+    if not same:
+        return None
+    best = same[0]
+    if (best.scheme, best.tree) == (t.running.scheme, run.shape):
+        return None
+    return best if best.mean < t.running.mean * (1 - margin) else None
+
+
+def master_config(choice: Prediction, running: Running) -> dict[str, object]:
+    """``choice`` as the master's configuration: its ``--config`` file's keys (``crnet.options``)
+    for the scheme and shape, the batch and the chunk size (the ones ``tune`` ranked with)."""
+    if choice.tree is None:                       # rar: a ring of N (it joins as a star)
+        fanout, stragglers = [choice.workers], [0]
+    else:
+        fanout, stragglers = list(choice.tree.fanout), list(choice.tree.stragglers)
+    out: dict[str, object] = {"role": "master", "scheme": choice.scheme}
+    if choice.scheme in ("gc", "rar"):
+        out["workers"] = choice.workers
+    out.update(fanout=fanout, layers=len(fanout), stragglers=stragglers, samples=running.samples,
+               chunk_bytes=running.chunk_bytes or "auto")
+    return out
+
+
+def config_text(t: Tuning, choice: Prediction | None = None) -> str:
+    """``master_config`` of ``choice`` (the best ranked, by default) as a TOML file for
+    ``crnetd --config``, with what it was chosen from in comments."""
+    from .units import format_seconds
+
+    choice = choice or t.ranking[0]
+    run = t.measurements.running
+    measured = "-" if t.measured_mean is None else format_seconds(t.measured_mean)
+    lines = [
+        "# crnetd --config: the master's plan, as crnet tune chose it (the other options,",
+        "# --listen, --secret-file and so on, from flags or CRNET_*: they win over this file).",
+        f"# running: {run.scheme} {t.running.shape}, measured mean {measured}, predicted "
+        f"{format_seconds(t.running.mean)}",
+        f"# chosen:  {choice.scheme} {choice.shape}, predicted mean "
+        f"{format_seconds(choice.mean)}, p95 {format_seconds(choice.p95)}",
+        f"# compute: {t.compute.model.describe()} per sample",
+    ]
+    for key, value in master_config(choice, run).items():
+        lines.append(f"{key} = {_toml(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_toml, value)) + "]"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)

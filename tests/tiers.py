@@ -33,6 +33,7 @@ QUICK_FILES = frozenset({
     "test_spread_step.py",
     "test_tiers.py",
     "test_tune_fit.py",      # crnet tune's fit: known compute laws and links recovered
+    "test_tune_write.py",    # crnet tune --write: the choice read back as the master's --config
     "test_wire.py",
     "test_workload.py",
     "test_workload_grouped.py",   # correlated stragglers: whole groups of workers slow together
@@ -104,6 +105,7 @@ FULL_FILES = frozenset({
     "test_trust_keys.py",     # issue 26: jobs, barrier and broadcast keys, state answers, slots
     "test_trust_liveness.py", # issue 26: every wait keeps its bound through a master restart
     "test_tune.py",           # issue 28: crnet tune gathers a real tree's windows, authenticated
+    "test_plan_auto.py",      # issue 28: crnetd --plan auto: job 2 runs the plan tuned from job 1
 })
 
 # Async tests in these files run twice, on asyncio's loop and on uvloop's: they test the

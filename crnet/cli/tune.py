@@ -31,8 +31,11 @@ from .shared import credential_options, credentials
               help="Use this link rate instead of the measured one (1Gbit, 12.5MB).")
 @click.option("--latency", type=UnitValue("TIME", parse_seconds), default=None,
               help="Use this one-way latency instead of the measured one (50us).")
+@click.option("--write", "write", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the best choice as the master's configuration to this file "
+                   "(crnetd --config: scheme, shape, stragglers, batch, chunk size).")
 def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, max_layers,
-                 trials, seed, bandwidth, latency):
+                 trials, seed, bandwidth, latency, write):
     """Gather what every node under ADDRESS measured while training (ask the master for the
     whole tree): each host's compute time per step, its links' throughput and round-trip
     time; fit the run-time model's compute law and links to it, and rank every scheme and
@@ -41,10 +44,11 @@ def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, 
 
     \b
     crnet tune master-host:7070 --secret-file /etc/crnet/secret
+    crnet tune master-host:7070 --secret-file /etc/crnet/secret --write tuned.toml
     """
     import asyncio
 
-    from ..tune import gather, measurements, tune
+    from ..tune import config_text, gather, measurements, tune
 
     secret, tls = credentials(secret_file, tls_cert, tls_key, tls_ca)
     where = f"{address[0]}:{address[1]}"
@@ -58,10 +62,20 @@ def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, 
         # The message may quote what a node sent: tamed. (ValueError: the model refused
         # what was measured, e.g. a node's absurd numbers.)
         raise click.ClickException(f"{where}: {tamed(str(e)) or 'no answer'}") from None
+    if write is not None:
+        try:
+            with open(write, "w") as f:
+                f.write(config_text(tuning))
+        except OSError as e:
+            raise click.ClickException(f"cannot write {write}: {e.strerror or e}") from None
     if as_json:
         click.echo(json.dumps(tuning.to_json(top)))
         return
     _print(tuning, top)
+    if write is not None:
+        best = tuning.ranking[0]
+        click.echo(f"\nwrote {write}: {best.scheme} {best.shape} (crnetd --role master --config "
+                   f"{write}; a restart of the tree applies it)")
 
 
 def _print(t, top: int) -> None:

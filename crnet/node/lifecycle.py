@@ -54,6 +54,7 @@ from .metrics import MetricsServer, NodeView, registry_for, server_context
 from .neighbours import Neighbours
 from .notify import Notifier, Readiness
 from .peer_check import OutboundPeer
+from .replan import AutoPlan
 from .rooms import Rooms
 from .steps import EngineSettings, StepEngine
 from .tls_door import TlsDoor
@@ -115,6 +116,8 @@ class Node:
             local_processes=settings.local_processes)
         self.local = LocalProcesses(settings.local_processes, self.engine)
         self.rooms = Rooms.beside(self.membership)   # broadcasts, barriers, crnet status
+        self.auto_plan = (AutoPlan(self.membership, self.rooms.status, settings.tune_window)
+                          if settings.is_master and settings.plan == "auto" else None)
         self.readiness = Readiness(Notifier(), self.membership, self.engine, self.stats)  # systemd
         self.stopping = asyncio.Event()
         self.exit_code = 0

@@ -2,10 +2,11 @@
 
 Join, as the parent sees it: a child says HELLO; it gets a free slot (or the slot
 its ``--name`` held before, or else the slot its host id held before: a restarted
-host gets its share back without ``--name``, see ``_slot_for_host``) and WELCOME
+host gets its share back without ``--name``: ``host_slots.py``) and WELCOME
 with the tree; it reports how many workers of its subtree have JOINED. Once all N
 have, the master computes ``crnet.plan`` and ASSIGNs every subtree its allocation,
-down the tree.
+down the tree (``shares.py``: who gets which part). Between jobs the master may re-plan
+(``--plan auto``, ``replan.py``): every child gets WELCOME and ASSIGN again, then JOB.
 
 Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
@@ -27,23 +28,32 @@ import dataclasses
 import enum
 import logging
 from collections.abc import Callable
-from math import prod
 
 from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
 from ..fields import check_address
 from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
-from ..plan import PEER_SCHEMES, Tree, cut, part_masses, weighted_mass
-from ..plan import plan as make_plan
 from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
+from .host_slots import claim_slot, pick_slot
 from .jobs import JobCounts
 from .mesh import Mesh, PeerDialer
 from .neighbours import ChildSlot, Neighbours
+from .shares import (
+    child_ring,
+    plan_allocation,
+    process_assignment,
+    subtree_allocation,
+    subtree_workers,
+    with_masses,
+)
 from .signal import Signal
 from .steps import StepEngine, vouched
+from .welcome import welcome_for, welcomed_place
+
+__all__ = ["JoinState", "Membership", "subtree_workers"]
 
 log = logging.getLogger("crnet.node")
 
@@ -80,8 +90,11 @@ class Membership:
         self.job = ""                                          # the training job the tree runs
         self.local_processes = local_processes
         self.jobs = JobCounts(neighbours, lambda: self.job,   # processes attached, by job
-                              lambda: self.place is not None and self.place.is_master, self.run_job,
-                              lambda: self.engine.window.tree_step >= 0)
+                              lambda: self.place is not None and self.place.is_master,
+                              self._start_job, lambda: self.engine.window.tree_step >= 0)
+        # The master, --plan auto (replan.py): called instead of ``run_job`` for a new job;
+        # it may ``replan`` first, and then runs it.
+        self.before_job: Callable[[str], None] | None = None
         # Who hears what (lifecycle.Node connects them; each listener keeps its disconnect):
         self.on_assigned: Signal[None] = Signal()   # this node holds its share (again)
         self.on_change: Signal[None] = Signal()     # the join moved (notify.py's STATUS)
@@ -113,12 +126,8 @@ class Membership:
         (``Client.assignment``): the host's share cut in ``processes`` parts."""
         if self.allocation is None or self.place is None or self.samples is None:
             return None
-        share = self.allocation[self.place.name]
-        ranges = cut(share.local, processes)[process]
-        return {"name": self.place.name, "layer": share.layer, "samples": self.samples,
-                "workers": self.place.tree.workers, "ranges": [list(r) for r in ranges],
-                "process": process, "processes": processes,
-                "rank": self.place.tree.rank(self.place.name) * processes + process}
+        return process_assignment(self.place, self.allocation[self.place.name], self.samples,
+                                  process, processes)
 
     def close(self) -> None:
         self._closing = True    # the links closing now are the shutdown's: nothing to report
@@ -151,6 +160,35 @@ class Membership:
         if msg.refused:
             self.jobs.refused(msg)
         self.run_job(msg.name)
+
+    def _start_job(self, name: str) -> None:
+        if self.before_job is None or name == self.job:
+            self.run_job(name)
+        else:
+            self.before_job(name)
+
+    def replan(self, place: Place) -> None:
+        """The master, between jobs (``--plan auto``): the tree runs ``place`` (the same
+        hosts in the same places: another scheme or stragglers) from the next job on. Every
+        child gets its WELCOME with it, then its ASSIGN, before the JOB that starts the job
+        (one link: in that order), and passes both down the same way (``welcomed``)."""
+        assert self.place is not None and self.samples is not None
+        assert place.tree.fanout == self.place.tree.fanout
+        self.place = place
+        self.engine.stats.measured.clear()
+        if self.allocation is None:   # not every worker joined yet: they get it as they do
+            self._welcome_children()
+            return
+        self.allocation, said = plan_allocation(place.tree, self.samples, place.code_kind)
+        log.info("re-planned: %s", said)
+        self._welcome_children()
+        self._assigned()
+
+    def _welcome_children(self) -> None:
+        for k, slot in enumerate(self.neighbours.slots):
+            slot.assigned = False
+            if slot.link is not None:
+                slot.link.send(self._welcome(k))
 
     def run_job(self, name: str) -> None:
         """The tree runs job ``name`` from now on (the master decided): drop the previous
@@ -203,47 +241,36 @@ class Membership:
                                   "connection", retry=True)
         else:
             k = self._slot_for_host(hello.host, conn)
-        # The host id's slot from now on: the one it named, or was given (not a second
-        # node that shares a host id with a live one: that one keeps its slot).
-        if hello.host is not None and (hello.name is not None
-                                       or self.hosts.get(hello.host, k) == k):
-            for other in [h for h, held in self.hosts.items() if held == k]:
-                del self.hosts[other]      # the slot is this host's now
-            self.hosts[hello.host] = k
+        claim_slot(self.hosts, hello.host, k, hello.name is not None)
         listen = hello.listen
         if listen is not None and listen.startswith("0.0.0.0:"):
             # It listens everywhere: reach it at the address it connected from.
             listen = f"{conn.label.rpartition(':')[0]}:{listen.rpartition(':')[2]}"
         slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.window.newest_step,
                              host=hello.host, peer=conn.label)
-        total, dtype = self.engine.window.tree_vector or (None, None)
-        conn.send(Welcome(children[k], place.layer + 1, place.tree.fanout, place.tree.stragglers,
-                          place.code_kind, place.chunk_bytes, place.scheme,
-                          self.engine.window.tree_step, total, dtype, self.job, self.local_processes,
-                          place.beyond_s, place.patience))
+        conn.send(self._welcome(k))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
 
+    def _welcome(self, k: int) -> Welcome:
+        assert self.place is not None
+        return welcome_for(self.place, k, self.engine, self.job, self.local_processes)
+
     def _slot_for_host(self, host: str | None, conn: Connection) -> int:
-        """The slot for a child without ``--name``: the one its host id held before, if
-        free; else a free one no other host id held (else any free one). A second live
-        node with the same host id is not refused: it gets another slot (and a warning
-        that says to give each daemon its own ``--host-id``); the host id keeps its slot."""
+        """The slot for a child without ``--name`` (``host_slots.pick_slot``). A second live
+        node with the same host id gets another slot, and a warning that says to give
+        each daemon its own ``--host-id``."""
         assert self.place is not None
         slots = self.neighbours.slots
-        free = [k for k, slot in enumerate(slots) if slot.link is None]
-        if not free:
+        if all(slot.link is not None for slot in slots):
             raise JoinRefused(f"{self.place.label} has all {len(slots)} child slots taken")
-        held = None if host is None else self.hosts.get(host)
-        if held is not None and slots[held].link is None:
-            return held
+        k, held = pick_slot(self.hosts, host, slots)
         if held is not None:
             log.warning("host id %s connected from %s, but it holds child slot %s from %s: giving "
                         "this one another slot (two daemons with one host id? give each its own "
                         "--host-id)", shown(host), conn.label,
                         self.place.tree.children(self.place.name)[held], slots[held].peer)
-        unclaimed = [k for k in free if k not in self.hosts.values()]
-        return (unclaimed or free)[0]
+        return k
 
     def child_joined(self, k: int, msg: Joined) -> None:
         """Child ``k`` counts the workers of its subtree that joined. More than its subtree
@@ -318,11 +345,8 @@ class Membership:
             log.info("%d/%d workers joined", count, place.tree.workers)
         if count == place.tree.workers and self.allocation is None:
             assert self.samples is not None
-            p = make_plan(place.tree, self.samples, place.code_kind)
-            self.allocation = {a.name: NodeShare(a.layer, tuple(a.local), tuple(a.responsibility))
-                               for a in p.nodes.values()}
-            log.info("all workers joined: plan for %d samples, d* = %.6g, max local %d",
-                     self.samples, p.optimal_load, p.max_local_samples)
+            self.allocation, said = plan_allocation(place.tree, self.samples, place.code_kind)
+            log.info("all workers joined: %s", said)
             self._assigned()
 
     def _children_claim(self) -> int:
@@ -348,33 +372,19 @@ class Membership:
             self.mesh.keep_successor(ring)
         if self.place.is_master and self.place.scheme == "spread":
             self.mesh.join(self.place.tree, "", Mesh.everyone(self.place.tree, self.neighbours.slots))
-        self.place = self._with_masses(self.place)
+        self.place = with_masses(self.place, self.allocation)
         self.engine.start(self.place)
         for k, slot in enumerate(self.neighbours.slots):
             if slot.link is not None and slot.workers and not slot.assigned:
                 self._assign_child(k)
         self.on_assigned.emit(None)
 
-    def _with_masses(self, place: Place) -> Place:
-        """``place`` with its share as masses, for a parent's approximate decodes."""
-        if place.is_leaf or self.allocation is None:
-            return place
-        share = self.allocation[place.name]
-        return dataclasses.replace(place, local_mass=weighted_mass(share.local), part_mass=tuple(
-            part_masses(share.responsibility, share.local, place.tree.fanout[place.layer])))
-
     def _assign_child(self, k: int) -> None:
         assert self.place is not None and self.allocation is not None and self.samples is not None
         slots = self.neighbours.slots
-        child = self.place.tree.children(self.place.name)[k]
-        prefix = child + "."
-        sub = {n: v for n, v in self.allocation.items() if n == child or n.startswith(prefix)}
-        ring = None
-        if self.place.scheme == "rar":
-            # Ranks 0..N-1 are the workers, N the master: the last worker's successor is
-            # its parent (None), whose address it knows better than the master does.
-            ring = RingPlace(k, len(slots) + 1, slots[k + 1].address if k + 1 < len(slots)
-                             else None)
+        sub = subtree_allocation(self.allocation, self.place.tree.children(self.place.name)[k])
+        ring = (child_ring(k, [slot.address for slot in slots]) if self.place.scheme == "rar"
+                else None)
         link = slots[k].link
         assert link is not None
         slots[k].assigned = link.send(Assign(self.samples, ring, self.mesh.addresses),
@@ -425,37 +435,21 @@ class Membership:
         self._stop(2)
 
     def welcomed(self, msg: Welcome) -> None:
-        """The parent's WELCOME: this node's place. ``ProtocolError`` if it differs from
-        the place it holds (nothing changes; the link closes and the node dials again after
-        a pause: a broken or hostile peer at the parent's address must not stop it for
-        good); ``JoinRefused`` if this node's configuration cannot take the place (no
-        --listen where children or a ring predecessor must reach it): like a REFUSE for
-        good, and as trusted (with a secret, only an authenticated parent welcomes), it
-        stops the node instead of joining and leaving every few seconds."""
-        tree = msg.tree
-        if self.place is not None and tree != self.place.tree:
-            raise ProtocolError(f"the parent's tree {tree} differs from the one this node joined")
-        if self.place is not None and msg.name != self.place.name:
-            raise ProtocolError(f"the parent gave this node slot {msg.name}, but it is "
-                                f"{self.place.name}")
-        ring = None if self.place is None else self.place.ring
-        place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes, ring,
-                      msg.beyond_s, msg.patience)
-        listening = self.listen_address is not None
-        if place.scheme in PEER_SCHEMES and not listening:
-            raise JoinRefused(f"{place.label} takes pieces from its peers (--scheme "
-                              f"{place.scheme}) and must accept them: start it with --listen")
-        if place.fanout and not listening:
-            raise JoinRefused(f"{place.label} is at layer {place.layer} of {tree.layers} and "
-                              "must accept children: start it with --listen")
-        if msg.local_processes != self.local_processes:
-            raise JoinRefused(f"{place.label} runs --local-processes {self.local_processes}, but "
-                              f"the tree runs {msg.local_processes} on every host (the master's "
-                              "--local-processes): start it with the same")
+        """The parent's WELCOME: this node's place (``welcome.welcomed_place``: its
+        ``ProtocolError`` and ``JoinRefused``), or what the tree runs there from now on."""
+        place = welcomed_place(msg, self.place, self.listen_address is not None,
+                               self.local_processes)
+        tree = place.tree
+        replanned = self.place is not None and place != self.place
         self.place = place
         if self.state is JoinState.JOINING:
             self.state = JoinState.WELCOMED
         self._size_slots()
+        if replanned:   # the master re-planned (--plan auto): its ASSIGN follows; pass both on
+            log.info("the tree runs %s, stragglers %s from now on", place.scheme,
+                     ",".join(map(str, tree.stragglers)))
+            self.engine.stats.measured.clear()
+            self._welcome_children()
         if msg.job and msg.job != self.job:
             self.run_job(msg.job)          # the tree moved to another job while it was away
         vector = None if msg.total is None or msg.dtype is None else (msg.total, msg.dtype)
@@ -484,7 +478,3 @@ class Membership:
             self.mesh.join(self.place.tree, self.place.name, peers)
         self._assigned()
 
-
-def subtree_workers(tree: Tree, layer: int) -> int:
-    """How many workers the subtree of a node at ``layer`` (>= 1) holds, itself included."""
-    return sum(prod(tree.fanout[layer:deeper]) for deeper in range(layer, tree.layers + 1))

@@ -4,7 +4,8 @@
 state         the parent may send
 ============  ===========================================================================
 WAITING       WELCOME, REFUSE
-WELCOMED      RESULT, FAIL, ASSIGN, JOB, BCAST, WANT_STATE, BARRIER, STATUS
+WELCOMED      RESULT, FAIL, ASSIGN, JOB, BCAST, WANT_STATE, BARRIER, STATUS, WELCOME (the
+              master re-planned between jobs: what the tree runs, then ASSIGN and JOB)
 REFUSED       nothing (the dialer closes the link)
 ============  ===========================================================================
 """
@@ -73,6 +74,14 @@ class ParentLink(DialedLink):
         self.welcomed()
 
     # ---------------------------------------------------------------- WELCOMED
+    def _welcome_again(self, conn: Connection, msg: Welcome, payload) -> None:
+        try:
+            self.membership.welcomed(msg)
+        except ProtocolError as e:
+            self.reject(conn, f"a WELCOME this node cannot take: {e}")
+        except JoinRefused as e:
+            self.cannot_take(conn, e)
+
     def _result_dest(self, conn: Connection, msg: Result, nbytes: int):
         return self.engine.parent_result_dest(msg, nbytes)
 
@@ -111,7 +120,7 @@ class ParentLink(DialedLink):
         DialedState.WAITING: {Welcome: _welcome, Refuse: DialedLink.refused},
         DialedState.WELCOMED: {Result: _result, Fail: _fail, Assign: _assign, Job: _job,
                                Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
-                               StatusRequest: _status_request},
+                               StatusRequest: _status_request, Welcome: _welcome_again},
         DialedState.REFUSED: {},
     }
     PAYLOAD: ClassVar[Payloads] = {

@@ -1,0 +1,256 @@
+"""crnetd --plan auto (issue 28): the second job of a script on the same daemons runs the plan
+crnet tune's ranking chose from the first job's measurements, exact, with no manual step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from crnet import AsyncClient
+from crnet.errors import CrnetError
+from crnet.launch import MASTER
+from crnet.plan import Tree
+from crnet.tune import gather
+
+from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+TREE = Tree.regular(2, 2, 1)        # master; 0, 1; 0.0, 0.1, 1.0, 1.1: 7 daemons, 6 workers
+SAMPLES = 24
+PER_SAMPLE = 0.003                  # seconds each process computes (sleeps) per sample of its share
+
+
+async def job(lt, name: str, grads: np.ndarray, steps: int) -> list[dict]:
+    """Every worker's process of job ``name`` runs ``steps`` steps, computing PER_SAMPLE per
+    sample of its share first; every result is the exact sum. Their assignments."""
+    clients = [await AsyncClient.connect(lt.socket_path(n), timeout=30, job=name)
+               for n in TREE.names() if n]
+    want = grads.sum(axis=0)
+
+    async def run(c):
+        load = sum(stop - start for start, stop, _ in c.assignment.ranges)
+        for step in range(steps):
+            await asyncio.sleep(PER_SAMPLE * load)
+            got = await c.allreduce((step + 1) * local_gradient(c.assignment, grads), step=step)
+            assert rel_error(got, (step + 1) * want) <= 1e-9, (name, step)
+    try:
+        await gather_or_cancel(*(run(c) for c in clients))
+        return [{"name": c.assignment.name, "ranges": c.assignment.ranges} for c in clients]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def config_of(tree: dict) -> dict:
+    return tree["measured"]["config"]
+
+
+async def test_the_second_job_runs_the_tuned_plan(local_tree):
+    """Started as cr with s = 1 at both layers: every worker computes 12 of the 24 samples.
+    Every host's compute is the same fixed time per sample (no stragglers to wait out), so
+    the ranking's best for these hosts in their places is s = 0 (the tree scheme, 4
+    samples each); job b runs it, and every result of both jobs is exact."""
+    lt = local_tree(TREE, SAMPLES, secret=True, plan="auto", tune_window=16)
+    secret = (lt.workdir / "secret").read_bytes().strip()
+    port = lt.ports[MASTER]
+    grads = np.random.default_rng(1).standard_normal((SAMPLES, 50))
+    a = await job(lt, "a", grads, 20)
+    assert all(sum(stop - start for start, stop, _ in x["ranges"]) == 12 for x in a)
+    before = await gather("127.0.0.1", port, secret=secret)
+    assert config_of(before)["scheme"] == "cr" and config_of(before)["stragglers"] == [1, 1]
+
+    b = await job(lt, "b", grads, 10)
+    # Job b's processes got the new plan's shares the normal way (their assignment)...
+    assert all(sum(stop - start for start, stop, _ in x["ranges"]) == 4 for x in b)
+    # ... and every node runs it.
+    after = await gather("127.0.0.1", port, secret=secret)
+    for entry in entries(after):
+        got = config_of(entry) if entry["name"] == "" else entry["measured"]["config"]
+        assert (got["scheme"], got["fanout"], got["stragglers"]) == ("tree", [2, 2], [0, 0]), entry["name"]
+    said = lt.log_path(MASTER).read_text()
+    assert "plan auto: job 'b': cr fanout 2,2, s 1,1" in said and "-> tree fanout 2,2" in said
+
+    # crnet tune --write from the tuned tree: the plan it runs is the best for its hosts.
+    tuned = lt.workdir / "tuned.toml"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crnet", "tune", f"127.0.0.1:{port}", "--secret-file",
+        str(lt.workdir / "secret"), "--trials", "200", "--json", "--write", str(tuned),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert json.loads(out)["running"]["scheme"] == "tree"
+    assert 'role = "master"' in tuned.read_text()
+
+
+async def test_the_first_job_runs_the_configured_plan_and_a_fixed_master_never_replans(local_tree):
+    lt = local_tree(TREE, SAMPLES, secret=True, tune_window=16)
+    secret = (lt.workdir / "secret").read_bytes().strip()
+    grads = np.random.default_rng(2).standard_normal((SAMPLES, 20))
+    for name in ("a", "b"):
+        shares = await job(lt, name, grads, 8)
+        assert all(sum(stop - start for start, stop, _ in x["ranges"]) == 12 for x in shares)
+    tree = await gather("127.0.0.1", lt.ports[MASTER], secret=secret)
+    assert config_of(tree)["stragglers"] == [1, 1]
+    assert "plan auto" not in lt.log_path(MASTER).read_text()
+
+
+def entries(entry):
+    yield entry
+    for child in entry["children"]:
+        yield from entries(child)
+
+
+async def test_a_master_restarted_with_other_stragglers_gives_the_nodes_its_plan(local_tree):
+    """What crnet tune --write's advice relies on: the same shape with other stragglers
+    needs only the master restarted; the nodes rejoin it and take its plan."""
+    lt = local_tree(TREE, SAMPLES, secret=True)
+    secret = (lt.workdir / "secret").read_bytes().strip()
+    grads = np.random.default_rng(3).standard_normal((SAMPLES, 20))
+    a = await job(lt, "a", grads, 3)
+    assert all(sum(stop - start for start, stop, _ in x["ranges"]) == 12 for x in a)
+    lt.signal(MASTER, signal.SIGTERM)
+    lt.procs[MASTER].wait(15)
+    lt.tree = Tree((2, 2), (0, 0))
+    lt.start_node(MASTER)
+    lt.wait_sockets([MASTER], 30)
+
+    async def replanned():
+        try:
+            tree = await gather("127.0.0.1", lt.ports[MASTER], secret=secret)
+        except (OSError, CrnetError):
+            return False
+        return all(e["state"] == "joined" and ((e["measured"] or {}).get("config") or {}).get(
+            "stragglers") == [0, 0] for e in entries(tree))
+    await wait_until(replanned, "every node runs the restarted master's plan")
+    b = await job(lt, "b", grads, 3)
+    assert all(sum(stop - start for start, stop, _ in x["ranges"]) == 4 for x in b)
+
+
+# ---------------------------------------------------------------- membership, fake links
+
+def fake_place(name, tree=TREE, scheme="cr"):
+    from crnet.schemes import Place
+
+    return Place(name, tree.layer(name), tree, scheme, "auto", 64)
+
+
+async def test_a_replan_reaches_each_child_as_welcome_then_assign_then_the_job(membership):
+    """The master re-plans between jobs: each child link carries the new WELCOME, then the
+    new ASSIGN, then the JOB; a node takes the new plan and passes both on the same way."""
+    from crnet.allocation import parse_allocation
+    from crnet.messages import Assign, Hello, Job, Joined, Welcome
+    from crnet.plan import plan
+
+    from .fake_links import FakeLink
+
+    master = membership(fake_place(""), SAMPLES)
+    links = [FakeLink(), FakeLink()]
+    for link in links:
+        master.child_hello(link, Hello())
+    for k in range(2):
+        master.child_joined(k, Joined(3))
+    master.run_job("a")
+    for link in links:
+        link.sent.clear()
+    flat = Tree((2, 2), (0, 0))
+    master.replan(fake_place("", flat, "tree"))
+    master.run_job("b")
+    for k, link in enumerate(links):
+        kinds = [type(m) for m, _ in link.sent]
+        assert kinds == [Welcome, Assign, Job], kinds
+        welcome, payload, job_msg = link.sent[0][0], link.sent[1][1], link.sent[2][0]
+        assert (welcome.scheme, welcome.stragglers, welcome.job) == ("tree", (0, 0), "a")
+        got = parse_allocation(payload, SAMPLES)
+        want = plan(flat, SAMPLES).nodes[str(k)]
+        assert got[str(k)].local == tuple(want.local) and job_msg.name == "b"
+    assert master.engine.place == master.place and master.place.scheme == "tree"
+
+    # A node of layer 1 with its two children: it takes the plan, passes WELCOME and ASSIGN on.
+    node = membership()
+    node.listen_address = "10.0.0.1:7000"
+    node.welcomed(Welcome("0", 1, TREE.fanout, TREE.stragglers, "auto", 64, "cr"))
+    kids = [FakeLink(), FakeLink()]
+    for kid in kids:
+        node.child_hello(kid, Hello())
+        node.child_joined(node.neighbours.slots.index(
+            next(s for s in node.neighbours.slots if s.link is kid)), Joined(1))
+    old = plan(TREE, SAMPLES).nodes
+    node.assigned(Assign(SAMPLES), memoryview(
+        _pack({n: old[n] for n in old if n == "0" or n.startswith("0.")})))
+    node.parent_job(Job("a"))
+    for kid in kids:
+        kid.sent.clear()
+    node.welcomed(links[0].sent[0][0])
+    node.assigned(links[0].sent[1][0], memoryview(links[0].sent[1][1]))
+    node.parent_job(links[0].sent[2][0])
+    assert node.place.scheme == "tree" and node.place.tree == flat and node.job == "b"
+    for kid in kids:
+        assert [type(m) for m, _ in kid.sent] == [Welcome, Assign, Job]
+    # A WELCOME to a tree of another shape is still refused (the hosts would move).
+    from crnet.errors import ProtocolError
+
+    with pytest.raises(ProtocolError, match="differs from the one this node joined"):
+        node.welcomed(Welcome("0", 1, (3,), (1,), "auto", 64, "cr"))
+
+
+def _pack(nodes):
+    from crnet.allocation import NodeShare, pack_allocation
+
+    return pack_allocation({n: NodeShare(a.layer, tuple(a.local), tuple(a.responsibility))
+                            for n, a in nodes.items()})
+
+
+def test_a_node_takes_no_other_scheme_with_peers_in_its_place(membership):
+    """rar's ring and spread's peers are made as hosts join: a WELCOME that moves a placed
+    node to or from one is a ProtocolError (the link closes, the node dials again)."""
+    from crnet.errors import ProtocolError
+    from crnet.messages import Welcome
+
+    node = membership()
+    node.listen_address = "10.0.0.1:7000"
+    node.welcomed(Welcome("0", 1, (2,), (0,), "auto", 64, "cr"))
+    with pytest.raises(ProtocolError, match="scheme rar differs"):
+        node.welcomed(Welcome("0", 1, (2,), (0,), "auto", 64, "rar"))
+    node.welcomed(Welcome("0", 1, (2,), (0,), "auto", 64, "gc"))
+    assert node.place.scheme == "gc"
+
+
+async def test_a_process_of_the_running_job_back_during_the_gathering_keeps_its_plan(membership):
+    """The master gathers and ranks before a new job starts; a process of the running job
+    that attaches meanwhile keeps that job running, on its plan: nothing is re-planned."""
+    from crnet.messages import Hello, Joined
+    from crnet.node.replan import AutoPlan
+    from crnet.tune import TuneError
+
+    from .fake_links import FakeLink
+
+    master = membership(fake_place(""), SAMPLES)
+    for k in range(2):
+        master.child_hello(FakeLink(), Hello())
+        master.child_joined(k, Joined(3))
+    master.run_job("a")
+    master.engine.learn(4)             # job a ran steps: job b is re-planned for
+    back = object()
+
+    class Status:
+        asked = 0
+
+        async def subtree(self, deadline, window):
+            self.asked += 1
+            if self.asked == 1:
+                master.jobs.attached(back, "a")      # a process of job a, back meanwhile
+            raise TuneError("nothing to fit")
+    status = Status()
+    AutoPlan(master, status, 16)
+    master.jobs.ask("b")
+    await asyncio.sleep(0.05)
+    assert master.job == "a" and master.place == fake_place("", TREE)
+    master.jobs.left(back)             # ... and once it is gone, job b starts (asked again)
+    await wait_until(lambda: master.job == "b", "job b starts", timeout=5)
+    assert status.asked == 2
