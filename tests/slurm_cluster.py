@@ -46,8 +46,8 @@ shift; exec "$@"
 def requirements() -> str | None:
     """None if a Slurm cluster can be run here (given an emulated cluster), else why not."""
     missing = [p for p in PROGRAMS if shutil.which(p) is None]
-    return (f"missing {', '.join(missing)} (Debian: slurmd slurmctld slurm-client munge)" if missing
-            else None)
+    return (f"missing {', '.join(missing)} (Debian packages: slurmd slurmctld slurm-client munge, "
+            "util-linux mount hostname)" if missing else None)
 
 
 class SlurmCluster:

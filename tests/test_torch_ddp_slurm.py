@@ -7,7 +7,8 @@ of three nodes (``sbatch --nodes 3``, submitted on node0) runs the ``srun ... to
 line of docs/torch.md, taken from the file with H = 3, K = 2 and train.py replaced by
 tests/ddp_script.py: one torchrun per node, whose rendezvous endpoint is the job's first
 node by name. Every one of the 6 processes must end with the same parameters, those of
-single-process training (float64, 1e-9).
+single-process training (float64, 1e-9). Each host's crnetd seats K processes, and the
+tree sums only with all of them, so the job trains only with one torchrun on every node.
 
 The only differences from a real cluster: every path the job uses is the same on every
 node (one machine), so each host's crnetd socket is reached through the same path,
