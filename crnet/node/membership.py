@@ -343,7 +343,7 @@ class Membership:
         if self.place.is_master and self.place.scheme == "rar" and self.place.ring is None:
             # The master is the ring's last member (ring_allreduce.py); it dials worker 0.
             slots = self.neighbours.slots
-            ring = RingPlace(len(slots), len(slots) + 1, slots[0].address)
+            ring = RingPlace(len(slots), len(slots) + 1, slots[0].address, slots[-1].address)
             self.place = dataclasses.replace(self.place, ring=ring)
             self.mesh.keep_successor(ring)
         if self.place.is_master and self.place.scheme == "spread":
@@ -371,10 +371,11 @@ class Membership:
         sub = {n: v for n, v in self.allocation.items() if n == child or n.startswith(prefix)}
         ring = None
         if self.place.scheme == "rar":
-            # Ranks 0..N-1 are the workers, N the master: the last worker's successor is
-            # its parent (None), whose address it knows better than the master does.
+            # Ranks 0..N-1 are the workers, N the master: the last worker's successor and
+            # worker 0's predecessor are its parent (None), whose address it knows better
+            # than the master does.
             ring = RingPlace(k, len(slots) + 1, slots[k + 1].address if k + 1 < len(slots)
-                             else None)
+                             else None, slots[k - 1].address if k else None)
         link = slots[k].link
         assert link is not None
         slots[k].assigned = link.send(Assign(self.samples, ring, self.mesh.addresses),
