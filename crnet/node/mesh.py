@@ -198,8 +198,10 @@ class Mesh:
             log.error("rar: this node cannot dial its ring predecessor (rank %d) to confirm the "
                       "links that claim it", rank)
             return
-        self._asker = supervised(self._ask_over(rank, ring.predecessor, ring.rank),
-                                 "ring predecessor check")
+        asker = self._asker = supervised(self._ask_over(rank, ring.predecessor, ring.rank),
+                                         "ring predecessor check")
+        self.tasks.append(asker)    # awaited when the node stops; forgotten once done
+        asker.add_done_callback(lambda _: self.tasks.remove(asker))
 
     async def _ask_over(self, rank: int, address: str | None, me: int) -> None:
         """Dial the predecessor (``rank``, at ``address``; None: the master, at the parent's)
@@ -260,8 +262,6 @@ class Mesh:
     def close(self) -> None:
         for task in self.tasks:
             task.cancel()
-        if self._asker is not None:
-            self._asker.cancel()
         self.checks.close()
         for links in self._inbound.values():
             for conn in links:
