@@ -36,7 +36,7 @@ from ..peer_text import shown
 from ..plan import Tree
 from ..schemes import Place
 from ..transport import Connection
-from .dial import Dialer, keep_connected, supervised
+from .dial import Dialer, keep_connected, moot, supervised
 from .neighbours import ChildSlot, Neighbours
 from .peer_check import OutboundPeer, PeerChecks
 
@@ -212,7 +212,7 @@ class Mesh:
             try:
                 conn, welcomed = await self._dial(address, self.checks.to(rank))(
                     PeerHello(me, link_id=self.checks.new_link(rank)))
-                welcomed.add_done_callback(_ignored)     # the link is not for the ring: no welcome
+                welcomed.add_done_callback(moot)     # the link is not for the ring: no welcome
                 settled = self.checks.settled(rank)
                 ends: list[asyncio.Future] = [settled, conn.closed]
                 await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
@@ -270,8 +270,3 @@ class Mesh:
 
 def _only_asks() -> None:
     """rar: the successor's link to ask over, confirmed: it stays one that may only ask."""
-
-
-def _ignored(welcomed: asyncio.Future[None]) -> None:
-    if not welcomed.cancelled():
-        welcomed.exception()   # retrieved: not "Future exception was never retrieved"

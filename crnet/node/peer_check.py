@@ -131,10 +131,6 @@ class PeerChecks:
         """Links that claim ``rank`` and are being checked."""
         return sum(check.rank == rank for check in self._checks.values())
 
-    def can_ask(self, rank: int) -> bool:
-        """This node has a welcomed link of its own to ``rank`` to ask over."""
-        return rank in self._asking
-
     def settled(self, rank: int) -> asyncio.Future[None]:
         """Done once no link that claims ``rank`` is being checked."""
         done = asyncio.get_running_loop().create_future()
