@@ -44,8 +44,9 @@ async def frames_until_closed(peer, timeout: float) -> list | None:
 async def test_a_link_that_claims_the_ring_predecessor_counts_only_once_it_confirms_it(tmp_path):
     """Ring member 1 takes a secret holder's link claiming rank 0. Before the fix it was
     confirmed at once (PEER_CONFIRMED) and its forged reduce-scatter segments (10^6) were
-    taken as rank 0's: steps 1 and 2 were not exact. Now the link sends them before it is
-    confirmed: it is closed, and steps 1 and 2 are exact. A second such link that sends
+    taken as rank 0's: steps 1 and 2 failed for every process ("node 1 did not get the
+    ring's segments"). Now the link sends them before it is confirmed: it is closed, and
+    steps 1 and 2 are exact. A second such link that sends
     nothing is disowned by rank 0 (asked over member 1's own link to rank 0's address) and
     closed, with a line that says so; the ring goes on (step 3)."""
     grads = grads_for(51, m=12, dim=DIM)
