@@ -100,8 +100,9 @@ def local_tree(tmp_path):
 
 @pytest.fixture
 def membership():
-    """``membership(place=None, samples=None)``: a Membership over a fresh StepEngine and
-    Neighbours (no sockets); the master passes its place and samples, a node neither."""
+    """``membership(place=None, samples=None, dial_peer=None)``: a Membership over a fresh
+    StepEngine and Neighbours (no sockets); the master passes its place and samples, a node
+    neither; ``dial_peer`` dials its peers (``mesh.PeerDialer``)."""
     from crnet.node.membership import Membership
     from crnet.node.neighbours import Neighbours
     from crnet.node.steps import EngineSettings, StepEngine
@@ -109,10 +110,11 @@ def membership():
 
     made = []
 
-    def make(place=None, samples=None):
+    def make(place=None, samples=None, dial_peer=None):
         neighbours = Neighbours()
         engine = StepEngine(EngineSettings(), Stats(), neighbours)
-        m = Membership(engine, neighbours, stop=lambda code: None, place=place, samples=samples)
+        m = Membership(engine, neighbours, stop=lambda code: None, place=place, samples=samples,
+                       dial_peer=dial_peer)
         made.append(m)
         return m
 

@@ -251,3 +251,60 @@ async def test_the_master_sends_a_state_request_down_at_most_once_a_pause():
     assert [slot.link.messages(WantState) for slot in n.slots] == [[WantState(1)]] * 2
     await asyncio.sleep(STATE_PAUSE + 0.2)
     assert [slot.link.messages(WantState) for slot in n.slots] == [[WantState(1), WantState(3)]] * 2
+
+
+def master_with(here: list):
+    """The master's Broadcasts, whose host's processes of the job are ``here`` (a list the
+    test changes), each child with a process of the job below it."""
+    n = Neighbours()
+    n.slots = [ChildSlot(link=FakeLink(f"child {k}")) for k in range(2)]
+    place = Place("", 0, TREE, "cr", "auto", CHUNK)
+    return Broadcasts(n, lambda: place, attached_below=lambda k: 1, here=lambda: here), n
+
+
+def waiting(b, key="state/5"):
+    got = []
+    b.receive(key, None, lambda held: got.append(held.vector.copy()))
+    return got
+
+
+@pytest.mark.timeout(30)
+async def test_the_master_takes_its_own_hosts_state_answer_over_another_hosts_sent_first():
+    """Process A at the master asks; process B there can answer: a child's answer that
+    comes first is kept aside, and B's is the one, even while another child's copy is
+    half-received."""
+    a, b_ = object(), object()
+    b, n = master_with([a, b_])
+    got = waiting(b)
+    b.want_state(5, asker=a)
+    assert all(from_child(b, 0, "state/5", np.full(10, 666.0), origin=1))
+    msg, raw = pieces("state/5", np.full(10, 667.0), origin=2)[0]
+    assert b.child_dest(1, msg, len(raw)) is not None      # another one, half-sent
+    assert got == [] and not b.held
+    assert b.publish("state/5", 3, np.arange(10.0)) is None
+    np.testing.assert_array_equal(got[0], np.arange(10.0))
+    np.testing.assert_array_equal(carried(n.slots[0].link, "state/5"), np.arange(10.0))
+    assert not any(from_child(b, 0, "state/5", np.full(10, 668.0), origin=3))
+    b.answers.served(a)                                            # A can answer from now on
+
+
+@pytest.mark.timeout(30)
+async def test_without_a_process_here_that_can_answer_the_first_answer_of_any_host_is_the_one():
+    """Every process at the master is asking (or none is attached): the first answer from
+    any host is taken at once. One kept aside while B could answer is taken when B leaves."""
+    a, b_ = object(), object()
+    b, _ = master_with([a])
+    got = waiting(b)
+    b.want_state(5, asker=a)
+    assert all(from_child(b, 0, "state/5", np.full(10, 1.0), origin=1))
+    np.testing.assert_array_equal(got[0], np.full(10, 1.0))
+
+    here = [a, b_]
+    b, _ = master_with(here)
+    got = waiting(b, "state/6")
+    b.want_state(6, asker=a)
+    assert all(from_child(b, 1, "state/6", np.full(10, 2.0), origin=1))
+    assert got == []
+    here.remove(b_)
+    b.left(b_)
+    np.testing.assert_array_equal(got[0], np.full(10, 2.0))

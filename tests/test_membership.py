@@ -231,10 +231,12 @@ def test_a_ring_is_the_workers_then_the_master_and_the_last_worker_dials_its_par
         master.child_hello(link, Hello(listen=f"10.0.0.{k + 2}:7000"))
     for k in range(3):
         master.child_joined(k, Joined(1))
+    # Successor, then predecessor (where a successor asks to confirm its link): None is the
+    # master, at the worker's parent's address.
     assert [link.messages(Assign)[0].ring for link in links] == [
-        RingPlace(0, 4, "10.0.0.3:7000"), RingPlace(1, 4, "10.0.0.4:7000"),
-        RingPlace(2, 4, None)]          # None: the master, at its parent's address
-    assert master.place.ring == RingPlace(3, 4, "10.0.0.2:7000")   # it sends to worker 0
+        RingPlace(0, 4, "10.0.0.3:7000", None), RingPlace(1, 4, "10.0.0.4:7000", "10.0.0.2:7000"),
+        RingPlace(2, 4, None, "10.0.0.3:7000")]
+    assert master.place.ring == RingPlace(3, 4, "10.0.0.2:7000", "10.0.0.4:7000")   # worker 0, 2
     assert master.engine.place.ring == master.place.ring
 
 

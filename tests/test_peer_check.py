@@ -15,7 +15,9 @@ from crnet.messages import (
     PeerWelcome,
     Phase,
     Piece,
+    Refuse,
     RingPlace,
+    Segment,
 )
 from crnet.node.links import ChildLink, ChildState, DialedState, PeerLink
 from crnet.plan import Tree
@@ -123,13 +125,114 @@ async def test_a_host_says_yes_only_for_its_newest_link_to_the_asker(membership)
     assert conn3.messages(PeerChecked) == [PeerChecked(new, False)]
 
 
-async def test_without_a_secret_or_in_a_ring_a_peer_is_confirmed_at_once(membership):
+async def test_without_a_secret_a_peer_is_confirmed_at_once(membership):
     m = host_0(membership)
     link, conn = accepted(m, 2, authenticated=False)
     assert conn.messages() == [PeerWelcome()] and link.state is ChildState.PEER   # as before
     ring = membership(Place("1", 1, Tree((3,), (0,)), "rar", "auto", 32, RingPlace(1, 4, None)))
-    link, conn = accepted(ring, 0)
-    assert conn.messages() == [PeerWelcome(), PeerConfirmed()] and link.state is ChildState.PEER
+    link, conn = accepted(ring, 0, authenticated=False)
+    assert conn.messages() == [PeerWelcome()] and link.state is ChildState.PEER
     mine = PeerLink(m.mesh.checks.to(2), confirmed_by_welcome=True)
     mine.received(FakeLink(), PeerWelcome(), None)
     assert mine.welcome.done()
+
+
+class Dialed(FakeLink):
+    """A link a node dialed: its ``closed`` is a future, as a Connection's."""
+
+    def __init__(self, label: str):
+        super().__init__(label)
+        self.closed = asyncio.get_running_loop().create_future()
+        self.authenticated = True
+
+    def close(self) -> None:
+        self.is_closing = True
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class Dials:
+    """``mesh.PeerDialer`` for a test: each dial records (address, hello, link, conn)."""
+
+    def __init__(self):
+        self.made: list = []
+
+    def __call__(self, address, peer):
+        async def dial(hello):
+            link, conn = PeerLink(peer), Dialed(f"peer {address}")
+            self.made.append((address, hello, link, conn))
+            return conn, link.welcome
+        return dial
+
+
+def ring_member(membership, dials, rank: int = 1, size: int = 4):
+    name = str(rank) if rank < size - 1 else ""
+    place = Place(name, 1 if name else 0, Tree((size - 1,), (0,)), "rar", "auto", 32,
+                  RingPlace(rank, size, f"10.0.0.{rank + 2}:9", f"10.0.0.{rank}:9"))
+    return membership(place, dial_peer=dials)
+
+
+async def test_a_ring_successor_asks_its_predecessor_over_a_link_it_dials_for_that(membership):
+    """rar: member 1 takes a link that claims rank 0 only once rank 0 confirms it, asked
+    over a link member 1 dials to the address the master gave for rank 0 (as rank 1); it
+    hangs up once nothing is left to ask. A link rank 0 disowns is closed."""
+    dials = Dials()
+    m = ring_member(membership, dials)
+    link, conn = accepted(m, 0)
+    assert conn.messages() == [PeerWelcome()] and link.state is ChildState.UNCONFIRMED
+    with pytest.raises(ProtocolError, match=r"^unexpected SEGMENT from a peer not yet confirmed$"):
+        link.payload_dest(conn, Segment(0, Phase.REDUCE, 0, 0, 4, "float64"), 8)
+    await asyncio.sleep(0.05)
+    [(address, hello, asking, out)] = dials.made
+    assert address == "10.0.0.1:9" and hello.rank == 1 and hello.link_id is not None
+    asking.received(out, PeerWelcome(), None)
+    assert out.messages() == [PeerCheck(ID)]
+    asking.received(out, PeerChecked(ID, True), None)
+    assert conn.messages() == [PeerWelcome(), PeerConfirmed()] and link.state is ChildState.PEER
+    assert m.neighbours.predecessor is conn
+    await asyncio.sleep(0.05)
+    assert out.closed.done()                        # nothing left to ask: hung up
+
+    _, forged = accepted(m, 0, OTHER, host="10.0.0.66")
+    await asyncio.sleep(0.05)
+    _, _, asking, out = dials.made[-1]
+    asking.received(out, PeerWelcome(), None)
+    asking.received(out, PeerChecked(OTHER, False), None)
+    assert forged.closed and PeerConfirmed() not in forged.messages()
+    assert m.neighbours.predecessor is conn
+
+
+async def test_a_ring_predecessor_answers_its_successors_questions_and_takes_nothing_else(membership):
+    """rar: member 1's successor (rank 2) dials it to ask: welcomed, checked like any
+    link (over member 1's own ring link to rank 2), never taken as a ring link; it may ask
+    whether a link is member 1's newest to rank 2. Its PEER_HELLO claims rank 2, which is
+    not member 1's predecessor: without a secret (nobody to ask) it is refused."""
+    dials = Dials()
+    m = ring_member(membership, dials)
+    mine, out = dialed(m, 2)                        # member 1's ring link to rank 2
+    asker, conn = accepted(m, 2)
+    assert conn.messages() == [PeerWelcome()] and asker.state is ChildState.UNCONFIRMED
+    assert out.messages() == [PeerCheck(ID)]         # its own check of the asking link
+    mine.received(out, PeerChecked(ID, True), None)
+    assert conn.messages() == [PeerWelcome()] and asker.state is ChildState.UNCONFIRMED
+    assert 2 not in m.neighbours.peers_in and m.neighbours.predecessor is None
+    newest = m.mesh.checks.new_link(2)
+    asker.received(conn, PeerCheck(newest), None)
+    assert conn.messages(PeerChecked) == [PeerChecked(newest, True)]
+    with pytest.raises(ProtocolError, match=r"^unexpected SEGMENT from a peer not yet confirmed$"):
+        asker.payload_dest(conn, Segment(0, Phase.REDUCE, 0, 0, 4, "float64"), 8)
+    stranger, conn = accepted(m, 2, authenticated=False)
+    assert isinstance(conn.messages()[0], Refuse) and stranger.state is ChildState.REFUSED
+    assert not dials.made                           # its predecessor's links: none to check
+
+
+async def test_in_a_ring_of_two_each_member_asks_over_its_own_ring_link(membership):
+    """The master's ring successor and predecessor are worker 0: it asks over its own ring
+    link there, and dials nothing more."""
+    dials = Dials()
+    m = ring_member(membership, dials, rank=1, size=2)
+    link, _ = accepted(m, 0)
+    mine, out = dialed(m, 0)
+    assert out.messages() == [PeerCheck(ID)]
+    mine.received(out, PeerChecked(ID, True), None)
+    assert link.state is ChildState.PEER and not dials.made

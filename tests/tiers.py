@@ -105,6 +105,8 @@ FULL_FILES = frozenset({
     "test_trust_fuzzed.py",   # issue 26: what the authenticated fuzzer found, one attack each
     "test_trust_keys.py",     # issue 26: jobs, barrier and broadcast keys, state answers, slots
     "test_trust_liveness.py", # issue 26: every wait keeps its bound through a master restart
+    "test_trust_ring_predecessor.py",   # rar: a claimed ring predecessor, confirmed by its host
+    "test_trust_state_answers.py",      # a state answer: the master's own host's first
     "test_tune.py",           # issue 28: crnet tune gathers a real tree's windows, authenticated
     "test_plan_auto.py",      # issue 28: crnetd --plan auto: job 2 runs the plan tuned from job 1
 })

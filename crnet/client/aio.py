@@ -271,8 +271,9 @@ class AsyncClient:
                             timeout: float | None = None) -> tuple[np.ndarray, int]:
         """For a process that joins a running job: ask the other processes for their state
         (parameters, optimizer state: a vector like ``like``). Each of them answers at
-        its next step boundary (``state_wanted``, ``send_state``); the first answer to
-        reach the master is the one every asker gets. Returns (the state, the step it
+        its next step boundary (``state_wanted``, ``send_state``); the answer every asker
+        gets is that of a process on the master's host while one there can answer (it is
+        not asking itself), else the first to reach the master. Returns (the state, the step it
         was taken after): go on with the step after it. The process is no longer
         ``stale``. CrnetTimeout if no process answered within ``timeout`` (default the
         client's): none of the job is running (e.g. a rerun of a finished job's script

@@ -186,23 +186,27 @@ class Job(Message):
 
 @dataclass(frozen=True, slots=True)
 class RingPlace:
-    """Part of ASSIGN (rar): a worker's rank, the ring's size, where its successor listens.
-    The ring is the N workers (ranks 0..N-1) and the master (rank N); the last worker's
-    successor is None: the master, at the address it dials as its parent."""
+    """Part of ASSIGN (rar): a worker's rank, the ring's size, where its successor and its
+    predecessor listen (the predecessor's, to confirm its link: ``node/mesh.py``). The ring
+    is the N workers (ranks 0..N-1) and the master (rank N); the last worker's successor and
+    worker 0's predecessor are None: the master, at the address it dials as its parent."""
 
     rank: int
     size: int
     successor: str | None
+    predecessor: str | None = None
 
     def header(self) -> dict[str, Any]:
-        return {"rank": self.rank, "size": self.size, "successor": self.successor}
+        return {"rank": self.rank, "size": self.size, "successor": self.successor,
+                "predecessor": self.predecessor}
 
     @classmethod
     def from_header(cls, h: Fields) -> RingPlace:
         size = h.integer("size", 2, 1 << 16)
-        successor = h.opt_text("successor")
+        successor, predecessor = h.opt_text("successor"), h.opt_text("predecessor")
         _addresses(h, "successor", [successor])
-        return cls(h.integer("rank", 0, size - 2), size, successor)
+        _addresses(h, "predecessor", [predecessor])
+        return cls(h.integer("rank", 0, size - 2), size, successor, predecessor)
 
 
 @dataclass(frozen=True, slots=True)

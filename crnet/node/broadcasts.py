@@ -27,7 +27,8 @@ A broadcast belongs to its root: the host whose process sent it (``root``, its t
 which each parent checks is in the subtree the piece came from). A copy of the same key
 from another host is another broadcast: a process that names the root it wants
 (``Receive.root``, a rank) gets that root's copy, whoever sent theirs first; one that names
-none gets the first copy here. State answers are the exception: any process's will do.
+none gets the first copy here. State answers are the exception: any process's will do,
+but the master's own host's first, while one there can answer (``state_answers.py``).
 
 A child speaks only for the processes of the job attached below it (``attached_below``,
 the JOB counts of ``jobs.py``): from a child that has none, broadcast pieces and state
@@ -45,7 +46,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +60,7 @@ from ..schemes.base import Place
 from ..schemes.chunks import chunk_bytes_for
 from .neighbours import Neighbours
 from .signal import Signal
+from .state_answers import Answer, StateAnswers
 
 log = logging.getLogger("crnet.node")
 
@@ -137,12 +139,15 @@ def _nothing() -> None:
 class Broadcasts:
     def __init__(self, neighbours: Neighbours, place: Callable[[], Place | None],
                  max_bytes: int = defaults.MAX_VECTOR_BYTES,
-                 attached_below: Callable[[int], int] | None = None):
+                 attached_below: Callable[[int], int] | None = None,
+                 here: Callable[[], Collection[object]] | None = None):
+        """``here()``: this host's processes of the job (``JobCounts.here``)."""
         self.neighbours = neighbours
         self._place = place
         self.max_bytes = max_bytes     # the largest vector a peer may claim (this host's memory)
         # child slot -> the processes of the job attached below it (None: not counted)
         self._attached_below = attached_below
+        self.answers = StateAnswers(here)     # the master's choice among state answers
         self._state_sent = -STATE_PAUSE         # when the master last sent a request down
         self._state_turn: asyncio.TimerHandle | None = None
         self._state_next = 0                    # the request waiting for its turn
@@ -163,11 +168,13 @@ class Broadcasts:
         if place is None:
             return "this node has not joined the tree yet"
         at = broadcast_id(key, place.name)
-        if at in self.held or at in self._relayed or at in self._up or at in self._down:
+        if at in self.held or at in self._relayed or at in self._down or (
+                at in self._up and not place.is_master):
             return None                       # another copy went first: nothing to do
         data = bytearray(vector.nbytes)
         np.frombuffer(data, dtype=vector.dtype)[:] = vector
         if place.is_master:
+            self._up.pop(at, None)   # a child's copy of a state answer under way: this one goes
             self._complete(at, place.name, step, np.frombuffer(data, dtype=vector.dtype))
             return None
         if self.neighbours.parent is None:
@@ -212,15 +219,18 @@ class Broadcasts:
             return self.held.get(broadcast_id(key, root))
         return next((h for (k, _), h in self.held.items() if k == key), None)
 
-    def want_state(self, nonce: int, child: int | None = None) -> None:
-        """A process here (or below ``child``) wants a peer's state: the master asks
-        everyone, at most once every ``STATE_PAUSE`` seconds."""
+    def want_state(self, nonce: int, child: int | None = None, asker: object = None) -> None:
+        """A process here (``asker``) or below ``child`` wants a peer's state: the master
+        asks everyone, at most once every ``STATE_PAUSE`` seconds."""
         if child is not None and not self._speaks_for(child):
             return
         place = self._place()
         if place is None or not place.is_master:
             self.neighbours.to_parent(WantState(nonce))
             return
+        if asker is not None:
+            self.answers.asked(asker)   # it will not answer: this host may have none that can
+            self._settle_aside()
         self._state_next = nonce
         wait = self._state_sent + STATE_PAUSE - time.monotonic()
         if wait <= 0:
@@ -234,6 +244,16 @@ class Broadcasts:
             self._state_sent = time.monotonic()
             nonce, self._state_next = self._state_next, 0
             self.state_requested(nonce)
+
+    def left(self, process: object) -> None:
+        """This host's ``process`` left: it answers nothing."""
+        self.answers.left(process)
+        self._settle_aside()
+
+    def _settle_aside(self) -> None:
+        answer = self.answers.released()
+        if answer is not None and answer.at not in self.held:
+            self._complete(answer.at, answer.root, answer.step, answer.vector)
 
     def _speaks_for(self, k: int) -> bool:
         """Whether child ``k`` has processes of the job attached below it."""
@@ -339,6 +359,7 @@ class Broadcasts:
         self._waiters.clear()
         self.state_request = 0
         self._state_next = 0
+        self.answers.clear()
 
     # ------------------------------------------------------------ the rest
     def _start(self, assemblies: OrderedDict[Id, _Assembly], source: object,
@@ -378,9 +399,13 @@ class Broadcasts:
                                             a.dtype.name, a.root), piece[start:start + chunk])
 
     def _complete(self, at: Id, root: str, step: int, vector: np.ndarray) -> None:
-        """The master has the first complete copy of ``at``: it is the broadcast."""
+        """The master has the first complete copy of ``at``: it is the broadcast (but
+        another host's state answer while one of this host's may come: kept aside)."""
         key = at[0]
         place = self._place()
+        if key.startswith(STATE) and place is not None and root != place.name \
+                and self.answers.wait_for_here(Answer(at, root, step, vector)):
+            return
         chunk = chunk_bytes_for(vector.nbytes, defaults.CHUNK_BYTES if place is None
                                 else place.chunk_bytes)
         origin = secrets.randbits(62)
@@ -405,6 +430,7 @@ class Broadcasts:
         key, root = at
         wanted = [(key, root), (key, None)]
         if key.startswith(STATE):
+            self.answers.answered()
             # Any peer's state is good for every process still waiting for one: requests
             # made at the same time are answered by the newest's answer (peers answer
             # only the newest request they see).

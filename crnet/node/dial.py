@@ -57,13 +57,14 @@ async def _welcome(welcomed: asyncio.Future[None]) -> None:
         done, _ = await asyncio.wait({welcomed}, timeout=WELCOME_TIMEOUT)
     finally:
         if not welcomed.done():   # given up (or the node stops): how the link ends is moot
-            welcomed.add_done_callback(_moot)
+            welcomed.add_done_callback(moot)
     if not done:
         raise asyncio.TimeoutError
     welcomed.result()
 
 
-def _moot(welcomed: asyncio.Future[None]) -> None:
+def moot(welcomed: asyncio.Future[None]) -> None:
+    """How a welcome nobody waits for ended is moot: retrieved, so that asyncio does not log it."""
     if not welcomed.cancelled():
         welcomed.exception()   # retrieved: not "Future exception was never retrieved"
 

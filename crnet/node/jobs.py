@@ -160,6 +160,11 @@ class JobCounts:
         from 0 again, so every later step of theirs would be refused for good)."""
         return self.subtree(running, running) if running or self._underway() else 0
 
+    def here(self) -> list[object]:
+        """This host's processes of the running job (unnamed ones count for it)."""
+        running = self.running()
+        return [p for p, job in self.local.items() if job == running or not job]
+
     def below(self, k: int) -> int:
         """Processes of the running job attached in child ``k``'s subtree (as it reported)."""
         job, n = self.children.get(k, ("", 0))

@@ -367,7 +367,7 @@ class Membership:
         if self.place.is_master and self.place.scheme == "rar" and self.place.ring is None:
             # The master is the ring's last member (ring_allreduce.py); it dials worker 0.
             slots = self.neighbours.slots
-            ring = RingPlace(len(slots), len(slots) + 1, slots[0].address)
+            ring = RingPlace(len(slots), len(slots) + 1, slots[0].address, slots[-1].address)
             self.place = dataclasses.replace(self.place, ring=ring)
             self.mesh.keep_successor(ring)
         if self.place.is_master and self.place.scheme == "spread":

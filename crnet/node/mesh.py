@@ -14,11 +14,14 @@ links of those that send to it. Where peers listen comes with the assignment:
 A host that restarts at the same address is dialed again (``dial.py`` reconnects);
 one that moved needs the tree to assign anew (a restart of the master).
 
-With a cluster secret, a spread peer link's rank is not the dialer's word: the rank's own
-host confirms it over this node's link there (``peer_check.py``) before anything that
-comes on it counts, and only then (PEER_CONFIRMED) does its dialer send on it. rar's
-successor does not dial its predecessor, so it has nothing to ask over: a predecessor is
-confirmed at once.
+With a cluster secret, a peer link's rank is not the dialer's word: the rank's own host
+confirms it over this node's link there (``peer_check.py``) before anything that comes on
+it counts, and only then (PEER_CONFIRMED) does its dialer send on it. A rar successor does
+not dial its predecessor for the ring: to ask, it dials the address the master gave for
+the predecessor's rank (``RingPlace.predecessor``) as that predecessor's successor, once
+per link to confirm, and hangs up once it is (the predecessor welcomes such a link and
+checks it as any other, but takes only questions on it). In a ring of two, each member's
+successor is its predecessor: its own ring link is the one it asks over.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ..errors import JoinRefused
+from ..errors import JoinRefused, ProtocolError
 from ..messages import PeerCheck, PeerConfirmed, PeerHello, PeerWelcome, RingPlace
 from ..peer_text import shown
 from ..plan import Tree
 from ..schemes import Place
 from ..transport import Connection
-from .dial import Dialer, keep_connected, supervised
+from .dial import Dialer, keep_connected, moot, supervised
 from .neighbours import ChildSlot, Neighbours
 from .peer_check import OutboundPeer, PeerChecks
 
@@ -51,6 +54,8 @@ PeerDialer = Callable[[str | None, OutboundPeer], Dialer]
 # it is any rank, and a live peer's link must not be cut by that; a restarted peer's dead
 # link goes by itself (keepalive, --link-timeout).
 LINKS_PER_RANK = 4
+
+ASK_AGAIN = 0.5   # seconds before a rar successor dials its predecessor again to ask
 
 
 class Mesh:
@@ -71,6 +76,7 @@ class Mesh:
         self.addresses: tuple[str | None, ...] = ()   # spread: where every rank listens
         self.tasks: list[asyncio.Task] = []
         self._inbound: dict[int, list[Connection]] = {}   # rank -> its links here, newest last
+        self._asker: asyncio.Task | None = None   # rar: dials the predecessor to ask (its checks)
 
     # -- spread's addresses
     @staticmethod
@@ -148,8 +154,10 @@ class Mesh:
     def accept(self, conn: Connection, hello: PeerHello, place: Place | None, label: str,
                confirmed: Callable[[], None]) -> None:
         """A peer dialed this node: welcome its link, or ``JoinRefused`` why not; and
-        ``confirmed()`` once its rank is (at once, but in spread with a secret), from when
-        what comes on it counts as that rank's. A link not confirmed is closed."""
+        ``confirmed()`` once its rank is (at once without a secret), from when what comes
+        on it counts as that rank's. A link not confirmed is closed. (rar: a link from the
+        ring successor only asks: it is checked, never ``confirmed()``.)"""
+        asks = False
         if place is not None and place.scheme == "spread":
             hosts = place.tree.workers + 1
             if not 0 <= hello.rank < hosts or hello.rank == place.tree.rank(place.name):
@@ -157,21 +165,66 @@ class Mesh:
                                   f"(ranks 0..{hosts - 1})")
         elif place is not None and place.ring is not None:
             ring = place.ring
-            if hello.rank != (ring.rank - 1) % ring.size:
+            predecessor = (ring.rank - 1) % ring.size
+            # The successor asks (with a secret) about a link that claims this node's rank.
+            asks = conn.authenticated and hello.rank == (ring.rank + 1) % ring.size != predecessor
+            if hello.rank != predecessor and not asks:
                 raise JoinRefused(f"rank {hello.rank} is not the ring predecessor of rank {ring.rank}")
         else:
             raise JoinRefused(f"{label} has no peers (yet)", retry=True)
         rank = hello.rank
-        checked = place.scheme == "spread" and conn.authenticated
+        checked = conn.authenticated
         links = self.checks.pending(rank) if checked else len(self._inbound.get(rank, ()))
         if links >= LINKS_PER_RANK:
             raise JoinRefused(f"rank {rank} has {links} links to {label} already"
                               + (" being checked" if checked else ""), retry=True)
         conn.send(PeerWelcome())
-        if checked:
+        if asks:
+            self.checks.check(conn, rank, hello.link_id, _only_asks)
+        elif checked:
             self.checks.check(conn, rank, hello.link_id, lambda: self._confirmed(conn, rank, confirmed))
+            if place.ring is not None:
+                self._ask_predecessor(place.ring)
         else:
             self._confirmed(conn, rank, confirmed)
+
+    def _ask_predecessor(self, ring: RingPlace) -> None:
+        """rar: links that claim the predecessor's rank are checked; unless this node's own
+        ring link goes there (a ring of two), it dials the predecessor to ask."""
+        rank = (ring.rank - 1) % ring.size
+        if rank == (ring.rank + 1) % ring.size or (self._asker is not None and not self._asker.done()):
+            return
+        if self._dial is None or (ring.predecessor is None and ring.rank != 0):
+            log.error("rar: this node cannot dial its ring predecessor (rank %d) to confirm the "
+                      "links that claim it", rank)
+            return
+        asker = self._asker = supervised(self._ask_over(rank, ring.predecessor, ring.rank),
+                                         "ring predecessor check")
+        self.tasks.append(asker)    # awaited when the node stops; forgotten once done
+        asker.add_done_callback(lambda _: self.tasks.remove(asker))
+
+    async def _ask_over(self, rank: int, address: str | None, me: int) -> None:
+        """Dial the predecessor (``rank``, at ``address``; None: the master, at the parent's)
+        as rank ``me``, for as long as links that claim its rank are checked here."""
+        assert self._dial is not None
+        while self.checks.pending(rank):
+            conn = None
+            try:
+                conn, welcomed = await self._dial(address, self.checks.to(rank))(
+                    PeerHello(me, link_id=self.checks.new_link(rank)))
+                welcomed.add_done_callback(moot)     # the link is not for the ring: no welcome
+                settled = self.checks.settled(rank)
+                ends: list[asyncio.Future] = [settled, conn.closed]
+                await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+                settled.cancel()
+            except (OSError, asyncio.TimeoutError, ProtocolError) as e:
+                log.info("rar: could not dial the ring predecessor %s to ask (%s)",
+                         address or "(the master)", getattr(e, "strerror", None) or e)
+            finally:
+                if conn is not None:
+                    conn.close()
+            if self.checks.pending(rank):
+                await asyncio.sleep(ASK_AGAIN)
 
     def _confirmed(self, conn: Connection, rank: int, confirmed: Callable[[], None]) -> None:
         links = self._inbound.setdefault(rank, [])
@@ -213,3 +266,7 @@ class Mesh:
         for links in self._inbound.values():
             for conn in links:
                 conn.close()
+
+
+def _only_asks() -> None:
+    """rar: the successor's link to ask over, confirmed: it stays one that may only ask."""

@@ -17,8 +17,10 @@ real address, and R knows which links it dialed. When a link that says it is R d
    being dialed): B closes the link with a warning, and its dialer dials again.
 
 A question asked on a link to R that closed before it was answered is asked again on the
-next one. Without a secret there is nothing to check (anyone may claim any rank), and rar's
-successor has no link to its predecessor to ask over: ``mesh.py`` confirms those at once.
+next one. Without a secret there is nothing to check (anyone may claim any rank). rar's
+successor has no link of its own to its predecessor to ask over: it dials one for as long
+as a link that claims that rank is checked (``mesh.py``), which its predecessor welcomes
+and checks as any other, but which may only ask.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class PeerChecks:
         self._ids: dict[int, bytes] = {}               # rank -> the id of this node's newest link to it
         self._asking: dict[int, Connection] = {}       # rank -> this node's welcomed link to it
         self._checks: dict[Connection, _Check] = {}    # accepted links, not yet confirmed
+        self._settled: dict[int, list[asyncio.Future[None]]] = {}   # rank -> who waits (``settled``)
 
     # -- the links this node dials
     def new_link(self, rank: int) -> bytes:
@@ -128,11 +131,26 @@ class PeerChecks:
         """Links that claim ``rank`` and are being checked."""
         return sum(check.rank == rank for check in self._checks.values())
 
+    def settled(self, rank: int) -> asyncio.Future[None]:
+        """Done once no link that claims ``rank`` is being checked."""
+        done = asyncio.get_running_loop().create_future()
+        if self.pending(rank):
+            self._settled.setdefault(rank, []).append(done)
+        else:
+            done.set_result(None)
+        return done
+
     def dropped(self, conn: Connection) -> None:
-        """An accepted link closed before its check ended."""
+        """An accepted link closed before its check ended (or its check ended)."""
         check = self._checks.pop(conn, None)
-        if check is not None and check.timer is not None:
+        if check is None:
+            return
+        if check.timer is not None:
             check.timer.cancel()
+        if not self.pending(check.rank):
+            for done in self._settled.pop(check.rank, []):
+                if not done.done():
+                    done.set_result(None)
 
     def close(self) -> None:
         for conn in list(self._checks):

@@ -37,10 +37,11 @@ def subtree_allocation(allocation: dict[str, NodeShare], child: str) -> dict[str
 
 def child_ring(k: int, addresses: list[str | None]) -> RingPlace:
     """rar: child ``k``'s place in the ring, given every child's address. Ranks 0..N-1 are
-    the workers, N the master: the last worker's successor is its parent (None), whose
-    address it knows better than the master does."""
+    the workers, N the master: the last worker's successor and worker 0's predecessor are
+    its parent (None), whose address it knows better than the master does."""
     n = len(addresses)
-    return RingPlace(k, n + 1, addresses[k + 1] if k + 1 < n else None)
+    return RingPlace(k, n + 1, addresses[k + 1] if k + 1 < n else None,
+                     addresses[k - 1] if k else None)
 
 
 def with_masses(place: Place, allocation: dict[str, NodeShare] | None) -> Place:

@@ -12,7 +12,7 @@ from ...dtypes import DTYPES
 from ...errors import ErrorKind
 from ...messages import Barrier, Delivered, Publish, Receive, WantState
 from ..barriers import Barriers
-from ..broadcasts import Broadcasts, Held
+from ..broadcasts import STATE, Broadcasts, Held
 from .process import Process
 
 
@@ -41,6 +41,7 @@ class ClientGroup:
         """The process left: it waits for nothing any more."""
         self._stop_state_requests()
         self._stop_receiving()
+        self.broadcasts.left(self.process)
         for leave in list(self._leave):
             leave()
         self._leave.clear()
@@ -87,11 +88,13 @@ class ClientGroup:
         self.receiving = None
         if out is not None:
             np.copyto(out, held.vector)
+            if key.startswith(STATE):
+                self.broadcasts.answers.served(self.process)
             conn.send(Delivered(key, held.step))
             self.answered()
 
     def want_state(self, msg: WantState) -> None:
-        self.broadcasts.want_state(msg.nonce)
+        self.broadcasts.want_state(msg.nonce, asker=self.process)
 
     def _state_request(self, nonce: int) -> None:
         region = self.process.region
