@@ -98,7 +98,7 @@ class HostStaging:
         ``room`` or ``down``), once the copies up that read it are done."""
         if not self.needed(tensors, what):
             return list(tensors)
-        return self._places(tensors)
+        return self._places([(t.numel(), t.dtype, t.shape) for t in tensors])
 
     def down(self, tensors: Sequence[torch.Tensor], what: str = "tensors") -> list[torch.Tensor]:
         """``tensors``' values on the host: CPU tensors themselves; device tensors copied
@@ -106,7 +106,7 @@ class HostStaging:
         device = one_device(tensors, what)
         if not self.ops.staged(device):
             return list(tensors)
-        host = self._places(tensors)
+        host = self._places([(t.numel(), t.dtype, t.shape) for t in tensors])
         for h, t in zip(host, tensors):
             self.to_host(h, t)
         self.wait(device)
@@ -126,7 +126,7 @@ class HostStaging:
     # ---- the parts, for a caller that queues copies as it goes (the DDP hook)
     def flat(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """One flat host tensor in the buffer, free for the host (as ``room``)."""
-        return self._places([torch.empty(numel, dtype=dtype, device="meta")])[0]
+        return self._places([(numel, dtype, (numel,))])[0]
 
     def to_host(self, host: torch.Tensor, t: torch.Tensor) -> None:
         """Queue ``t`` (on the device) into ``host`` (in the buffer); ``wait`` before reading."""
@@ -147,10 +147,11 @@ class HostStaging:
         """Copies up were queued: the host waits for them before writing the buffer."""
         self._up = self.ops.record(device)
 
-    def _places(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _places(self, specs: Sequence[tuple[int, torch.dtype, Sequence[int]]]) -> list[torch.Tensor]:
+        """Host tensors of these (elements, dtype, shape), one after the other in the buffer."""
         spans, at = [], 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
+        for numel, dtype, _ in specs:
+            n = numel * dtype.itemsize
             spans.append((at, n))
             at += -(-n // ALIGN) * ALIGN
         if self._up is not None:           # copies up may still be reading the buffer
@@ -159,4 +160,5 @@ class HostStaging:
         if self._buffer is None or self._buffer.numel() < at:
             self._buffer = torch.empty(max(at, ALIGN), dtype=torch.uint8, pin_memory=self.ops.pin_memory)
             self.allocations += 1
-        return [self._buffer[a:a + n].view(t.dtype).view(t.shape) for (a, n), t in zip(spans, tensors)]
+        return [self._buffer[a:a + n].view(dtype).view(shape)
+                for (a, n), (_, dtype, shape) in zip(spans, specs)]
