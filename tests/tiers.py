@@ -93,6 +93,7 @@ FULL_FILES = frozenset({
     "test_systemd.py",
     "test_tls.py",
     "test_torch.py",
+    "test_torch_cuda.py",   # CUDA tensors through pinned staging (a fake device here; GPU tests skip)
     "test_torch_ddp.py",    # dist.init_process_group("crnet") and DDP with the crnet hook
     "test_torch_ddp_hosts.py",  # torchrun and a crnetd on every emulated host (network namespaces)
     "test_torch_ddp_slurm.py",  # docs/torch.md's srun command on a throwaway Slurm cluster of such hosts

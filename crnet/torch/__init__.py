@@ -48,7 +48,8 @@ vector, for peers), ``optimizer_layout`` (the optimizer's part of it), ``packing
 (tensors into a flat vector and back), ``broadcast``, ``collectives`` (``allreduce``,
 ``result``), ``dtypes`` (what the wire carries), ``replica_steps`` (the steps' outcomes,
 shared by ``DistributedOptimizer`` and the DDP hook), ``ddp`` (the hook), ``process_group``
-(the backend) and ``exact_collectives`` (its collectives over broadcasts and barriers).
+(the backend), ``exact_collectives`` (its collectives over broadcasts and barriers) and
+``staging`` (CUDA tensors through pinned host memory, for every path).
 """
 
 from __future__ import annotations

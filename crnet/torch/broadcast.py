@@ -11,6 +11,7 @@ from ..client import Client
 from .dtypes import WIRE_DTYPES
 from .optimizer_layout import OptimizerLayout
 from .packing import model_tensors, pack, unpack
+from .staging import HostStaging
 
 
 def broadcast_parameters(model: torch.nn.Module | Mapping[str, torch.Tensor], client: Client,
@@ -32,7 +33,8 @@ def broadcast_parameters(model: torch.nn.Module | Mapping[str, torch.Tensor], cl
     integers up to 2**53). The root copies its tensors into its shared input, the others
     copy the result from their shared output into theirs; that is all that is copied.
     It reuses the client's shared memory, so call it at a step boundary: it overwrites the
-    gradient buffer of a ``DistributedOptimizer``.
+    gradient buffer of a ``DistributedOptimizer``. CUDA tensors go through a pinned
+    buffer (crnet.torch.staging), allocated for the call.
     """
     tensors = model_tensors(model)
     if not tensors:
@@ -44,12 +46,13 @@ def broadcast_parameters(model: torch.nn.Module | Mapping[str, torch.Tensor], cl
     n = sum(t.numel() for t in tensors)
     key = key or client.numbered_key("crnet.torch/parameters")
     vec = client.buffer(n, np_dtype)
+    staging = HostStaging()
     if is_root(client, root):
-        pack(tensors, vec)
+        pack(tensors, vec, staging)
         client.broadcast(vec, key, root=root, timeout=timeout)
     else:
         unpack(tensors, client.broadcast(vec, key, root=root, out=client.result_buffer(n, np_dtype),
-                                         timeout=timeout))
+                                         timeout=timeout), staging)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, client: Client, root: bool | int,
@@ -60,17 +63,20 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, client: Client, 
     process whose optimizer has no state yet gets the root's anyway (see
     ``OptimizerLayout``: the state's shape is learned on a probe, nothing real is
     stepped); a parameter without state at the root has none anywhere afterwards. Sent
-    as one float64 vector (exact for float32 state and counters up to 2**53).
+    as one float64 vector (exact for float32 state and counters up to 2**53); CUDA state
+    as ``broadcast_parameters``'s tensors.
     """
     layout = OptimizerLayout(optimizer)
     key = key or client.numbered_key("crnet.torch/optimizer")
     vec = client.buffer(layout.size, np.float64)
+    staging = HostStaging()
     if is_root(client, root):
-        layout.pack(optimizer, vec)
+        layout.pack(optimizer, vec, staging)
         client.broadcast(vec, key, root=root, timeout=timeout)
     else:
         out = client.result_buffer(layout.size, np.float64)
-        layout.unpack(optimizer, client.broadcast(vec, key, root=root, out=out, timeout=timeout))
+        layout.unpack(optimizer, client.broadcast(vec, key, root=root, out=out, timeout=timeout),
+                      staging)
 
 
 def is_root(client: Client, root: bool | int) -> bool:

@@ -7,6 +7,7 @@ import torch
 
 from ..client import Client
 from .dtypes import WIRE_DTYPES, wire_dtype
+from .staging import HostStaging
 
 
 def allreduce(client: Client, tensor: torch.Tensor, step: int, out: torch.Tensor | None = None,
@@ -17,13 +18,14 @@ def allreduce(client: Client, tensor: torch.Tensor, step: int, out: torch.Tensor
     shared input, unless it *is* the shared input: ``torch.from_numpy(client.buffer(n,
     dtype))``). The result is a new CPU tensor, or lands in ``out`` (a CPU tensor; pass
     ``torch.from_numpy(client.result_buffer(n, dtype))`` and nothing is copied). A GPU
-    tensor goes through host memory: one copy to the host, the result copied back to its
-    device (and into ``out`` if given).
+    tensor goes through pinned host memory (crnet.torch.staging): one copy down, the
+    result copied back up to its device (into ``out`` if given).
     """
     wire_dtype(tensor.dtype)
-    host = tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+    staging = HostStaging()
+    host = staging.down([tensor.detach()])[0]          # a CPU tensor: itself
     got = client.allreduce(_host_array(host), step, out=_out_array(out, tensor), timeout=timeout)
-    return _returned(got, out, tensor)
+    return _returned(got, out, tensor, staging)
 
 
 def result(client: Client, step: int, like: torch.Tensor, out: torch.Tensor | None = None,
@@ -33,7 +35,7 @@ def result(client: Client, step: int, like: torch.Tensor, out: torch.Tensor | No
     wire_dtype(like.dtype)
     template = np.empty(like.numel(), dtype=WIRE_DTYPES[like.dtype])
     got = client.result(step, template, out=_out_array(out, like), timeout=timeout)
-    return _returned(got, out, like)
+    return _returned(got, out, like, HostStaging())
 
 
 def _host_array(t: torch.Tensor) -> np.ndarray:
@@ -49,10 +51,13 @@ def _out_array(out: torch.Tensor | None, like: torch.Tensor) -> np.ndarray | Non
     return out.detach().numpy().reshape(-1)
 
 
-def _returned(got: np.ndarray, out: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    if out is not None:
-        if out.device.type != "cpu":
-            out.copy_(torch.from_numpy(got).view(out.shape))   # host -> device
-        return out
-    host = torch.from_numpy(got).view(like.shape)
-    return host if like.device.type == "cpu" else host.to(like.device)
+def _returned(got: np.ndarray, out: torch.Tensor | None, like: torch.Tensor,
+              staging: HostStaging) -> torch.Tensor:
+    result = torch.from_numpy(got)
+    if not staging.staged(out if out is not None else like):
+        return result.view(like.shape) if out is None else out   # out: the client wrote it
+    dest = out if out is not None else torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    host = staging.room([dest])
+    host[0].copy_(result.view(dest.shape))
+    staging.up([dest], host)                          # host -> device
+    return dest

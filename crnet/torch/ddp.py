@@ -41,7 +41,10 @@ inside ``step()``, never inside backward. Loop on ``opt.step_index``, not a step
 
 **Copies.** DDP owns the gradients (its buckets), so unlike ``DistributedOptimizer`` the
 gradient is copied into the shared input and the result out of the shared output: two
-copies of the gradient per step, on the CPU. CUDA tensors are not supported here.
+copies of the gradient per step, on the CPU. A CUDA model's buckets go through a pinned
+host mirror of the vector (crnet.torch.staging): each bucket's copy down is queued as
+DDP hands it over, the last bucket waits for them all; the result goes up by queued
+copies, which the futures (made for the device) order before DDP reads the buckets.
 """
 
 from __future__ import annotations
@@ -78,9 +81,9 @@ class DDPOptimizer(ReplicaSteps):
             raise ValueError("the model has no parameter that requires grad")
         self.ddp = model
         self.grads = SharedGradients(params, client, views=False)
-        if not self.grads.on_host:
-            raise ValueError(f"parameters on {self.grads.device}: the crnet DDP hook takes CPU "
-                             "models (CUDA is not supported yet)")
+        # a future holding device tensors must say so: it makes DDP's stream wait for them
+        self._devices: list[int | str | torch.device] = (
+            [] if self.grads.device.type == "cpu" else [self.grads.device])
         self._slot = {id(p): i for i, p in enumerate(params)}
         # (bucket buffer, [(slot, gradient view)], future) of this backward's buckets so far
         self._pending: list[tuple[torch.Tensor, list[tuple[int, torch.Tensor]], torch.futures.Future]] = []
@@ -153,10 +156,9 @@ class DDPOptimizer(ReplicaSteps):
         entries = []
         for p, g in zip(bucket.parameters(), bucket.gradients()):   # views into the bucket
             i = self._slot[id(p)]
-            self.grads.slot(i)[0].copy_(g)
-            self.grads.copied_bytes += g.numel() * g.element_size()
+            self.grads.take(i, g)
             entries.append((i, g))
-        fut: torch.futures.Future = torch.futures.Future()
+        fut: torch.futures.Future = torch.futures.Future(devices=self._devices or None)
         self._pending.append((bucket.buffer(), entries, fut))
         if bucket.is_last():
             self._reduce_pending()
@@ -166,18 +168,18 @@ class DDPOptimizer(ReplicaSteps):
         """The one crnet step of this backward; every bucket's future from its result."""
         pending, self._pending = self._pending, []    # the next backward starts afresh
         self.buckets = len(pending)
+        self.grads.taken()
         ok = False
         if not self.resync_pending:    # a stale replica's gradient would be refused
             self.reductions += 1
             ok = self.reduce(self.grads.input, self.grads.output)
         self._outcome = ok
-        m = self.samples_in() if ok else 1.0
-        for buffer, entries, fut in pending:
-            if ok:       # else the gradient is left as it is: step() applies nothing
-                for i, g in entries:
-                    g.copy_(self.grads.slot(i)[1])
-                    self.grads.copied_bytes += g.numel() * g.element_size()
+        if ok:       # else the gradient is left as it is: step() applies nothing
+            self.grads.give([e for _, entries, _ in pending for e in entries])
+            m = self.samples_in()
+            for buffer, _, _ in pending:
                 buffer.div_(m)
+        for buffer, _, fut in pending:
             fut.set_result(buffer)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from ..client import Client
 from .dtypes import WIRE_DTYPES, common_dtype
+from .staging import HostStaging, one_device
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
@@ -24,7 +25,11 @@ class SharedGradients:
     A ``.grad`` that is not the view (set to None or replaced) is copied, and GPU
     gradients go through host memory: ``copied_bytes`` counts both. With ``views=False``
     the ``.grad`` tensors stay whoever's they are (DDP's: its buckets own them) and are
-    copied in (``gather``) and out (``scatter``), as on a GPU.
+    copied in (``gather``, or ``take`` and ``taken``) and out (``scatter``, ``give``).
+
+    On a GPU (``staging``, crnet.torch.staging) the gradient goes down into a pinned
+    mirror of the flat vector (queued copies, one wait), from there into ``input``; the
+    result from ``output`` into the mirror, and up (queued copies).
     """
 
     def __init__(self, params: list[torch.Tensor], client: Client, views: bool = True):
@@ -32,12 +37,9 @@ class SharedGradients:
         self.client = client
         self.dtype = common_dtype(params, "parameters")
         self.np_dtype = WIRE_DTYPES[self.dtype]
-        devices = {p.device for p in params}
-        if len(devices) > 1:
-            raise ValueError(f"parameters on several devices ({', '.join(map(str, devices))}): "
-                             "crnet.torch reduces one flat vector")
-        self.device = devices.pop()
-        self.on_host = self.device.type == "cpu"
+        self.device = one_device(params, "parameters")
+        self.staging = HostStaging()
+        self.on_host = not self.staging.needed(params)
         self.views = views and self.on_host   # .grad is a view into the shared memory
         self.numel = sum(p.numel() for p in params)
         self.copied_bytes = 0          # client-side copies between backward and the network
@@ -60,11 +62,6 @@ class SharedGradients:
         if self.views:
             for p, v in zip(self.params, self._in_views):
                 p.grad = v
-
-    def slot(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Parameter ``i``'s part of the shared input and of the shared output, shaped like
-        it (call ``refresh`` first: the shared memory may have moved)."""
-        return self._in_views[i], self._out_views[i]
 
     def refresh(self) -> None:
         """Rebind if the client's shared memory moved: it grows (a new mapping) when a
@@ -89,6 +86,14 @@ class SharedGradients:
 
     def gather(self) -> None:
         """Make sure the shared input holds every gradient (on the CPU it already does)."""
+        if not self.on_host:
+            for i, p in enumerate(self.params):
+                if p.grad is None:
+                    self._mirror(i).zero_()
+                else:
+                    self.take(i, p.grad)
+            self.taken()
+            return
         for p, v, w in zip(self.params, self._in_views, self._out_views):
             g = p.grad
             if g is v:
@@ -107,6 +112,14 @@ class SharedGradients:
     def scatter(self, samples: float) -> None:
         """The sum of ``samples`` samples' gradients -> their mean, in ``.grad``."""
         self._output_t.div_(samples)
+        if not self.on_host:
+            grads = []
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.empty_like(p)
+                grads.append(p.grad)
+            self.give(list(enumerate(grads)))
+            return
         for p, w in zip(self.params, self._out_views):
             if self.views:
                 if p.grad is not w:
@@ -116,3 +129,45 @@ class SharedGradients:
                     p.grad = torch.empty_like(p)
                 p.grad.copy_(w)            # into .grad: on the device, or not ours
                 self.copied_bytes += w.numel() * w.element_size()
+
+    # ---- one gradient at a time (the DDP hook: its buckets, as backward fills them)
+    def take(self, i: int, g: torch.Tensor) -> None:
+        """Parameter ``i``'s gradient ``g`` into the shared input; on a GPU queued into the
+        mirror: ``taken`` finishes."""
+        if self.on_host:
+            self._in_views[i].copy_(g)
+        else:
+            self.staging.to_host(self._mirror(i), g)
+        self.copied_bytes += g.numel() * g.element_size()
+
+    def taken(self) -> None:
+        """Every gradient was taken: on a GPU, wait for the copies, mirror -> shared input."""
+        if self.on_host:
+            return
+        self.staging.wait(self.device)
+        self._input_t.copy_(self._mirror())
+        self.copied_bytes += self.numel * self._input_t.element_size()
+
+    def give(self, entries: list[tuple[int, torch.Tensor]]) -> None:
+        """The result (the shared output) of parameter ``i`` into ``g``, for each ``(i, g)``."""
+        if self.on_host:
+            for i, g in entries:
+                g.copy_(self._out_views[i])
+                self.copied_bytes += g.numel() * g.element_size()
+            return
+        self._mirror().copy_(self._output_t)        # after the copies up that read it
+        self.copied_bytes += self.numel * self._output_t.element_size()
+        for i, g in entries:
+            self.staging.to_device(g, self._mirror(i))
+            self.copied_bytes += g.numel() * g.element_size()
+        self.staging.queued(self.device)
+
+    def _mirror(self, i: int | None = None) -> torch.Tensor:
+        """The pinned mirror of the flat vector (``i``: parameter ``i``'s part, shaped
+        like it), free for the host (staging.HostStaging.flat)."""
+        flat = self.staging.flat(self.numel, self.dtype)      # allocated once, then the same
+        if i is None:
+            return flat
+        v = self._in_views[i]
+        at = v.storage_offset() - self._input_t.storage_offset()
+        return flat[at:at + v.numel()].view(v.shape)

@@ -33,9 +33,10 @@ class DistributedOptimizer(ReplicaSteps):
     ``copied_bytes``), and for GPU parameters (see below). The client copies nothing: its
     input *is* the buffer, its ``out`` *is* the output.
 
-    **GPU parameters** keep their ``.grad`` on the device: ``step()`` copies them to the
-    shared input (one device-to-host copy per parameter) and the result back (host to
-    device), both counted in ``copied_bytes``.
+    **GPU parameters** keep their ``.grad`` on the device: ``step()`` copies them down
+    into a pinned mirror of the vector (queued copies, one wait) and from there into the
+    shared input, and the result back the same way (crnet.torch.staging), all counted in
+    ``copied_bytes``.
 
     **Outcomes.** ``step()`` returns True when it applied an update. The tree finished
     the step without this process: ``allreduce`` returns the tree's result at once and it

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .staging import HostStaging
+
 
 @dataclass(frozen=True)
 class _Slot:
@@ -121,7 +123,22 @@ class OptimizerLayout:
             return len(value)
         return 0
 
-    def pack(self, optimizer: torch.optim.Optimizer, dest: np.ndarray) -> None:
+    def _state_tensors(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """The optimizer's state tensors that have a tensor slot, in the vector's order."""
+        out = []
+        for p, slots in zip(self.params, self.slots):
+            state = optimizer.state.get(p) or {}
+            out += [state[s.key] for s in slots
+                    if s.kind == "tensor" and isinstance(state.get(s.key), torch.Tensor)]
+        return out
+
+    def pack(self, optimizer: torch.optim.Optimizer, dest: np.ndarray,
+             staging: HostStaging | None = None) -> None:
+        """``staging``: CUDA state tensors go down through it, all at once."""
+        host: dict[int, torch.Tensor] = {}    # a CUDA state tensor's values on the host
+        if staging is not None:     # (Adam's step counter stays on the CPU: not staged)
+            tensors = [t for t in self._state_tensors(optimizer) if staging.staged(t)]
+            host = {id(t): h for t, h in zip(tensors, staging.down(tensors, "the optimizer's state"))}
         flat = torch.from_numpy(dest)
         at = 0
         for p, slots in zip(self.params, self.slots):
@@ -136,7 +153,8 @@ class OptimizerLayout:
                                      f"(it has {sorted(map(str, state))}): crnet.torch cannot "
                                      "lay out state that varies between steps")
                 elif s.kind == "tensor":
-                    flat[at:at + s.size].copy_(state[s.key].detach().reshape(-1))
+                    t = host.get(id(state[s.key]), state[s.key])
+                    flat[at:at + s.size].copy_(t.detach().reshape(-1))
                 elif s.kind != "none":
                     flat[at] = float(state[s.key])
                 at += s.size
@@ -153,8 +171,11 @@ class OptimizerLayout:
                 at += n
         assert at == self.size
 
-    def unpack(self, optimizer: torch.optim.Optimizer, src: np.ndarray) -> None:
-        """Overwrite every state tensor (in place where it exists) and value from ``src``."""
+    def unpack(self, optimizer: torch.optim.Optimizer, src: np.ndarray,
+               staging: HostStaging | None = None) -> None:
+        """Overwrite every state tensor (in place where it exists) and value from ``src``;
+        ``staging``: CUDA state tensors come up through it, all at once."""
+        ups: list[tuple[torch.Tensor, torch.Tensor]] = []     # (CUDA state tensor, its values)
         flat = torch.from_numpy(src)
         at = 0
         with torch.no_grad():
@@ -170,8 +191,13 @@ class OptimizerLayout:
                     if s.kind == "tensor":
                         part = flat[at:at + s.size].view(s.shape)
                         old = state.get(s.key)
-                        if (isinstance(old, torch.Tensor) and old.shape == s.shape
-                                and old.dtype == s.dtype):
+                        fits = (isinstance(old, torch.Tensor) and old.shape == s.shape
+                                and old.dtype == s.dtype)
+                        if staging is not None and staging.staged(old if fits else p):
+                            if not fits:
+                                old = state[s.key] = torch.empty(s.shape, dtype=s.dtype, device=p.device)
+                            ups.append((old, part))
+                        elif fits:
                             old.copy_(part)
                         else:   # a copy: state must never alias the client's shared memory
                             state[s.key] = part.to(dtype=s.dtype, device=p.device, copy=True)
@@ -189,5 +215,11 @@ class OptimizerLayout:
                     else:
                         g[k] = type(v)(got.item())
                     at += n
+            if ups and staging is not None:
+                targets = [t for t, _ in ups]
+                host = staging.room(targets, "the optimizer's state")
+                for h, (_, part) in zip(host, ups):
+                    h.copy_(part)
+                staging.up(targets, host)
         assert at == self.size
 

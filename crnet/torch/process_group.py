@@ -29,12 +29,14 @@ raises a ``RuntimeError`` that says which.
 fresh job and the others read it from torch's store, so every launch (and every
 restart of the whole group by torchrun) is a new crnet job, starting at step 0.
 
-**What it carries.** Exact collectives of CPU tensors of any dtype: ``broadcast``,
+**What it carries.** Exact collectives of CPU or CUDA tensors of any dtype: ``broadcast``,
 ``allreduce`` and ``allreduce_coalesced`` (SUM, AVG, PRODUCT, MIN, MAX), ``allgather``
 (so ``all_gather_object``), ``all_gather_into_tensor`` and ``barrier``. An allreduce is an
 allgather plus the reduction on every process: made for what DDP's setup and training
 code exchange (shapes, a loss to log), not for gradients, which go through
-``register_crnet_hook``. Other operations raise a ``RuntimeError`` naming these.
+``register_crnet_hook``. Other operations raise a ``RuntimeError`` naming these. CUDA
+tensors go down to pinned host memory and their results back up (crnet.torch.staging);
+the tensors of one call must be on one device.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from ..client import Client
 from ..client.aio import client_socket_path
 from ..errors import DaemonBusy
 from .exact_collectives import ExactCollectives
+from .staging import HostStaging, one_device
 
 NAME = "crnet"
 SUPPORTED = ("broadcast, all_reduce (SUM, AVG, PRODUCT, MIN, MAX), all_gather, "
@@ -66,11 +69,14 @@ _REDUCTIONS = {
 
 
 class _Done(dist.Work):
-    """The work of a collective that already happened (the client's calls block)."""
+    """The work of a collective that already happened (the client's calls block; a CUDA
+    result's copies up are queued on the current stream, before whatever runs after)."""
 
-    def __init__(self, result: Any):
+    def __init__(self, result: Any, device: torch.device | None = None):
         super().__init__()
-        self._future: torch.futures.Future[Any] = torch.futures.Future()
+        devices: list[int | str | torch.device] | None = (
+            None if device is None or device.type == "cpu" else [device])
+        self._future: torch.futures.Future[Any] = torch.futures.Future(devices=devices)
         self._future.set_result(result)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
@@ -85,13 +91,12 @@ def _unsupported(what: str) -> RuntimeError:
                         "(gradients: crnet.torch.register_crnet_hook)")
 
 
-def _cpu(tensors: Sequence[torch.Tensor], what: str) -> None:
+def _checked(tensors: Sequence[torch.Tensor], what: str) -> torch.device:
+    """The one device of a call's tensors (a ValueError if several); none may be sparse."""
     for t in tensors:
-        if t.device.type != "cpu":
-            raise RuntimeError(f"the crnet process group takes CPU tensors; {what} got one on "
-                               f"{t.device} (untested without a GPU: move it with .cpu())")
         if t.is_sparse:
             raise _unsupported(f"sparse tensors ({what})")
+    return one_device(tensors, f"the tensors of {what}")
 
 
 def _reduce(parts: list[torch.Tensor], op: str) -> torch.Tensor:
@@ -119,18 +124,24 @@ class CrnetProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # the stubs miss this overload
         self.client = client
         self.ops = ExactCollectives(client, rank, size, prefix, timeout)
+        self.staging = HostStaging()      # CUDA tensors' way to the host and back
 
     def getBackendName(self) -> str:
         return NAME
 
     # ---- what it carries (torch's stubs type these as overloads of its own: hence the ignores)
+    # CPU tensors are their own host tensors (self.staging hands them back untouched)
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:  # type: ignore[override]
-        _cpu(tensors, "broadcast")
-        self.ops.broadcast(tensors, opts.rootRank)
-        return _Done(tensors)
+        device = _checked(tensors, "broadcast")
+        st, root, mine = self.staging, opts.rootRank, opts.rootRank == self.rank()
+        host = st.down(tensors) if mine else st.room(tensors)
+        self.ops.broadcast(host, root)
+        if not mine:
+            st.up(tensors, host)
+        return _Done(tensors, device)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:  # type: ignore[override]
-        _cpu(tensors, "all_reduce")
+        device = _checked(tensors, "all_reduce")
         reduce_op = opts if isinstance(opts, dist.ReduceOp) else opts.reduceOp
         op = next((name for k, name in _REDUCTIONS.items() if reduce_op == k), None)
         if op is None:
@@ -139,31 +150,40 @@ class CrnetProcessGroup(dist.ProcessGroup):
             if op == "avg" and not (t.is_floating_point() or t.is_complex()):
                 raise RuntimeError(f"all_reduce with AVG of a {t.dtype} tensor: use SUM, or a "
                                    "floating point tensor")
-        got = self.ops.allgather(tensors)
+        host = self.staging.down(tensors)
+        got = self.ops.allgather(host)
         with torch.no_grad():
-            for i, t in enumerate(tensors):
+            for i, t in enumerate(host):
                 t.copy_(_reduce([g[i] for g in got], op))
-        return _Done(tensors)
+        self.staging.up(tensors, host)
+        return _Done(tensors, device)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:  # type: ignore[override]
         return self.allreduce(tensors, opts)
 
     def allgather(self, outputs: list[list[torch.Tensor]],  # type: ignore[override]
                   inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        _cpu(inputs, "all_gather")
-        got = self.ops.allgather(inputs)
+        flat = [out for outs in outputs for out in outs]
+        device = _checked([*inputs, *flat], "all_gather")
+        got = self.ops.allgather(self.staging.down(inputs))     # copies: the buffer is free
+        host = self.staging.room(flat)
         with torch.no_grad():
+            at = 0
             for i, outs in enumerate(outputs):
-                for r, out in enumerate(outs):
-                    out.copy_(got[r][i])
-        return _Done(outputs)
+                for r in range(len(outs)):
+                    host[at].copy_(got[r][i])
+                    at += 1
+        self.staging.up(flat, host)
+        return _Done(outputs, device)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        _cpu([input], "all_gather_into_tensor")
-        got = self.ops.allgather([input])
+        device = _checked([input, output], "all_gather_into_tensor")
+        got = self.ops.allgather(self.staging.down([input]))
+        host = self.staging.room([output])
         with torch.no_grad():
-            output.copy_(torch.cat([g[0].reshape(-1) for g in got]).view(output.shape))
-        return _Done([output])
+            host[0].copy_(torch.cat([g[0].reshape(-1) for g in got]).view(output.shape))
+        self.staging.up([output], host)
+        return _Done([output], device)
 
     _allgather_base = all_gather_single
 
@@ -272,7 +292,7 @@ def create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Crnet
 def register() -> None:
     """Register the backend (importing ``crnet.torch`` does): ``init_process_group("crnet")``."""
     if NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(NAME, create, devices=["cpu"])
+        dist.Backend.register_backend(NAME, create, devices=["cpu", "cuda"])
 
 
 def group_client(group: Any = None) -> Client:

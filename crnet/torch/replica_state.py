@@ -10,6 +10,7 @@ import torch
 
 from .optimizer_layout import OptimizerLayout
 from .packing import model_tensors, pack, unpack
+from .staging import HostStaging
 
 
 class ReplicaState:
@@ -24,6 +25,7 @@ class ReplicaState:
         self.model = model
         self.optimizer = optimizer
         self._layout: OptimizerLayout | None = None
+        self.staging = HostStaging()      # a CUDA model's tensors to the host and back
 
     @property
     def layout(self) -> OptimizerLayout:
@@ -37,9 +39,9 @@ class ReplicaState:
         return sum(t.numel() for t in model_tensors(self.model)) + self.layout.size
 
     def pack(self, dest: np.ndarray) -> None:
-        at = pack(model_tensors(self.model), dest)
-        self.layout.pack(self.optimizer, dest[at:])
+        at = pack(model_tensors(self.model), dest, self.staging)
+        self.layout.pack(self.optimizer, dest[at:], self.staging)
 
     def load(self, src: np.ndarray) -> None:
-        at = unpack(model_tensors(self.model), src)
-        self.layout.unpack(self.optimizer, src[at:])
+        at = unpack(model_tensors(self.model), src, self.staging)
+        self.layout.unpack(self.optimizer, src[at:], self.staging)
