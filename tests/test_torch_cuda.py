@@ -278,7 +278,8 @@ def test_ddp_with_the_crnet_hook_on_a_device_trains_like_one_process(local_tree,
     def train(name):
         c = Client(lt.socket_path(name), timeout=60)
         try:
-            pg = CrnetProcessGroup(c, names.index(name), len(names), "test/pg", 60.0)
+            pg = CrnetProcessGroup(c, names.index(name), len(names), "test/pg", 60.0,
+                                   range(len(names)))   # one process a host: tree order
             model = DDP(make_model(torch.float64, seed=names.index(name)).to(device),
                         process_group=pg, bucket_cap_mb=0.0002)
             # join=False: a fresh job, every replica has rank 0's parameters from DDP (else
@@ -321,7 +322,7 @@ def test_the_backends_collectives_of_device_tensors_are_exact(local_tree, device
         rank = names.index(name)
         c = Client(lt.socket_path(name), timeout=60)
         try:
-            pg = CrnetProcessGroup(c, rank, size, "test/coll", 60.0)
+            pg = CrnetProcessGroup(c, rank, size, "test/coll", 60.0, range(size))
             opts = dist.BroadcastOptions()
             opts.rootRank = 1
             b = on(device, torch.tensor([rank, -1, 2**53 + 1], dtype=torch.int64))[0]

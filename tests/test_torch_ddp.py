@@ -225,3 +225,35 @@ def test_importing_crnet_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+class RecordingClient:
+    """What ExactCollectives asks of a client: each broadcast's key and root, recorded."""
+
+    def __init__(self):
+        self.roots: list[tuple[str, object]] = []
+
+    def broadcast(self, vec, key, root, timeout=None, out=None):
+        self.roots.append((key, root))
+        return vec
+
+    def barrier(self, key, processes=None, timeout=None):
+        pass
+
+
+def test_every_broadcast_names_its_roots_crnet_rank_never_the_first_copy():
+    """With ``root=True``/``False`` a host that holds the secret could send the first copy
+    of a key; a crnet rank makes every process take the root's host's copy only."""
+    from crnet.torch.exact_collectives import ExactCollectives
+
+    crnet_ranks = [3, 0, 2, 1]            # torchrun's order is not the tree's
+    for me in range(4):
+        c = RecordingClient()
+        ops = ExactCollectives(c, me, 4, "t", 5.0, crnet_ranks)
+        ops.broadcast([torch.zeros(2)], root=0)
+        ops.allgather([torch.zeros(2)])
+        roots = [root for _, root in c.roots]
+        assert roots[0] == 3 and sorted(roots[1:]) == sorted(crnet_ranks), roots
+        assert all(type(root) is int for root in roots), roots
+    with pytest.raises(ValueError, match="its own crnet rank"):
+        ExactCollectives(RecordingClient(), 0, 3, "t", 5.0, [0, 1, 1])

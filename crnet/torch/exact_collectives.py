@@ -65,12 +65,21 @@ class ExactCollectives:
     ``prefix`` names this group's broadcasts and barriers within the job (every process
     of the group uses the same); ``timeout`` bounds each wait (torch's process group
     timeout: a receiver waits that long for a root that is slow to get there).
+    ``crnet_ranks[r]`` is crnet's rank (``Assignment.rank``) of the process of rank ``r``:
+    every broadcast names its root's, so that each process takes the root's copy only,
+    checked to come from the root's host (a host that holds the cluster secret cannot
+    replace it: docs/operations.md).
     """
 
-    def __init__(self, client: Client, rank: int, size: int, prefix: str, timeout: float):
+    def __init__(self, client: Client, rank: int, size: int, prefix: str, timeout: float,
+                 crnet_ranks: Sequence[int]):
+        if len(crnet_ranks) != size or len(set(crnet_ranks)) != size:
+            raise ValueError(f"crnet_ranks must give each of the {size} ranks its own crnet "
+                             f"rank, got {list(crnet_ranks)}")
         self.client = client
         self.rank = rank
         self.size = size
+        self.crnet_ranks = list(crnet_ranks)
         self.prefix = prefix
         self.timeout = timeout
         self.calls = 0               # collectives so far: numbers the keys
@@ -100,9 +109,9 @@ class ExactCollectives:
         vec = to_wire(tensors)
         key = self._key(f"from{root}")
         if self.rank == root:
-            self.client.broadcast(vec, key, root=True, timeout=self.timeout)
+            self.client.broadcast(vec, key, root=self.crnet_ranks[root], timeout=self.timeout)
             return
-        got = self.client.broadcast(vec, key, root=False, timeout=self.timeout)
+        got = self.client.broadcast(vec, key, root=self.crnet_ranks[root], timeout=self.timeout)
         with torch.no_grad():
             for t, v in zip(tensors, from_wire(got, tensors)):
                 t.copy_(v)
@@ -117,13 +126,13 @@ class ExactCollectives:
             ranks = range(first, min(first + BUDGET, self.size))
             self._room(len(ranks))
             if self.rank in ranks:          # send first: the others wait for it
-                self.client.broadcast(mine, self._key(f"from{self.rank}"), root=True,
-                                      timeout=self.timeout)
+                self.client.broadcast(mine, self._key(f"from{self.rank}"),
+                                      root=self.crnet_ranks[self.rank], timeout=self.timeout)
             for r in ranks:
                 if r == self.rank:
                     got.append([t.detach().to("cpu").clone() for t in tensors])
                 else:
-                    vec = self.client.broadcast(mine, self._key(f"from{r}"), root=False,
-                                                timeout=self.timeout)
+                    vec = self.client.broadcast(mine, self._key(f"from{r}"),
+                                                root=self.crnet_ranks[r], timeout=self.timeout)
                     got.append(from_wire(vec, tensors))
         return got

@@ -16,9 +16,10 @@ the order they connected (``Assignment.process``). Nothing needs them to agree:
   computes the share crnet gave it (``CodedSampler`` reads ``client.assignment``), so
   the tree's sum is the global batch's whatever torch's ranks are;
 - every *other* collective (broadcast, allgather, allreduce, barrier) goes through
-  crnet broadcasts and barriers keyed by torch's rank (``exact_collectives``): rank r
-  is the root of ``dist.broadcast(t, src=r)`` because it says so, wherever crnet
-  seated it.
+  crnet broadcasts and barriers keyed by torch's rank (``exact_collectives``): the root
+  of ``dist.broadcast(t, src=r)`` is rank r wherever crnet seated it, named to the
+  daemons by its crnet rank, which every process tells the others through torch's store
+  when the group is made (so each takes rank r's copy only, from rank r's host).
 
 What must agree is the count: ``LOCAL_WORLD_SIZE`` (torchrun's ``--nproc-per-node K``)
 must be the daemon's ``--local-processes``, and ``WORLD_SIZE`` the tree's hosts times K
@@ -120,10 +121,11 @@ class CrnetProcessGroup(dist.ProcessGroup):
     """The world's process group on crnet (see the module). ``client`` is this process's
     connection to its daemon: ``crnet.torch.register_crnet_hook`` takes it from here."""
 
-    def __init__(self, client: Client, rank: int, size: int, prefix: str, timeout: float):
+    def __init__(self, client: Client, rank: int, size: int, prefix: str, timeout: float,
+                 crnet_ranks: Sequence[int]):
         super().__init__(rank, size)  # type: ignore[call-arg]  # the stubs miss this overload
         self.client = client
-        self.ops = ExactCollectives(client, rank, size, prefix, timeout)
+        self.ops = ExactCollectives(client, rank, size, prefix, timeout, crnet_ranks)
         self.staging = HostStaging()      # CUDA tensors' way to the host and back
 
     def getBackendName(self) -> str:
@@ -246,6 +248,14 @@ def _job(store: dist.Store, rank: int, created: int) -> str:
     return store.get(key).decode()
 
 
+def _crnet_ranks(store: dist.Store, rank: int, size: int, created: int, client: Client) -> list[int]:
+    """crnet's rank of every torch rank, through torch's store: the roots the collectives
+    name (``ExactCollectives``)."""
+    key = f"crnet/rank/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{created}"
+    store.set(f"{key}/{rank}", str(client.assignment.rank))
+    return [int(store.get(f"{key}/{r}")) for r in range(size)]
+
+
 def _check_counts(client: Client, size: int) -> None:
     """The daemons expect the processes torch started: a RuntimeError saying what differs."""
     a = client.assignment
@@ -281,7 +291,7 @@ def create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Crnet
     try:
         _check_counts(client, size)
         pg = CrnetProcessGroup(client, rank, size, f"crnet.torch/pg{created}",
-                               timeout.total_seconds())
+                               timeout.total_seconds(), _crnet_ranks(store, rank, size, created, client))
         pg.ops.barrier()          # every process is attached before anything else
     except BaseException:
         client.close()
