@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 
@@ -282,9 +283,13 @@ def test_ddp_with_the_crnet_hook_on_a_device_trains_like_one_process(local_tree,
                                    range(len(names)))   # one process a host: tree order
             model = DDP(make_model(torch.float64, seed=names.index(name)).to(device),
                         process_group=pg, bucket_cap_mb=0.0002)
-            # join=False: a fresh job, every replica has rank 0's parameters from DDP (else
-            # a thread that gets here after the tree finished step 0 would ask for the state)
-            opt = register_crnet_hook(model, OPTIMIZERS["momentum"](model.parameters()), c, join=False)
+            if name == names[0]:
+                # rank 0 (the master's: an empty share) comes late, once the tree decided
+                # step 0 without it: by default it takes the held results, not a peer's
+                # state, which would wait for ever: its peers wait in DDP's bucket rebuild,
+                # a broadcast from rank 0
+                time.sleep(1.0)
+            opt = register_crnet_hook(model, OPTIMIZERS["momentum"](model.parameters()), c)
             sampler = CodedSampler(150, c, seed=7)
             while opt.step_index < steps:
                 idx, w = sampler.local(opt.step_index)

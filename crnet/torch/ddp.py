@@ -91,7 +91,13 @@ class DDPOptimizer(ReplicaSteps):
         self.reductions = 0
         self.buckets = 0          # DDP's buckets in the last synchronised backward
         self.grads.bind()
-        if self.start(join):
+        # DDP's constructor gave every process rank 0's parameters, so a process that gets
+        # here after the tree decided step 0 without it is not behind in parameters, only
+        # in steps: it takes their results, which its daemon holds (a StepLost past
+        # --result-memory resyncs then). Asking a peer for the state instead could wait
+        # for ever: rank 0's peers may be blocked in DDP's bucket rebuild, a collective
+        # whose root is rank 0. So by default only a stale client (a restart) asks.
+        if self.start(join if join is not None else client.stale):
             self.grads.refresh()
         model.register_comm_hook(self, _hook)
 
@@ -193,5 +199,7 @@ def register_crnet_hook(model: DistributedDataParallel, optimizer: torch.optim.O
                         client: Client | None = None, **options: Any) -> DDPOptimizer:
     """Reduce ``model``'s gradients through crnet (see the module) and return the optimizer
     to step: ``optimizer`` wrapped in a ``DDPOptimizer``. ``client``: default the crnet
-    process group's. ``options``: ``join``, ``timeout``, as for ``DistributedOptimizer``."""
+    process group's. ``options``: ``join`` (default: only if the client is stale, as DDP's
+    constructor gave every process rank 0's parameters), ``timeout``, as for
+    ``DistributedOptimizer``."""
     return DDPOptimizer(model, optimizer, client, **options)
