@@ -105,6 +105,7 @@ FULL_FILES = frozenset({
     "test_trust_keys.py",     # issue 26: jobs, barrier and broadcast keys, state answers, slots
     "test_trust_liveness.py", # issue 26: every wait keeps its bound through a master restart
     "test_tune.py",           # issue 28: crnet tune gathers a real tree's windows, authenticated
+    "test_tune_probe.py",     # crnet tune --probe: a cold tree's links and compute, authenticated, bounded
     "test_plan_auto.py",      # issue 28: crnetd --plan auto: job 2 runs the plan tuned from job 1
 })
 
