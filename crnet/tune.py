@@ -122,7 +122,8 @@ def measurements(tree: dict) -> Measurements:
         raise TuneError(f"{named(tree)} has no share of the data yet: nothing runs to tune")
     config = root["config"]
     if config["vector_bytes"] is None or config["samples"] is None:
-        raise TuneError("no step has finished yet: train a few steps first")
+        raise TuneError("no step has finished yet: train a few steps first, or ask "
+                        "for a probe (crnet tune --probe)")
     running = Running(config["scheme"], Tree(config["fanout"], config["stragglers"]),
                       config["samples"], config["chunk_bytes"], config["vector_bytes"])
     hosts, unmeasured = [], []
