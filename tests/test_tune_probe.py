@@ -142,6 +142,25 @@ async def test_the_probe_refuses_while_a_jobs_process_is_attached(local_tree):
     await wait_until(probed, "a probe once the job's process left", every=0.2)
 
 
+def peak_rss(lt, name: str) -> int:
+    """Daemon ``name``'s peak resident memory so far, in bytes (Linux)."""
+    with open(f"/proc/{lt.procs[name].pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+async def test_the_largest_probe_costs_the_daemons_little_memory(local_tree):
+    """PROBE_BYTES_MAX to each child, three times: sent from one zeroed buffer, read into
+    one of PROBE_FRAME bytes; no daemon's peak memory grows by half of one round."""
+    lt = local_tree(Tree.regular(2, 1, 1), 4)
+    await joined(lt)
+    before = {name: peak_rss(lt, name) for name in lt.procs}
+    tree = await gather_probe("127.0.0.1", lt.ports[MASTER], probe_bytes=PROBE_BYTES_MAX)
+    assert [len(x["micros"]) for x in tree["measured"]["probe"]["links"]] == [PROBE_ROUNDS] * 2
+    for name, was in before.items():
+        assert peak_rss(lt, name) - was < PROBE_BYTES_MAX // 2, name
+
+
 def node(name: str, probe: object, children: list | None = None) -> dict:
     measured = {"window": 8, "processes": 1, "local_samples": 4, "compute": [], "arrivals": [],
                 "periods": {"steps": [], "micros": []}, "links": [], "summed": None,
