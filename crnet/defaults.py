@@ -14,6 +14,13 @@ RESULT_MEMORY = 1 << 30            # bytes of results kept for training processe
 LOCAL_PROCESSES_MAX = 1024         # --local-processes: training processes one daemon may seat
 TUNE_WINDOW = 64                   # --tune-window: steps whose times a daemon keeps for crnet tune
 TUNE_WINDOW_MAX = 256
+# crnet tune --probe (node/probe.py): what each node sends to each child, in frames of at most
+# PROBE_FRAME bytes, PROBE_ROUNDS times; the tree's answer within PROBE_DEADLINE seconds.
+PROBE_BYTES = 4 << 20              # when the tree's vector size is not known yet
+PROBE_BYTES_MIN, PROBE_BYTES_MAX = 64 << 10, 64 << 20
+PROBE_FRAME = 1 << 20
+PROBE_ROUNDS = 3
+PROBE_DEADLINE = 20.0
 STEP_WINDOW = 16                   # steps further ahead of the tree's newest result are refused
 MAX_VECTOR_BYTES = 1 << 40         # the largest vector a peer may claim, where the host's
                                    # memory cannot be read (else: that memory)

@@ -73,11 +73,12 @@ class StatusClient:
         client.first = await client._reply(0)
         return client
 
-    async def refresh(self, deadline: float = DEADLINE, measured: int = 0) -> dict:
+    async def refresh(self, deadline: float = DEADLINE, measured: int = 0, probe: int = 0) -> dict:
         """The subtree again (with every node's measured section, its windows cut to the
-        newest ``measured`` steps, unless that is 0)."""
+        newest ``measured`` steps, unless that is 0; each node's links and compute probed
+        first with ``probe`` bytes, unless that is 0: ``crnet tune --probe``)."""
         self._ids += 1
-        self._conn.send(StatusRequest(self._ids, deadline, measured))
+        self._conn.send(StatusRequest(self._ids, deadline, measured, probe))
         return await self._reply(self._ids)
 
     async def _reply(self, wanted: int) -> dict:

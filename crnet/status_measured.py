@@ -3,12 +3,14 @@
 Every list is bounded (a window holds at most ``TUNE_WINDOW_MAX`` steps; a host shows at
 most ``MAX_PROCESSES_SHOWN`` processes, ``MAX_CHILDREN`` children's arrivals and as many
 tree links plus three), every number is in a range: a section that is not is a
-ProtocolError naming the field, as any STATUS_REPLY field (``crnet.status_tree``).
+ProtocolError naming the field, as any STATUS_REPLY field (``crnet.status_tree``). So is
+``crnet tune --probe``'s part (``probe``: the bytes sent, each child link's round times,
+the kernel's times; ``crnet/node/probe.py``).
 """
 
 from __future__ import annotations
 
-from .defaults import TUNE_WINDOW_MAX
+from .defaults import PROBE_BYTES_MAX, PROBE_ROUNDS, TUNE_WINDOW_MAX
 from .errors import ProtocolError
 from .fields import MAX_STEP, Fields
 from .measured import MAX_PROCESSES_SHOWN
@@ -37,7 +39,8 @@ def measured_entry(value: object) -> dict | None:
             "periods": _window(f.mapping("periods")),
             "links": [_link(x) for x in links],
             "summed": _summed(f.h.get("summed")),
-            "config": _config(f.h.get("config"))}
+            "config": _config(f.h.get("config")),
+            "probe": _probe(f.h.get("probe"))}
 
 
 def _map(value: object, what: str) -> dict:
@@ -100,3 +103,26 @@ def _config(value: object) -> dict | None:
             "samples": f.opt_integer("samples", 1, MAX_STEP),
             "chunk_bytes": f.integer("chunk_bytes", 0, MAX_BYTES),
             "vector_bytes": f.opt_integer("vector_bytes", 1, MAX_BYTES)}
+
+
+def _probe(value: object) -> dict | None:
+    if value is None:
+        return None
+    f = Fields("STATUS_REPLY measured probe", _map(value, "probe"))
+    links = _list(f, "links", MAX_CHILDREN)
+    return {"bytes": f.integer("bytes", 1, PROBE_BYTES_MAX),
+            "kernel_micros": _times(f, "kernel_micros"),
+            "links": [_probed_link(x) for x in links]}
+
+
+def _probed_link(value: object) -> dict:
+    f = Fields("STATUS_REPLY measured probe link", _map(value, "a probed link"))
+    return {"child": f.integer("child", 0, MAX_CHILDREN), "micros": _times(f, "micros")}
+
+
+def _times(f: Fields, name: str) -> list[int]:
+    """A probe's times: at most ``PROBE_ROUNDS``, each at least a microsecond."""
+    values = _list(f, name, PROBE_ROUNDS)
+    if any(type(x) is not int or not 1 <= x <= MAX_MICROS for x in values):
+        raise f.bad(name, f"integers in 1..{MAX_MICROS}")
+    return values

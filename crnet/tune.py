@@ -35,8 +35,9 @@ from .status_tree import DEADLINE
 from .tls import TlsFiles
 from .tune_fit import ComputeFit, LinkFit, fit_compute, fit_links
 
-__all__ = ["REPLANNED", "HostMeasured", "Measurements", "Running", "TuneError", "Tuning",
-           "config_text", "gather", "master_config", "measurements", "replan_choice", "tune"]
+__all__ = ["REPLANNED", "HostMeasured", "Measurements", "Probed", "Running", "TuneError", "Tuning",
+           "config_text", "gather", "link_counts", "master_config", "measurements", "named", "nodes",
+           "replan_choice", "tune"]
 
 # The schemes a tree re-plans among between jobs (``crnetd --plan auto``): the ones whose
 # hosts sit in the tree the same way (a parent's children send it their pieces); rar's
@@ -79,20 +80,37 @@ class HostMeasured:
 
 
 @dataclass(frozen=True)
+class Probed:
+    """What ``crnet tune --probe`` measured instead of training (``crnet.tune_probe``)."""
+
+    bytes: int                         # sent to each child per round
+    kernel_seconds: float              # the fastest host's median time of the kernel
+    per_sample: float | None           # one sample's compute as the user gave it (else the
+                                       # kernel's time stood in for it)
+    throughput: float | None           # the rounds' median bytes per second (send to echo)
+
+    def to_json(self) -> dict:
+        return {"bytes": self.bytes, "kernel_s": self.kernel_seconds,
+                "per_sample_s": self.per_sample, "throughput_bytes_per_s": self.throughput}
+
+
+@dataclass(frozen=True)
 class Measurements:
     running: Running
     hosts: tuple[HostMeasured, ...]
     periods: tuple[float, ...]         # the asked node's step periods (seconds)
     unmeasured: tuple[str, ...]        # nodes that sent no measurements (silent, missing)
+    probe: Probed | None = None        # measured by a probe, not while training
 
 
 async def gather(host: str, port: int, secret: bytes | None = None, tls: TlsFiles | None = None,
-                 window: int = TUNE_WINDOW_MAX, deadline: float = DEADLINE) -> dict:
+                 window: int = TUNE_WINDOW_MAX, deadline: float = DEADLINE, probe: int = 0) -> dict:
     """The node's subtree with every node's measured section (windows of at most
-    ``window`` steps), checked."""
-    client = await StatusClient.connect(host, port, secret=secret, tls=tls)
+    ``window`` steps), checked; with ``probe``, each node's links and compute probed first
+    with that many bytes (``crnet.tune_probe.gather_probe``)."""
+    client = await StatusClient.connect(host, port, secret=secret, tls=tls, timeout=deadline + 5)
     try:
-        return await client.refresh(deadline, measured=window)
+        return await client.refresh(deadline, measured=window, probe=probe)
     finally:
         client.close()
 
@@ -101,44 +119,54 @@ def measurements(tree: dict) -> Measurements:
     """What ``gather``'s answer says, per host. TuneError if it cannot be fitted from."""
     root = tree.get("measured")
     if root is None or root.get("config") is None:
-        raise TuneError(f"{_named(tree)} has no share of the data yet: nothing runs to tune")
+        raise TuneError(f"{named(tree)} has no share of the data yet: nothing runs to tune")
     config = root["config"]
     if config["vector_bytes"] is None or config["samples"] is None:
-        raise TuneError("no step has finished yet: train a few steps first")
+        raise TuneError("no step has finished yet: train a few steps first, or ask "
+                        "for a probe (crnet tune --probe)")
     running = Running(config["scheme"], Tree(config["fanout"], config["stragglers"]),
                       config["samples"], config["chunk_bytes"], config["vector_bytes"])
     hosts, unmeasured = [], []
-    for entry in _nodes(tree):
+    for entry in nodes(tree):
         m = entry.get("measured")
         if m is None:
             unmeasured.append(entry["name"] or "master")
             continue
-        links = [(x["bytes"], x["busy_us"] / 1e6) for x in m["links"]
-                 if x["bytes"] is not None and x["busy_us"] is not None]
-        rtts = [x["min_rtt_us"] / 1e6 for x in m["links"] if x["min_rtt_us"] is not None]
-        rates = [x["rate"] for x in m["links"] if x["rate"]]
-        summed = m["summed"]
-        if summed is not None:
-            links.append((summed["bytes"], summed["busy_us"] / 1e6))
-            if summed["min_rtt_us"] is not None:
-                rtts.append(summed["min_rtt_us"] / 1e6)
-            if summed["rate"]:
-                rates.append(summed["rate"])
+        links, rtts, best_rate = link_counts(m)
         load = m["local_samples"] or 0
         per_sample = tuple(t / load for t in _slowest(m["compute"])) if load > 0 else ()
         hosts.append(HostMeasured(entry["name"], entry["host"], load, per_sample, tuple(links),
-                                  tuple(rtts), float(max(rates)) if rates else None))
+                                  tuple(rtts), best_rate))
     periods = tuple(x / 1e6 for x in root["periods"]["micros"])
     return Measurements(running, tuple(hosts), periods, tuple(unmeasured))
 
 
-def _nodes(entry: dict):
+def link_counts(m: dict) -> tuple[list[tuple[int, float]], list[float], float | None]:
+    """A node's measured section's links as the kernel counts them: (bytes acknowledged,
+    seconds busy sending) per link, the least round-trip times (seconds), and its links'
+    best delivery rate (bytes/s), if any."""
+    links = [(x["bytes"], x["busy_us"] / 1e6) for x in m["links"]
+             if x["bytes"] is not None and x["busy_us"] is not None]
+    rtts = [x["min_rtt_us"] / 1e6 for x in m["links"] if x["min_rtt_us"] is not None]
+    rates = [x["rate"] for x in m["links"] if x["rate"]]
+    summed = m["summed"]
+    if summed is not None:
+        links.append((summed["bytes"], summed["busy_us"] / 1e6))
+        if summed["min_rtt_us"] is not None:
+            rtts.append(summed["min_rtt_us"] / 1e6)
+        if summed["rate"]:
+            rates.append(summed["rate"])
+    return links, rtts, float(max(rates)) if rates else None
+
+
+def nodes(entry: dict):
+    """Every node of a status answer's tree, parents first."""
     yield entry
     for child in entry["children"]:
-        yield from _nodes(child)
+        yield from nodes(child)
 
 
-def _named(entry: dict) -> str:
+def named(entry: dict) -> str:
     return "the master" if not entry["name"] else f"node {entry['name']}"
 
 
@@ -189,7 +217,8 @@ class Tuning:
             "links": self.links.to_json(),
             "running": {**self.running.to_json(), "rank": self.running_rank},
             "candidates": len(self.ranking),
-            "ranking": [p.to_json() for p in self.ranking[:top]]}
+            "ranking": [p.to_json() for p in self.ranking[:top]],
+            "probe": None if self.measurements.probe is None else self.measurements.probe.to_json()}
 
 
 def tune(m: Measurements, *, trials: int = 1000, seed: int = 0, max_layers: int = 3,

@@ -55,6 +55,9 @@ class MsgType(enum.IntEnum):
     STATUS_HELLO = 35   # status client -> node: first frame (its nonce, with a cluster secret)
     STATUS = 36         # asker -> node: this subtree's state, please (within a deadline)
     STATUS_REPLY = 37   # node -> asker: its subtree's state
+    # crnet tune --probe (node/probe.py), on the tree links of an idle tree.
+    PROBE = 43          # parent -> child: bytes to time the link with (the child drops them)
+    PROBE_ECHO = 44     # child -> parent: the last frame of a round came
     # Ring links (TCP, --scheme rar), predecessor -> successor; the first two open spread's too.
     PEER_HELLO = 10     # I am your predecessor (rar) or host (spread), rank r
     PEER_WELCOME = 11   # successor -> predecessor: accepted (with a secret, PEER_CONFIRMED follows)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from crnet.allocation import NodeShare, pack_allocation
+from crnet.defaults import PROBE_FRAME
 from crnet.errors import DaemonBusy, ErrorKind, JoinRefused, ProtocolError, StepFailed
 from crnet.messages import (
     Assign,
@@ -29,6 +30,8 @@ from crnet.messages import (
     PeerHello,
     PeerWelcome,
     Phase,
+    Probe,
+    ProbeEcho,
     Refuse,
     Result,
     RingPlace,
@@ -285,6 +288,29 @@ async def test_a_welcome_the_nodes_configuration_cannot_take_stops_it_and_tells_
     assert conn.messages() == [Refuse(reason, False)]
     assert conn.closed and m.place is None and m.neighbours.slots == []
     link.lost(conn, None)                         # the close that follows changes nothing
+
+
+async def test_a_probes_bytes_land_in_one_bounded_buffer_and_its_rounds_are_echoed(membership):
+    """crnet tune --probe: the parent's PROBE frames (only once welcomed) are read into one
+    buffer of PROBE_FRAME bytes, whatever their number; a larger frame closes the link; the
+    last frame of a round is echoed."""
+    m = membership()
+    m.listen_address = "10.0.0.1:7000"
+    link, conn = parent_link(m), FakeLink("parent")
+    with pytest.raises(ProtocolError, match=r"^unexpected PROBE from the parent$"):
+        link.payload_dest(conn, Probe(1, 0), 32)
+    link.received(conn, Welcome("0", 1, (2, 2), (1, 1), "auto", 32, "cr"), None)
+    await link.welcome
+    conn.sent.clear()
+    first = link.payload_dest(conn, Probe(1, 0), PROBE_FRAME)
+    assert len(first) == PROBE_FRAME
+    link.received(conn, Probe(1, 0), first)
+    again = link.payload_dest(conn, Probe(1, 0, last=True), 100)
+    assert again.obj is first.obj                # the same buffer, every frame
+    link.received(conn, Probe(1, 0, last=True), again)
+    assert conn.messages() == [ProbeEcho(1, 0)]
+    with pytest.raises(ProtocolError, match=f"at most {PROBE_FRAME}"):
+        link.payload_dest(conn, Probe(1, 1), PROBE_FRAME + 1)
 
 
 async def test_a_welcome_to_another_place_drops_the_link_but_is_no_refusal(membership):

@@ -49,6 +49,8 @@ from crnet.messages import (
     PeerWelcome,
     Phase,
     Piece,
+    Probe,
+    ProbeEcho,
     Proof,
     Publish,
     Receive,
@@ -133,6 +135,9 @@ EVERY_MESSAGE = [
     StatusHello(b"n" * 32),
     StatusRequest(3, 2.1),
     StatusRequest(3, 2.1, 64),
+    StatusRequest(3, 2.1, 64, 4 << 20),
+    Probe(5, 2, last=True),
+    ProbeEcho(5, 2),
     StatusReply(0, {"name": "0", "host": "h", "address": "10.0.0.2:7000", "state": "joined",
                     "tree_step": 4, "steps_done": 5, "last_step_seconds": 0.25, "straggled": 1,
                     "recent": 5, "measured": None, "children": [

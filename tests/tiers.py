@@ -109,6 +109,7 @@ FULL_FILES = frozenset({
     "test_trust_ring_predecessor.py",   # rar: a claimed ring predecessor, confirmed by its host
     "test_trust_state_answers.py",      # a state answer: the master's own host's first
     "test_tune.py",           # issue 28: crnet tune gathers a real tree's windows, authenticated
+    "test_tune_probe.py",     # crnet tune --probe: a cold tree's links and compute, authenticated, bounded
     "test_plan_auto.py",      # issue 28: crnetd --plan auto: job 2 runs the plan tuned from job 1
 })
 

@@ -1,5 +1,6 @@
-"""``crnet tune``: what the running tree measured, and every scheme and shape ranked by the
-model fitted to it (``crnet.tune`` does the work; this parses and prints)."""
+"""``crnet tune``: what the running tree measured (or, ``--probe``, a short probe of an idle
+tree), and every scheme and shape ranked by the model fitted to it (``crnet.tune`` and
+``crnet.tune_probe`` do the work; this parses and prints)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import json
 
 import click
 
+from ..defaults import PROBE_BYTES_MAX, PROBE_BYTES_MIN
 from ..errors import CrnetError
 from ..option_types import Address, UnitValue
 from ..peer_text import tamed
-from ..units import parse_bandwidth, parse_seconds
+from ..units import format_bytes, parse_bandwidth, parse_bytes, parse_seconds
 from .model import prediction_table
 from .shared import credential_options, credentials
 
@@ -34,8 +36,20 @@ from .shared import credential_options, credentials
 @click.option("--write", "write", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the best choice as the master's configuration to this file "
                    "(crnetd --config: scheme, shape, stragglers, batch, chunk size).")
+@click.option("--probe", is_flag=True,
+              help="Measure an idle tree first (no job's process attached): the master has every "
+                   "node time its links to its children and a compute kernel, and the ranking is "
+                   "from those (for a tree that has not trained yet).")
+@click.option("--probe-bytes", type=UnitValue("SIZE", parse_bytes), default=None,
+              help=f"With --probe: bytes each node sends each child per round (default: the "
+                   f"tree's vector size if a step ran, else 4 MiB; {format_bytes(PROBE_BYTES_MIN)}"
+                   f" to {format_bytes(PROBE_BYTES_MAX)}).")
+@click.option("--per-sample", type=UnitValue("TIME", parse_seconds), default=None,
+              help="With --probe: one sample's compute on the fastest host (e.g. one local step "
+                   "of your model over its batch); the probe gives each host's speed relative to "
+                   "it. Default: the probe kernel's own time stands in.")
 def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, max_layers,
-                 trials, seed, bandwidth, latency, write):
+                 trials, seed, bandwidth, latency, write, probe, probe_bytes, per_sample):
     """Gather what every node under ADDRESS measured while training (ask the master for the
     whole tree): each host's compute time per step, its links' throughput and round-trip
     time; fit the run-time model's compute law and links to it, and rank every scheme and
@@ -45,16 +59,29 @@ def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, 
     \b
     crnet tune master-host:7070 --secret-file /etc/crnet/secret
     crnet tune master-host:7070 --secret-file /etc/crnet/secret --write tuned.toml
+    crnet tune master-host:7070 --secret-file /etc/crnet/secret --probe --per-sample 2ms
     """
     import asyncio
 
     from ..tune import config_text, gather, measurements, tune
+    from ..tune_probe import gather_probe, probed_measurements
 
+    if not probe and (probe_bytes is not None or per_sample is not None):
+        raise click.UsageError("--probe-bytes and --per-sample go with --probe")
+    if probe_bytes is not None and not PROBE_BYTES_MIN <= probe_bytes <= PROBE_BYTES_MAX:
+        raise click.BadParameter(f"{format_bytes(probe_bytes)} is not within "
+                                 f"{format_bytes(PROBE_BYTES_MIN)} .. {format_bytes(PROBE_BYTES_MAX)}",
+                                 param_hint="--probe-bytes")
     secret, tls = credentials(secret_file, tls_cert, tls_key, tls_ca)
     where = f"{address[0]}:{address[1]}"
     try:
-        tree = asyncio.run(gather(address[0], address[1], secret=secret, tls=tls))
-        tuning = tune(measurements(tree), trials=trials, seed=seed, max_layers=max_layers,
+        if probe:
+            tree = asyncio.run(gather_probe(address[0], address[1], secret=secret, tls=tls,
+                                            probe_bytes=None if probe_bytes is None else int(probe_bytes)))
+            measured = probed_measurements(tree, per_sample)
+        else:
+            measured = measurements(asyncio.run(gather(address[0], address[1], secret=secret, tls=tls)))
+        tuning = tune(measured, trials=trials, seed=seed, max_layers=max_layers,
                       bandwidth=bandwidth, latency=latency)
     except KeyboardInterrupt:
         return
@@ -79,16 +106,28 @@ def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, 
 
 
 def _print(t, top: int) -> None:
-    from ..units import format_bytes, format_rate, format_seconds, plural
+    from ..defaults import PROBE_ROUNDS
+    from ..units import format_rate, format_seconds, plural
 
     m, run = t.measurements, t.measurements.running
     measured = ("no consecutive steps yet" if t.measured_mean is None else
                 f"mean step {format_seconds(t.measured_mean)}, p95 "
                 f"{format_seconds(t.measured_p95)} over the last {len(m.periods)} steps")
+    p = m.probe
+    if p is not None:
+        measured = (f"a probe, not training: {format_bytes(p.bytes)} to each child "
+                    f"{PROBE_ROUNDS} times" + ("" if p.throughput is None else
+                                              f" ({format_rate(p.throughput)} send to echo)"))
     click.echo(f"tree        {plural(run.workers, 'worker')} (+ the master), m = {run.samples} "
                f"samples, {format_bytes(run.vector_bytes)} vectors: {measured}")
+    if p is not None:
+        click.echo(f"probe       kernel {format_seconds(p.kernel_seconds)} on the fastest host; "
+                   + ("hosts' times scaled to --per-sample" if p.per_sample is not None else
+                      "no --per-sample: the kernel's time stands in for one sample's (only the "
+                      "hosts' relative speeds and noise are measured)"))
     law = t.compute.model
-    click.echo(f"compute     {law.describe()} per sample, from {t.compute.samples} host steps"
+    steps = "kernel runs" if p is not None else "host steps"
+    click.echo(f"compute     {law.describe()} per sample, from {t.compute.samples} {steps}"
                + ("" if law.kind == "empirical" else f" (Kolmogorov-Smirnov distance "
                   f"{t.compute.distance:.3f}; empirical: {t.compute.empirical.describe()})"))
     slow = sorted(t.hosts.items(), key=lambda kv: -kv[1].model.mean_time(1))[:3]

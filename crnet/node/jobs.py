@@ -165,6 +165,17 @@ class JobCounts:
         running = self.running()
         return [p for p, job in self.local.items() if job == running or not job]
 
+    def any_attached(self) -> tuple[str, int] | None:
+        """A job with processes attached here or below, of any job (the running one first),
+        and how many; None if none is (``crnet tune --probe`` runs only then)."""
+        running = self.running()
+        jobs = [running, *self.local.values(), *(j for j, n in self.children.values() if n)]
+        for job in dict.fromkeys(jobs):
+            n = self.subtree(job, running)
+            if n:
+                return job, n
+        return None
+
     def below(self, k: int) -> int:
         """Processes of the running job attached in child ``k``'s subtree (as it reported)."""
         job, n = self.children.get(k, ("", 0))

@@ -56,7 +56,7 @@ class MeasuredView:
         limit = min(limit, measured.window, MEASURED_BUDGET // (hosts * lists * SAMPLE_BYTES))
         out = measured.snapshot(limit)
         out.update(processes=self.processes, local_samples=self.local_samples(), links=[],
-                   summed=None, config=None)
+                   summed=None, config=None, probe=None)
         listed = list(tree_links(self.neighbours, place))
         summed = list(self.neighbours.peers.values()) if place and place.scheme == "spread" else []
         if hosts > LINKS_LISTED_MAX:       # a link is some 100 bytes: in a big tree, summed

@@ -14,6 +14,7 @@ from .barriers import Barriers
 from .broadcasts import Broadcasts
 from .measure import MeasuredView
 from .membership import JoinState, Membership
+from .probe import Prober
 from .status import StatusService, StatusView
 
 LIVENESS = 2.0    # seconds a child has to answer when another node asks for its slot
@@ -39,7 +40,9 @@ class Rooms:
             host_id=m.host_id, measured=MeasuredView(
                 engine.stats, nb, place=lambda: m.place, samples=lambda: m.samples,
                 local_samples=lambda: _local_samples(m), processes=m.local_processes,
-                tree_vector=lambda: engine.window.tree_vector).section))
+                tree_vector=lambda: engine.window.tree_vector).section,
+            prober=Prober(nb, lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,
+                          attached=m.jobs.any_attached)))
         # In the order membership did it before it knew none of them: broadcasts first.
         m.on_child_lost.connect(broadcasts.child_lost)
         m.on_child_lost.connect(barriers.child_lost)

@@ -13,6 +13,10 @@ the last ``RECENT_STEPS`` steps decoded here, how many without it). A child's an
 is checked like any child message: its names must be its own subtree's, no more
 nodes than that subtree holds (``check_subtree``). An empty slot is "missing"; the
 nodes under it are "unreachable" from here (they are reconnecting to it).
+
+A request with ``probe`` (``crnet tune --probe``) has each node time its links and a
+compute kernel first (``node/probe.py``, which says who may start one), taking at most
+``PROBE_SHARE`` of its deadline, and then ask its children with what is left.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ProtocolError
-from ..messages import StatusReply, StatusRequest
+from ..messages import ProbeEcho, Refuse, StatusReply, StatusRequest
 from ..plan import Tree
 from ..schemes.base import Place
 from ..stats import Stats
@@ -32,10 +36,12 @@ from ..status_tree import DEADLINE
 from ..transport import Connection
 from .dial import supervised
 from .neighbours import ChildSlot
+from .probe import Prober
 
 log = logging.getLogger("crnet.node")
 
 CHILD_SHARE = 0.7       # a child gets this share of its parent's deadline
+PROBE_SHARE = 0.3       # a node's own probe takes at most this share of its deadline
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class StatusView:
     stats: Stats
     host_id: str | None = None
     measured: Callable[[int], dict] | None = None   # its measured section (node/measure.py)
+    prober: Prober | None = None                   # crnet tune --probe (node/probe.py)
 
 
 class StatusService:
@@ -64,20 +71,35 @@ class StatusService:
 
     # ---------------------------------------------------------------- asked
     def asked(self, conn: Connection, request_id: int, deadline: float = DEADLINE,
-              measured: int = 0) -> None:
-        """``conn`` (crnet status, or the parent) asks: it gets a STATUS_REPLY (with every
-        node's measured section if ``measured``). One question per connection at a time:
-        another one while it is answered is dropped."""
+              measured: int = 0, probe: int = 0, client: bool = False) -> None:
+        """``conn`` (crnet status, ``client``, or the parent) asks: it gets a STATUS_REPLY
+        (with every node's measured section if ``measured``, probed first if ``probe``).
+        One question per connection at a time: another one while it is answered is
+        dropped. A probe a status client may not start is refused (REFUSE, saying why);
+        one the parent asks for while another runs here is left out of the answer."""
         if conn in self._busy:
             return
+        prober = self.view.prober
+        if probe:
+            why = "this node runs no probe" if prober is None else prober.claim(client)
+            if why is not None and client:
+                conn.send(Refuse(why))
+                return
+            probe = 0 if why is not None else probe
         self._busy.add(conn)
 
         async def answer() -> None:
             try:
-                conn.send(StatusReply(request_id, await self.subtree(deadline, measured)))
+                conn.send(StatusReply(request_id, await self.subtree(deadline, measured, probe)))
             finally:
                 self._busy.discard(conn)
+                if probe and prober is not None:
+                    prober.release()
         supervised(answer(), "status")
+
+    def probe_echoed(self, k: int, msg: ProbeEcho) -> None:
+        if self.view.prober is not None:
+            self.view.prober.echoed(k, msg)
 
     def probe(self, k: int, conn: Connection, within: float, dead: Callable[[], None]) -> None:
         """Is child ``k``'s link ``conn`` alive? It is asked for its status (its own entry
@@ -132,9 +154,19 @@ class StatusService:
                 "straggled": None, "recent": None, "children": [],
                 "measured": v.measured(measured) if measured and v.measured is not None else None}
 
-    async def subtree(self, deadline: float, measured: int = 0) -> dict:
-        """This node's entry with every child slot's (asked within ``deadline``)."""
+    async def subtree(self, deadline: float, measured: int = 0, probe: int = 0) -> dict:
+        """This node's entry with every child slot's (asked within ``deadline``); probed
+        first if ``probe`` (claimed by the caller: ``Prober.claim``)."""
+        probed = None
+        if probe and self.view.prober is not None:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            probed = await self.view.prober.run(probe, deadline * PROBE_SHARE)
+            deadline = max(0.0, deadline - (loop.time() - started))
+            measured = measured or 1
         entry = self.own(measured)
+        if probed is not None and entry["measured"] is not None:
+            entry["measured"]["probe"] = probed
         place = self.view.place()
         slots = self.view.slots()
         if place is None or not slots:
@@ -145,7 +177,7 @@ class StatusService:
         asked: dict[int, asyncio.Future[dict]] = {}
         for k, slot in enumerate(slots):
             if slot.link is not None and slot.link.send(
-                    StatusRequest(request_id, deadline * CHILD_SHARE, measured)):
+                    StatusRequest(request_id, deadline * CHILD_SHARE, measured, probe)):
                 asked[k] = self._pending[(request_id, k)] = loop.create_future()
         try:
             if asked:

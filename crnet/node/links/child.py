@@ -10,7 +10,8 @@ state           may send
 ==============  ==============================================================
 NEW             HELLO, PEER_HELLO, STATUS_HELLO
 CHILD           CHUNK, JOINED, FAIL, OPEN, JOB, BCAST, WANT_STATE, BARRIER,
-                STATUS_REPLY, REFUSE (it cannot take the place it was welcomed to)
+                STATUS_REPLY, REFUSE (it cannot take the place it was welcomed to),
+                PROBE_ECHO (crnet tune --probe)
 UNCONFIRMED     PEER_CHECK (it asks about a link that claims this node's rank)
 PEER            SEGMENT (rar), PIECE, OWNERS and MOOT (spread), PEER_CHECK
 STATUS          STATUS (it may ask again: ``crnet status --watch``)
@@ -41,6 +42,7 @@ from ...messages import (
     PeerCheck,
     PeerHello,
     Piece,
+    ProbeEcho,
     Refuse,
     Segment,
     StatusHello,
@@ -189,6 +191,10 @@ class ChildLink(StateMachine):
         assert self.slot is not None
         self.status.child_reply(self.slot, msg)
 
+    def _probe_echo(self, conn: Connection, msg: ProbeEcho, payload) -> None:
+        assert self.slot is not None
+        self.status.probe_echoed(self.slot, msg)
+
     def _leaving(self, conn: Connection, msg: Refuse, payload) -> None:
         """The child cannot take the place it was welcomed to (e.g. an inner node without
         --listen) and stops: the log says why, not only that it came and went."""
@@ -231,13 +237,13 @@ class ChildLink(StateMachine):
         self.membership.mesh.answer(conn, self.rank, msg)
 
     def _status_request(self, conn: Connection, msg: StatusRequest, payload) -> None:
-        self.status.asked(conn, msg.id, msg.deadline, msg.measured)
+        self.status.asked(conn, msg.id, msg.deadline, msg.measured, msg.probe, client=True)
 
     RECEIVE: ClassVar[Receives] = {
         ChildState.NEW: {Hello: _hello, PeerHello: _peer_hello, StatusHello: _status_hello},
         ChildState.CHILD: {Chunk: _chunk, Joined: _joined, Fail: _fail, Open: _open, Job: _job,
                            Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
-                           StatusReply: _status_reply, Refuse: _leaving},
+                           StatusReply: _status_reply, Refuse: _leaving, ProbeEcho: _probe_echo},
         ChildState.UNCONFIRMED: {PeerCheck: _peer_check},
         ChildState.PEER: {Segment: _segment, Piece: _piece, Owners: _owners, Moot: _moot,
                           PeerCheck: _peer_check},

@@ -5,7 +5,8 @@ state         the parent may send
 ============  ===========================================================================
 WAITING       WELCOME, REFUSE
 WELCOMED      RESULT, FAIL, ASSIGN, JOB, BCAST, WANT_STATE, BARRIER, STATUS, WELCOME (the
-              master re-planned between jobs: what the tree runs, then ASSIGN and JOB)
+              master re-planned between jobs: what the tree runs, then ASSIGN and JOB),
+              PROBE (crnet tune --probe: its bytes are dropped, a round's last echoed)
 REFUSED       nothing (the dialer closes the link)
 ============  ===========================================================================
 """
@@ -23,6 +24,8 @@ from ...messages import (
     Fail,
     Job,
     Message,
+    Probe,
+    ProbeEcho,
     Refuse,
     Result,
     StatusRequest,
@@ -34,6 +37,7 @@ from ...transport import Connection
 from ..barriers import Barriers
 from ..broadcasts import Broadcasts
 from ..membership import Membership
+from ..probe import ProbeSink
 from ..status import StatusService
 from ..steps import StepEngine
 from .dialed import DialedLink, DialedState
@@ -52,6 +56,7 @@ class ParentLink(DialedLink):
         self.broadcasts = broadcasts
         self.barriers = barriers
         self.status = status
+        self.probe_sink = ProbeSink()
 
     def unexpected(self, msg: Message, payload: bool) -> str:
         if self.state is DialedState.WAITING and not payload:
@@ -114,15 +119,24 @@ class ParentLink(DialedLink):
         self.barriers.released(msg)
 
     def _status_request(self, conn: Connection, msg: StatusRequest, payload) -> None:
-        self.status.asked(conn, msg.id, msg.deadline, msg.measured)
+        self.status.asked(conn, msg.id, msg.deadline, msg.measured, msg.probe)
+
+    def _probe_dest(self, conn: Connection, msg: Probe, nbytes: int):
+        return self.probe_sink.dest(nbytes)
+
+    def _probe(self, conn: Connection, msg: Probe, payload) -> None:
+        if msg.last:
+            conn.send(ProbeEcho(msg.id, msg.round))
 
     RECEIVE: ClassVar[Receives] = {
         DialedState.WAITING: {Welcome: _welcome, Refuse: DialedLink.refused},
         DialedState.WELCOMED: {Result: _result, Fail: _fail, Assign: _assign, Job: _job,
                                Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
-                               StatusRequest: _status_request, Welcome: _welcome_again},
+                               StatusRequest: _status_request, Welcome: _welcome_again,
+                               Probe: _probe},
         DialedState.REFUSED: {},
     }
     PAYLOAD: ClassVar[Payloads] = {
-        DialedState.WELCOMED: {Result: _result_dest, Bcast: _bcast_dest, Assign: _assign_dest},
+        DialedState.WELCOMED: {Result: _result_dest, Bcast: _bcast_dest, Assign: _assign_dest,
+                               Probe: _probe_dest},
     }
