@@ -33,7 +33,7 @@ from .schemes.chunks import chunk_bytes_for
 from .status import StatusClient
 from .status_tree import DEADLINE
 from .tls import TlsFiles
-from .tune_fit import ComputeFit, LinkFit, fit_compute, fit_links
+from .tune_fit import ComputeFit, LinkFit, fit_compute, fit_links, host_throughput
 
 __all__ = ["REPLANNED", "HostMeasured", "Measurements", "Probed", "Running", "TuneError", "Tuning",
            "config_text", "gather", "link_counts", "master_config", "measurements", "named", "nodes",
@@ -235,7 +235,9 @@ def tune(m: Measurements, *, trials: int = 1000, seed: int = 0, max_layers: int 
     rtts = [r for h in m.hosts for r in h.min_rtts]
     rates = [h.best_rate for h in m.hosts if h.best_rate is not None]
     try:
-        links = fit_links(pairs, rtts, rates=rates)
+        links = fit_links(pairs, rtts, rates=rates,
+                          hosts=[r for h in m.hosts if (r := host_throughput(h.links)) is not None],
+                          vector_bytes=m.running.vector_bytes)
     except ValueError:
         if bandwidth is None:
             raise TuneError("no link carried bytes the kernel could count (TCP_INFO): "

@@ -38,7 +38,7 @@ import numpy as np
 
 from .workload import ComputeModel
 
-__all__ = ["ComputeFit", "LinkFit", "fit_compute", "fit_links", "ks_distance"]
+__all__ = ["ComputeFit", "LinkFit", "fit_compute", "fit_links", "host_throughput", "ks_distance"]
 
 FIXED_CV = 0.05
 GROUP_CV = 0.10
@@ -150,11 +150,35 @@ def _cdf(model: ComputeModel, x: np.ndarray) -> np.ndarray:
     return np.searchsorted(values, x, side="right") / values.size
 
 
+# A vector that keeps a link busy this long (seconds) makes the kernel's busy time a good
+# measure of its rate: the busy time's ticks (4 ms at HZ=250) and a delayed ACK's wait (up
+# to 40 ms once per message, not per vector) are then a small part of it.
+LONG_BUSY = 0.05
+
+
+def host_throughput(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """What one host's links carried together, in bytes/s: their bytes over the longest
+    busy time (a tree's links run at once: a parent sends to every child together, through
+    the one host link the model's bandwidth is); None if none carried bytes."""
+    used = [(float(b), float(s)) for b, s in pairs if b > 0 and s > 0]
+    if not used:
+        return None
+    return sum(b for b, _ in used) / max(s for _, s in used)
+
+
 def fit_links(pairs: Sequence[tuple[float, float]], rtts: Sequence[float] = (),
-              intercept: bool = False, rates: Sequence[float] = ()) -> LinkFit:
-    """Bandwidth (bytes/s) and one-way latency (s) from rates (bytes/s), else (bytes,
-    seconds) pairs, and round-trip times (seconds). ValueError if there is no rate > 0 and
-    no pair that carried bytes in time > 0."""
+              intercept: bool = False, rates: Sequence[float] = (),
+              hosts: Sequence[float] = (), vector_bytes: int | None = None) -> LinkFit:
+    """Bandwidth (bytes/s) and one-way latency (s) from (bytes, seconds) pairs, rates
+    (bytes/s, the kernel's delivery-rate estimates) and round-trip times (seconds).
+
+    ``hosts``: each host's ``host_throughput``. Where a vector of ``vector_bytes`` keeps
+    the fastest of them busy ``LONG_BUSY`` or more, that host's throughput is the
+    bandwidth: it is what a host link carried, and a shaped link's delivery-rate estimates
+    run far above it (a token bucket lets each flight's head through at the wire's speed:
+    5x over a 100 Mbit/s tbf link, seen). Else the median rate, else the pairs' bytes over
+    their busy time. ValueError if there is no rate > 0 and no pair that carried bytes in
+    time > 0."""
     used = [(float(b), float(s)) for b, s in pairs if b > 0 and s > 0]
     good_rates = [float(r) for r in rates if r > 0]
     if not used and not good_rates:
@@ -162,7 +186,13 @@ def fit_links(pairs: Sequence[tuple[float, float]], rtts: Sequence[float] = (),
     b = np.array([p[0] for p in used])
     s = np.array([p[1] for p in used])
     line_latency = None
-    bandwidth = float(np.median(good_rates)) if good_rates else float(b.sum() / s.sum())
+    busiest = max((h for h in hosts if h > 0), default=None)
+    if busiest is not None and vector_bytes and vector_bytes / busiest >= LONG_BUSY:
+        bandwidth = busiest
+        good_rates = []           # (and no intercept fit: the pairs are what it came from)
+        intercept = False
+    else:
+        bandwidth = float(np.median(good_rates)) if good_rates else float(b.sum() / s.sum())
     if not good_rates and intercept and len(used) >= 3 and b.max() >= 2 * b.min():
         slope, c = np.polyfit(b, s, 1)
         if slope > 0:

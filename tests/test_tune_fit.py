@@ -9,7 +9,7 @@ import pytest
 from crnet.model import candidates
 from crnet.plan import Tree
 from crnet.tune import HostMeasured, Measurements, Running, TuneError, measurements, tune
-from crnet.tune_fit import fit_compute, fit_links, ks_distance
+from crnet.tune_fit import fit_compute, fit_links, host_throughput, ks_distance
 from crnet.workload import ComputeModel
 
 LOAD = 50.0
@@ -113,6 +113,30 @@ def test_links_from_pairs_rates_and_round_trips():
     assert rated.bandwidth == pytest.approx(2e8) and rated.latency == 0.0
     with pytest.raises(ValueError, match="no link"):
         fit_links([(0, 1.0), (1e6, 0.0)])
+
+
+def test_a_host_link_that_large_vectors_kept_busy_gives_the_bandwidth_not_the_rates():
+    """Measured on a cr star of 4 over 100 Mbit/s tbf links (12.5 MB/s), 8 steps of 4 MB:
+    the master sends every child its result at once through its one host link; each child
+    sends its vector into the master's, a quarter of it each. The kernel's delivery-rate
+    estimates ran 4-5x over the link: a token bucket lets each flight's head through at
+    the wire's speed."""
+    master = [(32_002_216, 10.132), (32_002_216, 10.384), (32_002_220, 10.516),
+              (32_002_220, 10.256)]
+    children = [[(32_002_302, busy)] for busy in (7.300, 9.812, 11.028, 8.336)]
+    rates = [12_022_668, 57_920_000, 3_433_031, 65_818_181, 60_333_333]   # each host's best
+    hosts = [host_throughput(master), *(host_throughput(c) for c in children)]
+    assert host_throughput(master) == pytest.approx(4 * 32_002_218 / 10.516)
+    pairs = [p for h in (master, *children) for p in h]
+    fit = fit_links(pairs, rates=rates, hosts=hosts, vector_bytes=4_000_000)
+    assert fit.bandwidth == pytest.approx(12.17e6, rel=0.01)
+    # The rates alone: 4.6x the link.
+    assert fit_links(pairs, rates=rates).bandwidth > 4 * 12.5e6
+    # Small vectors keep a link busy a few ms, which the busy time's ticks and delayed ACKs
+    # swamp: the rates then (20 kB vectors over a 1 Gbit/s link, 5 MB/s by the busy time).
+    small = fit_links([(2e6, 0.4)], rates=[1.2e8, 1.3e8], hosts=[5e6], vector_bytes=20_000)
+    assert small.bandwidth == pytest.approx(1.25e8)
+    assert host_throughput([(0, 1.0), (5, 0.0)]) is None
 
 
 def window(steps, micros):
