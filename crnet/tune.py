@@ -235,9 +235,10 @@ def tune(m: Measurements, *, trials: int = 1000, seed: int = 0, max_layers: int 
     rtts = [r for h in m.hosts for r in h.min_rtts]
     rates = [h.best_rate for h in m.hosts if h.best_rate is not None]
     try:
-        links = fit_links(pairs, rtts, rates=rates,
-                          hosts=[r for h in m.hosts if (r := host_throughput(h.links)) is not None],
-                          vector_bytes=m.running.vector_bytes)
+        # (A probe's pairs are its rounds, one after another: not links busy together.)
+        busy = [] if m.probe is not None else [
+            r for h in m.hosts if (r := host_throughput(h.links)) is not None]
+        links = fit_links(pairs, rtts, rates=rates, hosts=busy, vector_bytes=m.running.vector_bytes)
     except ValueError:
         if bandwidth is None:
             raise TuneError("no link carried bytes the kernel could count (TCP_INFO): "
