@@ -36,8 +36,8 @@ from .tls import TlsFiles
 from .tune_fit import ComputeFit, LinkFit, fit_compute, fit_links, host_throughput
 
 __all__ = ["REPLANNED", "HostMeasured", "Measurements", "Probed", "Running", "TuneError", "Tuning",
-           "config_text", "gather", "link_counts", "master_config", "measurements", "named", "nodes",
-           "replan_choice", "tune"]
+           "config_text", "gather", "link_counts", "link_throughput", "master_config", "measurements",
+           "named", "nodes", "replan_choice", "tune"]
 
 # The schemes a tree re-plans among between jobs (``crnetd --plan auto``): the ones whose
 # hosts sit in the tree the same way (a parent's children send it their pieces); rar's
@@ -77,6 +77,7 @@ class HostMeasured:
     links: tuple[tuple[int, float], ...]   # (bytes acknowledged, seconds busy sending)
     min_rtts: tuple[float, ...]        # seconds
     best_rate: float | None            # its links' best delivery rate (bytes/s)
+    throughput: float | None = None    # what its links of one kind carried together (bytes/s)
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,26 @@ def measurements(tree: dict) -> Measurements:
         load = m["local_samples"] or 0
         per_sample = tuple(t / load for t in _slowest(m["compute"])) if load > 0 else ()
         hosts.append(HostMeasured(entry["name"], entry["host"], load, per_sample, tuple(links),
-                                  tuple(rtts), best_rate))
+                                  tuple(rtts), best_rate, link_throughput(m)))
     periods = tuple(x / 1e6 for x in root["periods"]["micros"])
     return Measurements(running, tuple(hosts), periods, tuple(unmeasured))
+
+
+def link_throughput(m: dict) -> float | None:
+    """What a node's links carried together, in bytes/s: per kind of link (its children,
+    its parent, its ring or spread peers: the links a step keeps busy at once), their bytes
+    over the longest busy time (``tune_fit.host_throughput``); the best kind. Not all its
+    links at once: a parent sends up before it sends down, and their sum over the longest
+    busy time would count the up-link's bytes in the down-links' time (1.25x the host
+    link in a 4,4 tree, seen)."""
+    kinds: dict[str, list[tuple[int, float]]] = {}
+    for x in m["links"]:
+        if x["bytes"] is not None and x["busy_us"] is not None:
+            kinds.setdefault(x["link"], []).append((x["bytes"], x["busy_us"] / 1e6))
+    if m["summed"] is not None:
+        kinds["summed"] = [(m["summed"]["bytes"], m["summed"]["busy_us"] / 1e6)]
+    rates = [r for pairs in kinds.values() if (r := host_throughput(pairs)) is not None]
+    return max(rates, default=None)
 
 
 def link_counts(m: dict) -> tuple[list[tuple[int, float]], list[float], float | None]:
@@ -235,9 +253,8 @@ def tune(m: Measurements, *, trials: int = 1000, seed: int = 0, max_layers: int 
     rtts = [r for h in m.hosts for r in h.min_rtts]
     rates = [h.best_rate for h in m.hosts if h.best_rate is not None]
     try:
-        # (A probe's pairs are its rounds, one after another: not links busy together.)
-        busy = [] if m.probe is not None else [
-            r for h in m.hosts if (r := host_throughput(h.links)) is not None]
+        # (None after a probe: its pairs are rounds one after another, not links busy together.)
+        busy = [h.throughput for h in m.hosts if h.throughput is not None]
         links = fit_links(pairs, rtts, rates=rates, hosts=busy, vector_bytes=m.running.vector_bytes)
     except ValueError:
         if bandwidth is None:

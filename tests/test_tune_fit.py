@@ -209,3 +209,23 @@ def test_tune_ranks_every_candidate_with_the_running_configuration_placed():
     empty = tuple(HostMeasured(h.name, None, 10, (), h.links, h.min_rtts, h.best_rate) for h in hosts)
     with pytest.raises(TuneError, match="two steps"):
         tune(Measurements(run, empty, (), ()), trials=50)
+
+
+def test_a_hosts_throughput_counts_the_links_a_step_keeps_busy_together():
+    """An interior parent of a 4,4 tree sends its four children their results together,
+    and its own sum up to the master before: the four down-links' bytes over their busy
+    time, not all five links' (which counts the up-link's bytes in the down-links' time)."""
+    from crnet.tune import link_throughput
+
+    def link(kind, nbytes, busy):
+        return {"link": kind, "peer": "x", "up": True, "rtt_us": 100, "min_rtt_us": 50,
+                "bytes": nbytes, "busy_us": int(busy * 1e6), "rate": 5 * 10 ** 7}
+
+    # 8 steps of 4 MB: down at the host link's 12.4 MB/s, up at a quarter of the master's
+    m = {"links": [*(link("child", 32_000_000, 10.3) for _ in range(4)),
+                   link("parent", 32_000_000, 10.0)], "summed": None}
+    assert link_throughput(m) == pytest.approx(4 * 32e6 / 10.3)      # 12.4 MB/s, not 15.5
+    m["summed"] = {"links": 19, "bytes": 19 * 10 ** 6, "busy_us": 10 ** 6, "min_rtt_us": 50,
+                   "rate": None}
+    assert link_throughput(m) == pytest.approx(19e6)     # spread's peers, summed: 19 MB/s
+    assert link_throughput({"links": [link("child", None, 1.0)], "summed": None}) is None
