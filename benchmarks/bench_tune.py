@@ -34,7 +34,7 @@ from crnet.plan import Tree
 from . import child_env
 from .netns import EmulatedCluster, requirements
 from .presets import PRESETS, Preset
-from .runner import preset_tree, resolve, run_crnet
+from .runner import ms, preset_tree, resolve, run_crnet
 
 SCHEMES = ("cr", "spread", "gc", "tree", "rar")
 # A start each preset's measurements show to be poor (docs/benchmarks.md): the ring waits
@@ -127,20 +127,20 @@ def run_on(cluster, preset: Preset, start: str, start_steps: int, schemes, workd
     r = run_crnet(cluster, poor, s_scheme, workdir / "start", seed, strict,
                   before_stop=lambda lt: ask_tune(cluster, lt, tuning))
     rows["start"] = {**r, "config": describe(s_scheme, s_tree, s_gc)}
-    log(f"  start {rows['start']['config']}: {start_steps} steps, mean {_ms(r['mean_s'])}; "
-        f"tune measured {_ms(tuning['measured']['mean'])}, predicts "
-        f"{_ms(tuning['running']['mean'])}, ranks it {tuning['running']['rank']} of "
+    log(f"  start {rows['start']['config']}: {start_steps} steps, mean {ms(r['mean_s'])}; "
+        f"tune measured {ms(tuning['measured']['mean'])}, predicts "
+        f"{ms(tuning['running']['mean'])}, ranks it {tuning['running']['rank']} of "
         f"{tuning['candidates']}")
     best = picked(tuning["ranking"][0])
     r = run_crnet(cluster, configured(preset, *best), best[0], workdir / "tuned", seed, strict)
     rows["tuned"] = {**r, "config": describe(*best), "model_mean_s": tuning["ranking"][0]["mean"]}
-    log(f"  tuned {rows['tuned']['config']}: mean {_ms(r['mean_s'])} (tune predicts "
-        f"{_ms(tuning['ranking'][0]['mean'])})")
+    log(f"  tuned {rows['tuned']['config']}: mean {ms(r['mean_s'])} (tune predicts "
+        f"{ms(tuning['ranking'][0]['mean'])})")
     for scheme in schemes:
         r = run_crnet(cluster, preset, scheme, workdir / scheme, seed, strict)
         tree = None if scheme in ("rar", "gc") else preset_tree(preset, scheme)
         rows[scheme] = {**r, "config": describe(scheme, tree, preset.gc_stragglers)}
-        log(f"  {rows[scheme]['config']}: mean {_ms(r['mean_s'])}")
+        log(f"  {rows[scheme]['config']}: mean {ms(r['mean_s'])}")
     return {"preset": preset.name, "start": start, "tune": tuning, "rows": rows}
 
 
@@ -153,14 +153,10 @@ def summary(doc: dict) -> list[str]:
     ratio = (tuned["mean_s"] / done[best]["mean_s"]) if best and tuned["mean_s"] else None
     pred = t["running"]["mean"] / t["measured"]["mean"] if t["measured"]["mean"] else None
     exact = all(r.get("correct") for r in rows.values())
-    return [f"{doc['preset']:<11} {start['config']:<14} {_ms(t['measured']['mean'])} "
-            f"{_ms(t['running']['mean'])} {_x(pred)}   {tuned['config']:<18} {_ms(tuned['mean_s'])}"
-            f"   {(rows[best]['config'] if best else '-'):<18} {_ms(done[best]['mean_s'] if best else None)}"
+    return [f"{doc['preset']:<11} {start['config']:<14} {ms(t['measured']['mean'])} "
+            f"{ms(t['running']['mean'])} {_x(pred)}   {tuned['config']:<18} {ms(tuned['mean_s'])}"
+            f"   {(rows[best]['config'] if best else '-'):<18} {ms(done[best]['mean_s'] if best else None)}"
             f" {_x(ratio)}   {'yes' if exact else 'NO'}"]
-
-
-def _ms(x) -> str:
-    return "      -  " if x is None else f"{1e3 * x:7.1f} ms"
 
 
 def _x(x) -> str:

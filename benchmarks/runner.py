@@ -299,7 +299,7 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
             cpu = ", ".join(f"{who} {ms:.1f} ms" for who, ms in r.get("cpu_ms_per_step", {}).items()
                             if ms is not None)
             log(f"  {scheme:5} {r['steps_completed']:>3}/{preset.steps} steps, mean "
-                f"{_ms(r['mean_s'])}, model {_ms(r['model']['mean_s'])} "
+                f"{ms(r['mean_s'])}, model {ms(r['model']['mean_s'])} "
                 f"({time.monotonic() - started:.0f} s); CPU per step and host: {cpu or '-'}"
                 + (f"; {r['approximate_steps']} approximate steps, mean coverage "
                    f"{r['mean_coverage']:.3f}" if r.get("approximate_steps") else ""))
@@ -320,7 +320,8 @@ def _config(p: Preset) -> dict:
             "persistent_stragglers": p.persistent, "burst": p.burst, "patience_s": p.patience}
 
 
-def _ms(x) -> str:
+def ms(x) -> str:
+    """Seconds as milliseconds for a table (``-`` for None)."""
     return "   -   " if x is None else f"{1e3 * x:7.1f} ms"
 
 
