@@ -156,12 +156,18 @@ def summary(name: str, r: dict) -> dict:
             "mean_s": float(steps.mean()), "p50_s": float(np.median(steps)),
             "p95_s": float(np.percentile(steps, 95)), "target_step": r["target_step"],
             "target_s": r["target_s"], "final_accuracy": r["final_test_accuracy"],
+            "final_accuracy_tail": r.get("final_test_accuracy_tail"),
             "stragglers_injected": r["stragglers_injected"], "step_times": steps.tolist()}
+
+
+def _accuracy(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
 
 
 def table(rows: list[dict], target: float) -> str:
     head = (f"{'run':30} {'workers':>7} {'mean step':>10} {'median':>9} {'p95':>9} "
-            f"{f'{target:.0%} at':>8} {'in':>8} {'final acc':>9} {'approx':>6} {'coverage':>8}")
+            f"{f'{target:.0%} at':>8} {'in':>8} {'final acc':>9} {'last 10':>7} "
+            f"{'approx':>6} {'coverage':>8}")
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -173,7 +179,8 @@ def table(rows: list[dict], target: float) -> str:
                      f"{1e3 * r['p50_s']:>7.1f}ms {1e3 * r['p95_s']:>7.1f}ms "
                      f"{'step ' + str(r['target_step']) if reached else '-':>8} "
                      f"{(format(r['target_s'], '.2f') + ' s') if reached else '-':>8} "
-                     f"{r['final_accuracy']:>9.4f} {'-' if approx is None else approx:>6} "
+                     f"{r['final_accuracy']:>9.4f} {_accuracy(r['final_accuracy_tail']):>7} "
+                     f"{'-' if approx is None else approx:>6} "
                      f"{'-' if cov is None else format(cov, '.3f'):>8}")
     return "\n".join(lines)
 
