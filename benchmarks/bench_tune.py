@@ -34,7 +34,7 @@ from crnet.plan import Tree
 from . import child_env
 from .netns import EmulatedCluster, requirements
 from .presets import PRESETS, Preset
-from .runner import ms, preset_tree, resolve, run_crnet
+from .runner import ms, preset_tree, resolve, run_crnet, run_crnet_jobs
 
 SCHEMES = ("cr", "spread", "gc", "tree", "rar")
 # A start each preset's measurements show to be poor (docs/benchmarks.md): the ring waits
@@ -109,16 +109,39 @@ def ask_tune(cluster, lt: LocalTree, out: dict) -> None:
 
 
 def run_one(preset: Preset, start: str, start_steps: int, schemes, workdir: Path, seed: int,
-            strict: bool, log) -> dict:
+            strict: bool, log, plan_auto: bool = False) -> dict:
     """``run_on`` a new emulated cluster of the preset's hosts and links."""
     with EmulatedCluster(preset.workers + 1, rate=preset.rate, burst=preset.burst) as cluster:
-        return run_on(cluster, preset, start, start_steps, schemes, workdir, seed, strict, log)
+        return run_on(cluster, preset, start, start_steps, schemes, workdir, seed, strict, log,
+                      plan_auto)
+
+
+def running_config(tuning: dict) -> str:
+    """What ``crnet tune --json`` says the tree runs, as ``describe`` says it."""
+    return describe(*picked(tuning["running"]))
+
+
+def run_auto(cluster, preset: Preset, start: str, start_steps: int, workdir: Path, seed: int,
+             strict: bool) -> dict:
+    """Issue 28's second check: the poor start with ``crnetd --plan auto``; job ``start``
+    runs ``start_steps`` steps, then job ``next`` the preset's steps on the same daemons
+    (the master re-plans between them by itself). Job ``next``'s row, with the
+    configuration it ran (``crnet tune --json`` after it)."""
+    s_scheme, s_tree, s_gc = parse_config(start)
+    poor = configured(preset, s_scheme, s_tree, s_gc)
+    after: dict = {}
+    rows = run_crnet_jobs(cluster, poor, s_scheme, workdir / "auto",
+                          [("start", start_steps), ("next", preset.steps)], seed, strict,
+                          before_stop=lambda lt: ask_tune(cluster, lt, after), plan="auto")
+    return {**rows[1], "config": running_config(after), "start_mean_s": rows[0]["mean_s"],
+            "exact_both": all(r.get("correct") for r in rows)}
 
 
 def run_on(cluster, preset: Preset, start: str, start_steps: int, schemes, workdir: Path,
-           seed: int, strict: bool, log) -> dict:
+           seed: int, strict: bool, log, plan_auto: bool = False) -> dict:
     """The poor start, ``crnet tune``, its pick and every scheme of ``schemes`` on ``cluster``
-    (an ``EmulatedCluster``, or anything with its ``addresses`` and ``popen``)."""
+    (an ``EmulatedCluster``, or anything with its ``addresses`` and ``popen``); with
+    ``plan_auto``, ``run_auto`` too."""
     preset, _ = resolve(preset, seed)
     s_scheme, s_tree, s_gc = parse_config(start)
     poor = replace(configured(preset, s_scheme, s_tree, s_gc), steps=start_steps)
@@ -141,12 +164,16 @@ def run_on(cluster, preset: Preset, start: str, start_steps: int, schemes, workd
         tree = None if scheme in ("rar", "gc") else preset_tree(preset, scheme)
         rows[scheme] = {**r, "config": describe(scheme, tree, preset.gc_stragglers)}
         log(f"  {rows[scheme]['config']}: mean {ms(r['mean_s'])}")
+    if plan_auto:
+        r = rows["auto"] = run_auto(cluster, preset, start, start_steps, workdir, seed, strict)
+        log(f"  --plan auto: job 2 ran {r['config']}: mean {ms(r['mean_s'])} (job 1, "
+            f"{rows['start']['config']}: {ms(r['start_mean_s'])}), exact: {r['exact_both']}")
     return {"preset": preset.name, "start": start, "tune": tuning, "rows": rows}
 
 
 def summary(doc: dict) -> list[str]:
     rows = doc["rows"]
-    done = {k: r for k, r in rows.items() if k not in ("start", "tuned") and r["mean_s"]
+    done = {k: r for k, r in rows.items() if k not in ("start", "tuned", "auto") and r["mean_s"]
             and r["steps_completed"] == r["steps"]}
     best = min(done, key=lambda k: done[k]["mean_s"]) if done else None
     tuned, start, t = rows["tuned"], rows["start"], doc["tune"]
@@ -157,6 +184,26 @@ def summary(doc: dict) -> list[str]:
             f"{ms(t['running']['mean'])} {_x(pred)}   {tuned['config']:<18} {ms(tuned['mean_s'])}"
             f"   {(rows[best]['config'] if best else '-'):<18} {ms(done[best]['mean_s'] if best else None)}"
             f" {_x(ratio)}   {'yes' if exact else 'NO'}"]
+
+
+def auto_summary(doc: dict) -> str | None:
+    """The ``--plan-auto`` row: job 2's configuration and mean against tune's pick and the
+    best measured (``summary``'s), and whether both jobs were exact."""
+    rows = doc["rows"]
+    auto = rows.get("auto")
+    if auto is None:
+        return None
+    done = {k: r for k, r in rows.items() if k not in ("start", "tuned", "auto") and r["mean_s"]
+            and r["steps_completed"] == r["steps"]}
+    best = min((r["mean_s"] for r in done.values()), default=None)
+    ratio = auto["mean_s"] / best if best and auto["mean_s"] else None
+    return (f"{doc['preset']:<11} {rows['start']['config']:<14} {ms(auto['start_mean_s'])}   "
+            f"{auto['config']:<18} {ms(auto['mean_s'])}   {rows['tuned']['config']:<18} "
+            f"{_x(ratio)}   {'yes' if auto['exact_both'] else 'NO'}")
+
+
+AUTO_HEAD = ("preset      job 1 (start)  measured     job 2 (--plan auto) measured     "
+             "tune's pick        job2/best  exact")
 
 
 def _x(x) -> str:
@@ -182,7 +229,10 @@ HEAD = ("preset      start          measured   predicted  pred/meas   tune's pic
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Keep daemon logs and raw results here (default: a temporary directory).")
 @click.option("--strict", is_flag=True, help="Strict daemons: an internal error fails the run.")
-def main(presets, starts, start_steps, schemes, seed, out, workdir, strict):
+@click.option("--plan-auto", is_flag=True,
+              help="Also start the poor configuration with crnetd --plan auto and run a second job "
+                   "on the same daemons: what the master re-planned to by itself.")
+def main(presets, starts, start_steps, schemes, seed, out, workdir, strict, plan_auto):
     """crnet tune's pick against every scheme measured in the same run (root)."""
     missing = requirements()
     if missing:
@@ -205,7 +255,7 @@ def main(presets, starts, start_steps, schemes, seed, out, workdir, strict):
         for name in presets:
             click.echo(f"preset {name}: start {chosen.get(name, 'rar')}, {start_steps} steps")
             docs.append(run_one(PRESETS[name], chosen.get(name, "rar"), start_steps, names,
-                                base / name, seed, strict, click.echo))
+                                base / name, seed, strict, click.echo, plan_auto))
     except LaunchError as e:
         raise click.ClickException(str(e)) from None
     finally:
@@ -215,6 +265,11 @@ def main(presets, starts, start_steps, schemes, seed, out, workdir, strict):
     click.echo("\n" + HEAD)
     for d in docs:
         for line in summary(d):
+            click.echo(line)
+    autos = [line for line in map(auto_summary, docs) if line]
+    if autos:
+        click.echo("\n" + AUTO_HEAD)
+        for line in autos:
             click.echo(line)
 
 

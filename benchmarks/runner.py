@@ -77,50 +77,76 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
     hosts. ``strict``: strict daemons, and a ``LaunchError`` naming each one that failed and
     its log. ``before_stop(tree)``: called once the workers are done, the daemons still up
     (``bench_tune`` asks them what they measured)."""
+    return run_crnet_jobs(cluster, preset, scheme, workdir, [("", preset.steps)], seed, strict,
+                          before_stop)[0]
+
+
+def run_crnet_jobs(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Path,
+                   jobs: list[tuple[str, int]], seed: int = 0, strict: bool = False,
+                   before_stop: Callable[[LocalTree], None] | None = None,
+                   plan: str = "fixed") -> list[dict]:
+    """``run_crnet`` for each of ``jobs`` (job name, steps) in turn, on the same daemons
+    (``plan``: the master's ``--plan``; with ``auto`` it may re-plan between them): a
+    summary per job. ``before_stop`` is called after the last."""
     row, (scheme, options) = scheme, crnetd_scheme(scheme, preset)
     tree = preset_tree(preset, scheme)
     names = list(tree.names())                   # master first, then workers breadth first
     host_of = {name: i for i, name in enumerate(names)}
     workdir.mkdir(parents=True, exist_ok=True)
+    if plan != "fixed":
+        options = dict(options, plan=plan)
     lt = LocalTree(tree, preset.samples, workdir=workdir, timeout=preset.timeout,
                    chunk_bytes=preset.chunk_bytes, scheme=scheme, log_level="warning",
                    keep_results=max(8, preset.steps), strict=strict, **options,
                    addresses={n: cluster.addresses[host_of[n]] for n in names},
                    spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
+    out: list[dict] = []
     workers: list[subprocess.Popen] = []
     try:
         lt.start(wait=60)
-        daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values())
-        for i, name in enumerate(names):
-            argv = [sys.executable, "-m", "benchmarks.worker", "--socket", lt.socket_path(name),
-                    "--elements", str(preset.elements), "--steps", str(preset.steps),
-                    "--compute", preset.compute, "--seed", str(seed),
-                    "--worker-index", str(i - 1), "--deadline", str(preset.deadline),
-                    "--timeout", str(2 * preset.timeout + 5), "--out", str(workdir / f"w{i}.json")]
-            if scheme != row:
-                # A parent's patience counts from the step's start: without a start barrier,
-                # processes still starting up would make the first steps approximate.
-                argv += ["--barrier", str(len(names))]
-            if name == MASTER:
-                argv.append("--observer")
-            elif preset.persistent:
-                argv.append("--persistent-stragglers")
-            elif preset.freeze and preset.freeze[0] == i - 1:
-                argv += ["--freeze-at", str(preset.freeze[1]),
-                         "--daemon-pid", str(lt.procs[name].pid)]
-            workers.append(_spawn_logged(cluster, host_of[name], argv, workdir / f"w{i}.err"))
-        # The observer (the master's client) sees every step; a frozen worker never exits.
-        _wait(workers[:1], preset.deadline + 4 * preset.timeout + 30)
-        _wait(workers[1:], 2 * preset.timeout + 5)
-        daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values()) - daemons_cpu
+        for j, (job, steps) in enumerate(jobs):
+            daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values())
+            job_dir = workdir if len(jobs) == 1 else workdir / f"job{j}"
+            job_dir.mkdir(parents=True, exist_ok=True)
+            workers = []
+            for i, name in enumerate(names):
+                argv = [sys.executable, "-m", "benchmarks.worker", "--socket", lt.socket_path(name),
+                        "--elements", str(preset.elements), "--steps", str(steps),
+                        "--compute", preset.compute, "--seed", str(seed),
+                        "--worker-index", str(i - 1), "--deadline", str(preset.deadline),
+                        "--timeout", str(2 * preset.timeout + 5), "--out", str(job_dir / f"w{i}.json")]
+                if job:
+                    argv += ["--job", job]
+                if scheme != row:
+                    # A parent's patience counts from the step's start: without a start barrier,
+                    # processes still starting up would make the first steps approximate.
+                    argv += ["--barrier", str(len(names))]
+                if name == MASTER:
+                    argv.append("--observer")
+                elif preset.persistent:
+                    argv.append("--persistent-stragglers")
+                elif preset.freeze and preset.freeze[0] == i - 1:
+                    argv += ["--freeze-at", str(preset.freeze[1]),
+                             "--daemon-pid", str(lt.procs[name].pid)]
+                workers.append(_spawn_logged(cluster, host_of[name], argv, job_dir / f"w{i}.err"))
+            # The observer (the master's client) sees every step; a frozen worker never exits.
+            _wait(workers[:1], preset.deadline + 4 * preset.timeout + 30)
+            _wait(workers[1:], 2 * preset.timeout + 5)
+            daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values()) - daemons_cpu
+            stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
+            out.append(_job_summary(row, preset, names, job_dir, daemons_cpu))
         if before_stop is not None:
             before_stop(lt)
     finally:
-        stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
+        stop_processes(workers, grace=5.0, term=False)
         lt.stop()
     failed = lt.problems() if strict else []
     if failed:
         raise LaunchError(f"{row}: a daemon failed (--strict):\n" + "\n".join(failed))
+    return out
+
+
+def _job_summary(row: str, preset: Preset, names: list[str], workdir: Path, daemons_cpu: float) -> dict:
     records = [_read(workdir / f"w{i}.json") for i in range(len(names))]
     observer, rest = records[0], records[1:]
     times = observer.get("completion_times") or []

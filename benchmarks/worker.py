@@ -55,6 +55,7 @@ def main(argv=None) -> None:
     p.add_argument("--deadline", type=float, default=300.0)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--job", default="", help="the training job (Client(job=...)); default: any")
     a = p.parse_args(argv)
     record = run(a)
     tmp = a.out + ".tmp"
@@ -71,7 +72,7 @@ def run(a) -> dict:
               "approximate": []}   # [step, coverage, residual] of every approximate result
     cpu_from = None   # this process's CPU time when step 1 began (step 0 includes start-up)
     try:
-        with Client(a.socket, timeout=a.timeout * 2) as c:
+        with Client(a.socket, timeout=a.timeout * 2, job=a.job or None) as c:
             load = c.assignment.local_samples
             weight = sum((b - s) * w for s, b, w in c.assignment.ranges)
             vec = c.buffer(a.elements, a.dtype)

@@ -51,10 +51,11 @@ class JoinRefused(CrnetError):
     cluster secret, only a parent that authenticated itself is taken at its word; a
     refusal for good stops the node (exit 2: its configuration is wrong)."""
 
-    def __init__(self, reason: str, retry: bool = False):
+    def __init__(self, reason: str, retry: bool = False, to: tuple[str, str] | None = None):
         super().__init__(reason)
         self.reason = reason
         self.retry = retry
+        self.to = to     # (address, name): the tree moved this host there (retry there)
 
 
 class DaemonNotRunning(CrnetError, ConnectionError):

@@ -113,6 +113,12 @@ _HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})"
                         r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """``address`` (checked: ``check_address``) as the host and port to connect to."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def check_address(address: str) -> str | None:
     """Why ``address`` is no host:port a node could dial (None if it is one): a host name
     or an IP address (IPv6 bare or in brackets), a colon, a port in 1..65535. A peer's

@@ -149,9 +149,11 @@ class LocalTree:
             self.options.setdefault("insecure", True)
         if tls is not None:
             self.options.update(tls_cert=tls.cert, tls_key=tls.key, tls_ca=tls.ca)
-        # Parents listen for children; with peers (a ring, spread) every host listens for them.
+        # Parents listen for children; with peers (a ring, spread) every host listens for them,
+        # and so does every host of a tree the master may move to any shape (--plan auto).
+        anywhere = self.scheme in PEER_SCHEMES or self.options.get("plan") == "auto"
         self.ports = {name: port if addresses else free_port() for name in tree.names()
-                      if tree.children(name) or self.scheme in PEER_SCHEMES}
+                      if tree.children(name) or anywhere}
         self.procs: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()   # daemons stopped on purpose (signal()): any exit code
         # Every daemon's standard input is the read end of this pipe, and only this process

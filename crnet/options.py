@@ -177,9 +177,11 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
            help="Steps further than this ahead of the tree's newest result are refused "
                 "(StepRefused) to whoever asks for them."),
     Option("plan", click.Choice(["fixed", "auto"]), "fixed", roles=MASTER,
-           help="Master: auto: when a new job starts (Client(job=...)), re-plan the scheme "
-                "and the stragglers per layer for the same hosts and fanout from what the last "
-                "job measured (crnet tune's ranking; docs/tune.md); fixed: the configured plan."),
+           help="Master: auto: when a new job starts (Client(job=...)), re-plan from what the "
+                "last job measured (crnet tune's ranking; docs/tune.md): the scheme and the "
+                "stragglers per layer, and, if clearly faster, another shape or rar or spread, to "
+                "which every host moves (start every node with --listen); fixed: the configured "
+                "plan."),
     Option("tune_window", click.IntRange(1, defaults.TUNE_WINDOW_MAX), defaults.TUNE_WINDOW,
            help="How many steps' times (compute, children's arrivals, step period) this "
                 "daemon keeps, for the tune command (and status --json)."),

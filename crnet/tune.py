@@ -37,11 +37,12 @@ from .tune_fit import ComputeFit, LinkFit, fit_compute, fit_links, host_throughp
 
 __all__ = ["REPLANNED", "HostMeasured", "Measurements", "Probed", "Running", "TuneError", "Tuning",
            "config_text", "gather", "link_counts", "link_throughput", "master_config", "measurements",
-           "named", "nodes", "replan_choice", "tune"]
+           "named", "nodes", "placed_tree", "replan_choice", "tune"]
 
-# The schemes a tree re-plans among between jobs (``crnetd --plan auto``): the ones whose
-# hosts sit in the tree the same way (a parent's children send it their pieces); rar's
-# ring and spread's peers are links of their own, made when the hosts join.
+# The schemes a tree re-plans among between jobs without moving its hosts (``crnetd
+# --plan auto``): the ones whose hosts sit in the tree the same way (a parent's children
+# send it their pieces); rar's ring and spread's peers are links of their own, made when
+# the hosts join (they, and another fanout, need MOVE: ``node/moves.py``).
 REPLANNED = ("cr", "gc", "tree")
 
 
@@ -278,31 +279,40 @@ def tune(m: Measurements, *, trials: int = 1000, seed: int = 0, max_layers: int 
     return Tuning(m, compute, per_host, links, running, place, ranking)
 
 
-def replan_choice(t: Tuning, margin: float = 0.05) -> Prediction | None:
-    """The best candidate that keeps every host in its place (the running fanout; a scheme
-    of ``REPLANNED``, from one of them), if its predicted mean is more than ``margin`` below
-    the running configuration's; else None (the running plan stays)."""
+def replan_choice(t: Tuning, margin: float = 0.05, move: bool = False) -> Prediction | None:
+    """The candidate the tree should run next, if its predicted mean is more than ``margin``
+    below the running configuration's; else None (the running plan stays).
+
+    Without ``move``, the best that keeps every host in its place: the running fanout, a
+    scheme of ``REPLANNED``, from one of them. With ``move`` (every host can take any
+    place: ``crnetd --plan auto``, ``moves.py``), the best of all, but one that moves
+    hosts only if it is also more than ``margin`` below the best that keeps them: the
+    model ranks many shapes within a few percent of each other, and a move for less
+    than its noise would only cost the join."""
     run = t.measurements.running
-    if run.scheme not in REPLANNED:
-        return None
     fanout = run.shape.fanout
     same = [p for p in t.ranking if p.scheme in REPLANNED and p.tree is not None
-            and p.tree.fanout == fanout]
-    if not same:
-        return None
-    best = same[0]
-    if (best.scheme, best.tree) == (t.running.scheme, run.shape):
+            and p.tree.fanout == fanout] if run.scheme in REPLANNED else []
+    best = same[0] if same else None
+    if move and t.ranking:
+        other = t.ranking[0]
+        if best is None or other.mean < best.mean * (1 - margin):
+            best = other
+    if best is None or (best.scheme, placed_tree(best)) == (t.running.scheme, placed_tree(t.running)):
         return None
     return best if best.mean < t.running.mean * (1 - margin) else None
+
+
+def placed_tree(p: Prediction) -> Tree:
+    """The tree ``p``'s hosts join (rar: a star of its workers)."""
+    return Tree((p.workers,), (0,)) if p.tree is None else p.tree
 
 
 def master_config(choice: Prediction, running: Running) -> dict[str, object]:
     """``choice`` as the master's configuration: its ``--config`` file's keys (``crnet.options``)
     for the scheme and shape, the batch and the chunk size (the ones ``tune`` ranked with)."""
-    if choice.tree is None:                       # rar: a ring of N (it joins as a star)
-        fanout, stragglers = [choice.workers], [0]
-    else:
-        fanout, stragglers = list(choice.tree.fanout), list(choice.tree.stragglers)
+    tree = placed_tree(choice)                    # rar: a ring of N (it joins as a star)
+    fanout, stragglers = list(tree.fanout), list(tree.stragglers)
     out: dict[str, object] = {"role": "master", "scheme": choice.scheme}
     if choice.scheme in ("gc", "rar"):
         out["workers"] = choice.workers

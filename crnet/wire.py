@@ -48,6 +48,7 @@ class MsgType(enum.IntEnum):
     JOB = 13            # up: a process of this job joined; down: the tree now runs this job
     BCAST = 14          # up: a piece of a vector one process sends to all; down: the same, to all
     WANT_STATE = 15     # up (and client -> daemon): a process wants a peer's state; down: asked
+    MOVE = 45           # down, between jobs (--plan auto): the tree takes another shape; join there
     CHALLENGE = 16      # acceptor -> dialer, with a cluster secret: nonce, the acceptor's MAC
     PROOF = 17          # dialer -> acceptor: the dialer's MAC; only then is its hello acted on
     BARRIER = 18        # up (and client -> daemon): processes at a barrier; down: released

@@ -10,7 +10,7 @@ import sys
 import click
 import pytest
 
-from benchmarks.bench_tune import parse_config, run_on, summary
+from benchmarks.bench_tune import auto_summary, parse_config, run_on, summary
 from benchmarks.presets import Preset
 from crnet.plan import Tree
 
@@ -24,13 +24,14 @@ def test_a_poor_start_is_tuned_and_every_row_is_exact(tmp_path):
                     elements=64, rate=None, compute="straggle:1e-4,0.3,20", steps=6,
                     deadline=60.0, timeout=10.0)
     lines: list[str] = []
-    doc = run_on(Loopback(5), preset, "rar", 6, ["cr", "rar"], tmp_path, 0, True, lines.append)
+    doc = run_on(Loopback(5), preset, "rar", 6, ["cr", "rar"], tmp_path, 0, True, lines.append,
+                 plan_auto=True)
     tune = doc["tune"]
     # tune measured the start (the ring: its running configuration) over the steps it saw.
     assert tune["running"]["scheme"] == "rar" and tune["measured"]["steps"] >= 3
     assert tune["ranking"] and tune["running"]["rank"] >= 1
     rows = doc["rows"]
-    assert set(rows) == {"start", "tuned", "cr", "rar"}
+    assert set(rows) == {"start", "tuned", "cr", "rar", "auto"}
     assert rows["tuned"]["config"].split()[0] == tune["ranking"][0]["scheme"]
     for name, r in rows.items():
         assert r["correct"] and not r["errors"], name
@@ -38,6 +39,11 @@ def test_a_poor_start_is_tuned_and_every_row_is_exact(tmp_path):
     assert rows["start"]["steps"] == 6
     (line,) = summary(doc)
     assert line.startswith("t ") and line.rstrip().endswith("yes")
+    # --plan auto: on the same daemons, job 2 runs what the master chose from job 1 (a ring
+    # waits for 20 x stragglers in 3 steps of 10: anything else is far faster), exact.
+    auto = rows["auto"]
+    assert auto["exact_both"] and auto["config"] != "rar"
+    assert auto_summary(doc).rstrip().endswith("yes")
 
 
 @pytest.mark.parametrize("text", ["ring", "cr:x", "cr:2,2:1,a"])

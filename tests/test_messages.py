@@ -40,6 +40,7 @@ from crnet.messages import (
     Joined,
     Message,
     Moot,
+    Move,
     Open,
     Owners,
     PeerCheck,
@@ -83,6 +84,9 @@ EVERY_MESSAGE = [
     Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr", 41, None, None, "", 1, "approximate", 0.25),
     Refuse("all 3 child slots taken"),
     Refuse("the parent has not joined yet", retry=True),
+    Refuse("the tree moved this host", retry=True, to="10.0.0.4:7070", name="1.0"),
+    Move((("0", "0", None, "10.0.0.1:7070"), ("0.0", "1", None, "10.0.0.4:7070"),
+          ("1.1", "0.0", "10.0.0.1:7070", None))),
     Joined(5),
     Joined(5, 41),
     Joined(3, 41, "job", (("0.0", "10.0.0.4:7000"), ("0.1", "10.0.0.5:7000"))),
@@ -501,3 +505,21 @@ def test_a_client_error_without_a_step_keeps_the_tree_step():
     assert (msg.step, msg.tree_step) == (None, 8)
     assert type(msg.exception()) is RequestRejected
 
+
+
+@pytest.mark.parametrize("header", [
+    {"moves": [["0", "1", "no address", None]]},
+    {"moves": [["0", "1", None]]},
+    {"moves": "0"},
+    {"moves": [["0", 1, None, None]]},
+])
+def test_a_move_with_a_bad_entry_is_refused(header):
+    with pytest.raises(ProtocolError, match="MOVE"):
+        parse(MsgType.MOVE, header, 0)
+
+
+def test_a_refusal_that_sends_a_host_elsewhere_names_both_where_and_as_what():
+    with pytest.raises(ProtocolError, match="come together"):
+        parse(MsgType.REFUSE, {"reason": "moved", "retry": True, "to": "10.0.0.4:7070"}, 0)
+    with pytest.raises(ProtocolError, match="REFUSE"):
+        parse(MsgType.REFUSE, {"reason": "moved", "to": "nowhere", "name": "1"}, 0)

@@ -22,6 +22,7 @@ from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until
 pytestmark = pytest.mark.timeout(120)
 
 TREE = Tree.regular(2, 2, 1)        # master; 0, 1; 0.0, 0.1, 1.0, 1.1: 7 daemons, 6 workers
+TREE_S0 = Tree((2, 2), (0, 0))
 SAMPLES = 24
 PER_SAMPLE = 0.003                  # seconds each process computes (sleeps) per sample of its share
 
@@ -30,7 +31,7 @@ async def job(lt, name: str, grads: np.ndarray, steps: int) -> list[dict]:
     """Every worker's process of job ``name`` runs ``steps`` steps, computing PER_SAMPLE per
     sample of its share first; every result is the exact sum. Their assignments."""
     clients = [await AsyncClient.connect(lt.socket_path(n), timeout=30, job=name)
-               for n in TREE.names() if n]
+               for n in lt.tree.names() if n]
     want = grads.sum(axis=0)
 
     async def run(c):
@@ -42,6 +43,30 @@ async def job(lt, name: str, grads: np.ndarray, steps: int) -> list[dict]:
     try:
         await gather_or_cancel(*(run(c) for c in clients))
         return [{"name": c.assignment.name, "ranges": c.assignment.ranges} for c in clients]
+    finally:
+        for c in clients:
+            c.close()
+
+
+async def straggling_job(lt, name: str, grads: np.ndarray, steps: int) -> set[str]:
+    """Like ``job``, but each process is 16 x slower in a third of its steps (drawn per
+    (step, place)): a ring waits for one such straggler nearly every step. Every result is
+    the exact sum (a scheme that waits for all: a process is never left behind). The
+    places the processes had."""
+    clients = [await AsyncClient.connect(lt.socket_path(n), timeout=60, job=name)
+               for n in lt.tree.names() if n]
+    want = grads.sum(axis=0)
+
+    async def run(c):
+        load = sum(stop - start for start, stop, _ in c.assignment.ranges)
+        for step in range(steps):
+            draw = np.random.default_rng([step, sum(map(ord, c.assignment.name))]).random()
+            await asyncio.sleep(PER_SAMPLE * load * (16 if draw < 1 / 3 else 1))
+            got = await c.allreduce((step + 1) * local_gradient(c.assignment, grads), step=step)
+            assert rel_error(got, (step + 1) * want) <= 1e-9, (name, step)
+    try:
+        await gather_or_cancel(*(run(c) for c in clients))
+        return {c.assignment.name for c in clients}
     finally:
         for c in clients:
             c.close()
@@ -145,6 +170,7 @@ async def test_a_replan_reaches_each_child_as_welcome_then_assign_then_the_job(m
     new ASSIGN, then the JOB; a node takes the new plan and passes both on the same way."""
     from crnet.allocation import parse_allocation
     from crnet.messages import Assign, Hello, Job, Joined, Welcome
+    from crnet.node.reshape import replan
     from crnet.plan import plan
 
     from .fake_links import FakeLink
@@ -159,7 +185,7 @@ async def test_a_replan_reaches_each_child_as_welcome_then_assign_then_the_job(m
     for link in links:
         link.sent.clear()
     flat = Tree((2, 2), (0, 0))
-    master.replan(fake_place("", flat, "tree"))
+    replan(master, fake_place("", flat, "tree"))
     master.run_job("b")
     for k, link in enumerate(links):
         kinds = [type(m) for m, _ in link.sent]
@@ -254,3 +280,142 @@ async def test_a_process_of_the_running_job_back_during_the_gathering_keeps_its_
     master.jobs.left(back)             # ... and once it is gone, job b starts (asked again)
     await wait_until(lambda: master.job == "b", "job b starts", timeout=5)
     assert status.asked == 2
+
+
+async def test_a_move_reaches_every_host_then_each_joins_its_new_parent(membership):
+    """The master moves the tree to a star (another fanout): each child link carries MOVE
+    (every host's new name, new parent and listen address), then closes; the master waits
+    for the star's six children. A node of layer 1 passes MOVE on with the master's address
+    filled in, drops its children and parent, and dials its new parent as its new name."""
+    from crnet.errors import JoinRefused
+    from crnet.messages import Hello, Joined, Move
+    from crnet.node.reshape import move, moved
+
+    from .fake_links import FakeLink
+
+    master = membership(fake_place(""), SAMPLES)
+    links = [FakeLink("10.0.0.1:5000"), FakeLink("10.0.0.2:5000")]
+    for k, link in enumerate(links):
+        master.child_hello(link, Hello(listen=f"10.0.0.{k + 1}:7070"))
+    # Each layer-1 node reports where its two children listen (JOINED's peers).
+    for k in range(2):
+        master.child_joined(k, Joined(3, peers=((f"{k}.0", f"10.0.{k}.10:7070"),
+                                                (f"{k}.1", f"10.0.{k}.11:7070"))))
+    master.run_job("a")
+    star = fake_place("", Tree((6,), (1,)), "spread")
+    assert move(master, star)
+    for link in links:
+        assert [type(m) for m, _ in link.sent][-1] is Move and link.closed
+    table = {e[0]: e[1:] for e in links[0].sent[-1][0].moves}
+    assert table["0.1"] == ("3", None, "10.0.0.11:7070")       # under the master now
+    assert master.place == star and len(master.neighbours.slots) == 6
+    assert master.allocation is None
+    # A restarted host that dials its old parent is sent on to its place (here: the master
+    # itself, which takes it as "3" whatever name it asks for).
+    assert master.child_hello(FakeLink("10.0.0.11:5999"), Hello("0.1", "10.0.0.11:7070")) == 3
+
+    # A node of layer 1 (was "0"; two children), told by the master to move.
+    node = membership()
+    node.listen_address = "10.0.0.1:7070"
+    node.whereabouts.address = "10.9.9.9:7070"     # where it dials the master
+    node.welcomed(links[0].sent[0][0])
+    kids = [FakeLink(), FakeLink()]
+    for kid in kids:
+        node.child_hello(kid, Hello())
+    parent = FakeLink()
+    node.neighbours.parent = parent
+    moved(node, links[0].sent[-1][0])
+    passed = {e[0]: e[1:] for e in kids[0].sent[-1][0].moves}
+    assert {to for _, to, _ in passed.values()} == {"10.9.9.9:7070"}   # the master, as it dials it
+    assert all(kid.closed for kid in kids) and parent.closed
+    assert node.place is None and node.parent_address == "10.9.9.9:7070"
+    assert node._hello().name == table["0"][0]
+    # Where it was a parent, a host that restarts is sent on to its place.
+    node.welcomed(links[0].sent[0][0])
+    with pytest.raises(JoinRefused) as refused:
+        node.child_hello(FakeLink("10.0.1.10:6000"), Hello(None, "10.0.1.10:7070"))
+    assert refused.value.retry and refused.value.to == ("10.9.9.9:7070", table["1.0"][0])
+
+
+@pytest.mark.parametrize("scheme, tree", [("rar", Tree((6,), (0,))), ("spread", TREE_S0)],
+                         ids=["rar", "spread-2-layers"])
+async def test_the_second_job_moves_every_host_to_the_tuned_shape(local_tree, scheme, tree):
+    """Started as rar or as spread without stragglers (each waits for every straggler):
+    the ranking's best leaves stragglers out, so the master moves every host (their ring
+    or peer links go; MOVE, and from two layers every host of layer 2 leaves its parent)
+    and job b runs it, exact, on every node."""
+    lt = local_tree(tree, SAMPLES, scheme=scheme, secret=True, plan="auto", tune_window=16)
+    secret = (lt.workdir / "secret").read_bytes().strip()
+    port = lt.ports[MASTER]
+    grads = np.random.default_rng(4).standard_normal((SAMPLES, 30))
+    await straggling_job(lt, "a", grads, 20)
+    await job(lt, "b", grads, 10)    # (without stragglers: every process takes every step)
+    said = lt.log_path(MASTER).read_text()
+    assert f"plan auto: job 'b': {scheme} " in said, said[-3000:]
+    assert "the tree takes another shape" in said
+    after = await gather("127.0.0.1", port, secret=secret)
+    want = config_of(after)
+    assert (want["scheme"], want["fanout"], want["stragglers"]) != (
+        scheme, list(tree.fanout), list(tree.stragglers))
+    for entry in entries(after):
+        got = entry["measured"]["config"]
+        assert (got["scheme"], got["fanout"], got["stragglers"]) == (
+            want["scheme"], want["fanout"], want["stragglers"]), entry["name"]
+    assert sum(1 for _ in entries(after)) == 7
+
+
+async def moved_tree(local_tree):
+    """A spread tree of two layers, moved by --plan auto between jobs a and b (as above):
+    the tree, its secret, the gradients and the configuration it runs after the move."""
+    lt = local_tree(TREE_S0, SAMPLES, scheme="spread", secret=True, plan="auto", tune_window=16)
+    secret = (lt.workdir / "secret").read_bytes().strip()
+    grads = np.random.default_rng(5).standard_normal((SAMPLES, 30))
+    await straggling_job(lt, "a", grads, 20)
+    await job(lt, "b", grads, 3)
+    want = config_of(await gather("127.0.0.1", lt.ports[MASTER], secret=secret))
+    assert (want["scheme"], want["fanout"]) != ("spread", [2, 2])
+    return lt, secret, grads, want
+
+
+async def runs(lt, secret, config) -> bool:
+    """Every daemon has joined and runs ``config`` (scheme, fanout, stragglers)."""
+    try:
+        tree = await gather("127.0.0.1", lt.ports[MASTER], secret=secret)
+    except (OSError, CrnetError):
+        return False
+    found = list(entries(tree))
+    return len(found) == 7 and all(
+        e["state"] == "joined" and [((e["measured"] or {}).get("config") or {}).get(k)
+                                    for k in ("scheme", "fanout", "stragglers")] == config
+        for e in found)
+
+
+async def test_a_moved_host_that_restarts_is_sent_on_to_its_new_place(local_tree):
+    """After a move, host 0.0 restarts and dials its configured parent (host 0): host 0,
+    which passed the MOVE on, sends it to its new parent (REFUSE with ``to``), it joins
+    there, and job c runs on the moved tree, exact."""
+    lt, secret, grads, want = await moved_tree(local_tree)
+    config = [want["scheme"], want["fanout"], want["stragglers"]]
+    lt.signal("0.0", signal.SIGTERM)
+    lt.procs["0.0"].wait(15)
+    lt.start_node("0.0")
+    lt.wait_sockets(["0.0"], 30)
+    await wait_until(lambda: runs(lt, secret, config), "the restarted host in its moved place")
+    said = lt.log_path("0.0").read_text()
+    assert "the tree moved this node: it joins" in said, said[-2000:]
+    await job(lt, "c", grads, 3)
+
+
+async def test_a_master_restarted_after_a_move_takes_every_host_back_to_its_configured_place(
+        local_tree):
+    """After a move, the master restarts with its configured plan (spread, 2,2): every host
+    the move had placed elsewhere is refused there or offered another tree, joins its
+    configured parent again, and job c runs on the configured tree, exact."""
+    lt, secret, grads, _ = await moved_tree(local_tree)
+    lt.signal(MASTER, signal.SIGTERM)
+    lt.procs[MASTER].wait(15)
+    lt.start_node(MASTER)
+    lt.wait_sockets([MASTER], 30)
+    await wait_until(lambda: runs(lt, secret, ["spread", [2, 2], [0, 0]]),
+                     "every host back in its configured place", timeout=60)
+    await job(lt, "c", grads, 3)

@@ -26,6 +26,7 @@ QUICK_FILES = frozenset({
     "test_messages.py",
     "test_model.py",
     "test_model_spread.py",
+    "test_moves.py",         # where hosts go when --plan auto moves them to another shape
     "test_peer_check.py",     # a spread peer's rank, confirmed by its host (fake links)
     "test_plan.py",
     "test_schemes.py",

@@ -116,15 +116,48 @@ def _patience(h: Fields) -> float | None:
 @dataclass(frozen=True, slots=True)
 class Refuse(Message):
     """parent -> child (or ring successor -> predecessor): why not; then it closes.
-    ``retry``: the refusal is temporary (the parent has not joined yet, ...)."""
+    ``retry``: the refusal is temporary (the parent has not joined yet, ...). ``to`` and
+    ``name`` (with ``retry``): the tree has moved this host (MOVE): it joins at ``to``
+    as ``name``."""
 
     TYPE = MsgType.REFUSE
     reason: str
     retry: bool = False
+    to: str | None = None
+    name: str | None = None
 
     @classmethod
     def from_header(cls, h: Fields) -> Refuse:
-        return cls(h.reason(), h.flag("retry"))
+        to, name = h.opt_text("to"), h.opt_text("name")
+        if (to is None) != (name is None):
+            raise ProtocolError("REFUSE: fields 'to' and 'name' come together")
+        if to is not None:
+            _addresses(h, "to", [to])
+        return cls(h.reason(), h.flag("retry"), to, name)
+
+
+@dataclass(frozen=True, slots=True)
+class Move(Message):
+    """parent -> child, down the whole tree, between jobs (``--plan auto``, ``replan.py``):
+    the tree takes another shape. Each entry is a host: its name now, its name in the new
+    tree, where it joins (its new parent's address; None: the master's, which a child of
+    the master fills in: it dials the master) and where it listens (how a host that
+    restarts is found: ``Refuse.to``)."""
+
+    TYPE = MsgType.MOVE
+    moves: tuple[tuple[str, str, str | None, str | None], ...]
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Move:
+        v = h.h.get("moves")
+        if (not isinstance(v, list) or len(v) > MAX_PEERS
+                or any(not isinstance(e, list) or len(e) != 4
+                       or any(not isinstance(x, str) or len(x) > 256 for x in e[:2])
+                       or any(x is not None and not isinstance(x, str) for x in e[2:]) for e in v)):
+            raise h.bad("moves", f"a list of at most {MAX_PEERS} [name, new name, parent "
+                                 "address or nil, listen address or nil]")
+        _addresses(h, "moves", [a for e in v for a in e[2:]])
+        return cls(tuple((a, b, c, d) for a, b, c, d in v))
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,13 +71,17 @@ def moot(welcomed: asyncio.Future[None]) -> None:
 
 async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message],
                          up: Callable[[Connection], None], down: Callable[[str], None],
-                         refused: Callable[[JoinRefused], None],
+                         refused: Callable[[JoinRefused], bool | None],
                          failed: Callable[[], None] | None = None,
                          unresolved: tuple[float, Callable[[], None]] | None = None,
+                         moved: Callable[[str, str], None] | None = None,
                          backoff: tuple[float, float] = defaults.RECONNECT_BACKOFF) -> None:
     """``failed()``: a dial found nothing listening there, or no route to it (it is tried
     again). Not a connection closed in its handshake: a busy doorway does that to a live
     host (13 spread hosts on one address dial each other at once).
+    ``refused(e)`` hears a refusal for good: the loop ends, unless it returns True.
+    ``moved(address, name)``: the peer says the tree moved this node there (a refusal
+    with ``to``): the next dial goes there, at once.
     ``unresolved``: (seconds, give_up): when the peer's host name has not resolved
     for that long, ``give_up()`` is called and the loop ends (a typo in a name does not
     heal by retrying; a name missing from DNS for a while does, within the bound)."""
@@ -112,11 +116,17 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
                              "in %.1f s", what, e, delay)
         except JoinRefused as e:
             if not e.retry:
-                refused(e)
-                if conn is not None:
-                    conn.close()
-                return
-            log.info("%s asks to retry: %s", what, shown(e.reason))
+                if not refused(e):   # (True: dial on, where it says now)
+                    if conn is not None:
+                        conn.close()
+                    return
+            elif e.to is not None and moved is not None:
+                log.info("%s: the tree moved this node: it joins %s as %s", what, shown(e.to[0]),
+                         shown(e.to[1]))
+                moved(*e.to)
+                delay = backoff[0]
+            else:
+                log.info("%s asks to retry: %s", what, shown(e.reason))
         else:
             delay = backoff[0]
             unresolved_since = None

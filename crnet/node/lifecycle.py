@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import __version__, defaults, kernels, logs
 from ..errors import ProtocolError
-from ..fields import check_address
+from ..fields import check_address, split_address
 from ..handshake import Dialing
 from ..measured import Measured
 from ..options import defaults_of, engine_values
@@ -270,8 +270,10 @@ class Node:
             lambda: self._connection(link, Limits(max_payload=0), "client"), sock)
 
     async def _dial_parent(self, hello):
-        assert self.settings.parent is not None
-        host, port = self.settings.parent
+        # Where the configured parent is (--parent), or the tree moved this node (MOVE).
+        address = self.membership.parent_address
+        assert address is not None
+        host, port = split_address(address)
         r = self.rooms
         link = ParentLink(self.membership, self.engine, r.broadcasts, r.barriers, r.status)
         guard = Dialing(link, self.settings.secret)
@@ -297,13 +299,12 @@ class Node:
     def _dialer(self, address: str | None, peer: OutboundPeer):
         """Dials a peer (a ring successor, a spread host) at ``address`` (None: the master,
         at the parent's); its link reports to ``peer``."""
-        if address is None:
-            address = self._parent_address()
+        if address is None:   # (where this node dials its parent: the master's child)
+            address = self.membership.parent_address
             assert address is not None
         # A peer said where (messages check every address they carry): one that is still no
         # host:port is a link that is no good, tried again (dial.py), never a dead task.
         bad = check_address(address)
-        host, _, port = address.rpartition(":")
 
         async def dial(hello):
             if bad:
@@ -312,7 +313,7 @@ class Node:
             guard = Dialing(link, self.settings.secret)
             _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self._connection(guard, Limits(max_payload=0), f"peer {address}"),
-                host.strip("[]"), int(port), ssl=self._tls_dial), self.settings.connect_timeout)
+                *split_address(address), ssl=self._tls_dial), self.settings.connect_timeout)
             conn.send(guard.hello(hello))
             return conn, link.welcome
         return dial

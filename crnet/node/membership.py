@@ -32,14 +32,15 @@ from collections.abc import Callable
 from ..allocation import NodeShare, pack_allocation, parse_allocation
 from ..errors import JoinRefused, ProtocolError
 from ..fields import check_address
-from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
+from ..messages import Assign, Hello, Job, Joined, Move, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
 from ..schemes import Place
 from ..transport import Connection
 from .dial import Dialer, keep_connected, supervised
-from .host_slots import claim_slot, pick_slot
+from .host_slots import claim_slot, reached_at, slot_for
 from .jobs import JobCounts
 from .mesh import Mesh, PeerDialer
+from .moves import Whereabouts
 from .neighbours import ChildSlot, Neighbours
 from .shares import (
     child_ring,
@@ -105,12 +106,12 @@ class Membership:
         self.on_parent_up: Signal[Connection] = Signal()
         self.on_parent_down: Signal[str] = Signal()   # why (the parent, or the master, lost)
         self._stop = stop
-        self._name = name
         self.host_id = host_id
         self.hosts: dict[str, int] = {}    # host id -> the child slot it held (this run)
         self._dial_parent = dial_parent
-        self.mesh = Mesh(neighbours, dial_peer, engine.peer_lost, engine.peer_unreachable)
-        self.parent_address = parent_address
+        self._dial_peer = dial_peer
+        self.mesh = self._new_mesh()
+        self.whereabouts = Whereabouts(parent_address, name)   # where it joins (MOVE)
         self._joined_reported = -1
         self._closing = False
         self._tasks: list[asyncio.Task] = []
@@ -167,24 +168,46 @@ class Membership:
         else:
             self.before_job(name)
 
-    def replan(self, place: Place) -> None:
-        """The master, between jobs (``--plan auto``): the tree runs ``place`` (the same
-        hosts in the same places: another scheme or stragglers) from the next job on. Every
-        child gets its WELCOME with it, then its ASSIGN, before the JOB that starts the job
-        (one link: in that order), and passes both down the same way (``welcomed``)."""
+    @property
+    def parent_address(self) -> str | None:   # host:port where it dials its parent (MOVE may move it)
+        return self.whereabouts.address
+
+    def plan_and_assign(self, why: str) -> None:
+        """The master, every worker joined (``why``): the plan; every subtree's share down."""
         assert self.place is not None and self.samples is not None
-        assert place.tree.fanout == self.place.tree.fanout
-        self.place = place
-        self.engine.stats.measured.clear()
-        if self.allocation is None:   # not every worker joined yet: they get it as they do
-            self._welcome_children()
-            return
-        self.allocation, said = plan_allocation(place.tree, self.samples, place.code_kind)
-        log.info("re-planned: %s", said)
-        self._welcome_children()
+        self.allocation, said = plan_allocation(self.place.tree, self.samples, self.place.code_kind)
+        log.info("%s: %s", why, said)
         self._assigned()
 
-    def _welcome_children(self) -> None:
+    def take_place(self, place: Place | None, state: JoinState) -> None:
+        """The tree moves this node (MOVE): its place is ``place`` (None: it joins anew),
+        its share and peer links are dropped, its windows forgotten."""
+        self.mesh.leave()
+        self.mesh = self._new_mesh()
+        self.place, self.allocation, self.state = place, None, state
+        if place is not None:
+            self._size_slots()
+        self._joined_reported = -1
+        self.engine.stats.measured.clear()
+
+    def drop_children(self, move: Move | None = None) -> None:
+        """Close every child link (after ``move``, if given: the children move too) and
+        forget the slots: the children join again, where MOVE says or as they can."""
+        for k, slot in enumerate(self.neighbours.slots):
+            link = slot.link
+            if link is not None:
+                if move is not None:
+                    link.send(move)
+                self.child_lost(k, link, said=False)
+                link.close()
+        self.neighbours.slots = []
+        self.hosts = {}
+
+    def _new_mesh(self) -> Mesh:
+        return Mesh(self.neighbours, self._dial_peer, self.engine.peer_lost,
+                    self.engine.peer_unreachable)
+
+    def welcome_children(self) -> None:
         for k, slot in enumerate(self.neighbours.slots):
             slot.assigned = False
             if slot.link is not None:
@@ -214,40 +237,23 @@ class Membership:
         """Admit a child: its slot index. ``JoinRefused`` says why not (the link
         sends REFUSE and closes)."""
         place = self.place
+        bad = None if hello.listen is None else check_address(hello.listen)
+        if bad:   # its ring predecessor or its peers would dial it there (mesh.py)
+            raise JoinRefused(f"HELLO: the address it listens at is no good: {bad}")
+        listen = reached_at(hello.listen, conn.label)
+        children = [] if place is None else place.tree.children(place.name)
+        hello = self.whereabouts.admit(hello, listen, children)   # a host MOVE placed
         if place is None:
             raise JoinRefused(f"{self.label} has not joined the tree yet", retry=True)
         if place.is_leaf:
             raise JoinRefused(f"{place.label} is a leaf (layer {place.layer} of "
                               f"{place.tree.layers}): it accepts no children")
-        bad = None if hello.listen is None else check_address(hello.listen)
-        if bad:   # its ring predecessor or its peers would dial it there (mesh.py)
-            raise JoinRefused(f"HELLO: the address it listens at is no good: {bad}")
-        slots = self.neighbours.slots
-        children = place.tree.children(place.name)
-        if hello.name is not None:
-            if hello.name not in children:
-                raise JoinRefused(f"{shown(hello.name)} is not a child of {place.label} "
-                                  f"(its children are {children[0]}..{children[-1]})")
-            k = children.index(hello.name)
-            held = slots[k].link
-            if held is not None:
-                if conn.authenticated:
-                    # The cluster's own node under that name: a restart while the old
-                    # connection has not noticed that its peer died, or a broken host. The
-                    # holder is asked whether it is alive (``drop_child`` if not); until
-                    # then the newcomer is told to try again.
-                    self.on_slot_contested.emit((k, held))
-                raise JoinRefused(f"slot {hello.name} of {place.label} is held by a live "
-                                  "connection", retry=True)
-        else:
-            k = self._slot_for_host(hello.host, conn)
+        k = slot_for(place, self.neighbours.slots, self.hosts, hello, conn,
+                     lambda k, held: self.on_slot_contested.emit((k, held)))
         claim_slot(self.hosts, hello.host, k, hello.name is not None)
-        listen = hello.listen
-        if listen is not None and listen.startswith("0.0.0.0:"):
-            # It listens everywhere: reach it at the address it connected from.
-            listen = f"{conn.label.rpartition(':')[0]}:{listen.rpartition(':')[2]}"
-        slots[k] = ChildSlot(link=conn, address=listen, missed_through=self.engine.window.newest_step,
-                             host=hello.host, peer=conn.label)
+        self.neighbours.slots[k] = ChildSlot(link=conn, address=listen, host=hello.host,
+                                             missed_through=self.engine.window.newest_step,
+                                             peer=conn.label)
         conn.send(self._welcome(k))
         log.info("child %s joined from %s", children[k], conn.label)
         return k
@@ -255,22 +261,6 @@ class Membership:
     def _welcome(self, k: int) -> Welcome:
         assert self.place is not None
         return welcome_for(self.place, k, self.engine, self.job, self.local_processes)
-
-    def _slot_for_host(self, host: str | None, conn: Connection) -> int:
-        """The slot for a child without ``--name`` (``host_slots.pick_slot``). A second live
-        node with the same host id gets another slot, and a warning that says to give
-        each daemon its own ``--host-id``."""
-        assert self.place is not None
-        slots = self.neighbours.slots
-        if all(slot.link is not None for slot in slots):
-            raise JoinRefused(f"{self.place.label} has all {len(slots)} child slots taken")
-        k, held = pick_slot(self.hosts, host, slots)
-        if held is not None:
-            log.warning("host id %s connected from %s, but it holds child slot %s from %s: giving "
-                        "this one another slot (two daemons with one host id? give each its own "
-                        "--host-id)", shown(host), conn.label,
-                        self.place.tree.children(self.place.name)[held], slots[held].peer)
-        return k
 
     def child_joined(self, k: int, msg: Joined) -> None:
         """Child ``k`` counts the workers of its subtree that joined. More than its subtree
@@ -283,8 +273,7 @@ class Membership:
                                 f"subtree holds {most}")
         slot = self.neighbours.slots[k]
         slot.workers = msg.workers
-        if self.place.scheme == "spread":
-            slot.below = dict(msg.peers)
+        slot.below = dict(msg.peers)   # spread's peers, and where hosts move (MOVE)
         if msg.job and not self.job and self.engine.window.tree_step < 0:
             self.job = msg.job             # a restarted master: the job its children run
         # Kept, not learned now: a node takes its children's word for where the tree is
@@ -306,19 +295,23 @@ class Membership:
             self.child_lost(k, conn)
             conn.close()
 
-    def child_lost(self, k: int, conn: Connection) -> None:
-        slot = self.neighbours.slots[k]
-        if slot.link is not conn:
+    def child_lost(self, k: int, conn: Connection, said: bool = True) -> None:
+        """Child ``k``'s link ``conn`` is gone (``said``: tell the log and the parent; not
+        when this node drops its children itself, to move)."""
+        slots = self.neighbours.slots
+        if k >= len(slots) or slots[k].link is not conn:
             return
+        slot = slots[k]
         self.neighbours.slots[k] = ChildSlot(address=slot.address, host=slot.host, peer=slot.peer,
                                              below=slot.below)
         self.on_child_lost.emit(k)
         self.jobs.child_lost(k)
         assert self.place is not None
-        if not self._closing:   # at shutdown this node closes its links itself
+        if said and not self._closing:   # at shutdown this node closes its links itself
             log.warning("child %s disconnected", self.place.tree.children(self.place.name)[k])
         self.engine.child_lost(k)
-        self._report_joined()
+        if said:
+            self._report_joined()
 
     def peer_hello(self, conn: Connection, hello: PeerHello, confirmed: Callable[[], None]) -> None:
         """A peer (rar's ring predecessor, spread's other hosts): accept it if this node has
@@ -335,7 +328,7 @@ class Membership:
         before, self._joined_reported = self._joined_reported, count
         self._changed()
         if not place.is_master:
-            below = (Mesh.below(place.tree, place.name, slots) if place.scheme == "spread" else ())
+            below = Mesh.below(place.tree, place.name, slots)
             tree_step = max(self.engine.window.tree_step, self._children_claim())
             self.neighbours.to_parent(Joined(count, tree_step, self.job, below))
             return
@@ -344,10 +337,7 @@ class Membership:
         else:
             log.info("%d/%d workers joined", count, place.tree.workers)
         if count == place.tree.workers and self.allocation is None:
-            assert self.samples is not None
-            self.allocation, said = plan_allocation(place.tree, self.samples, place.code_kind)
-            log.info("all workers joined: %s", said)
-            self._assigned()
+            self.plan_and_assign("all workers joined")
 
     def _children_claim(self) -> int:
         """Where the tree is, as this node's children vouch for it (-1: they do not know)."""
@@ -403,11 +393,12 @@ class Membership:
             self._tasks.append(supervised(keep_connected(
                 "parent", self._dial_parent, hello=self._hello, up=self._parent_up,
                 down=self._parent_down, refused=self._refused,
+                moved=lambda address, name: self.rejoin((address, name)),
                 unresolved=None if self.resolve_timeout is None else
                 (self.resolve_timeout, lambda: self._stop(2))), "parent"))
 
     def _hello(self) -> Hello:
-        name = self._name if self.place is None else self.place.name
+        name = self.whereabouts.name if self.place is None else self.place.name
         return Hello(name, self.listen_address, host=self.host_id)
 
     def _parent_up(self, conn: Connection) -> None:
@@ -427,18 +418,46 @@ class Membership:
     def _changed(self) -> None:
         self.on_change.emit(None)
 
-    def _refused(self, e: JoinRefused) -> None:
+    def _refused(self, e: JoinRefused) -> bool:
         """The parent refused this node for good (with a cluster secret, only a parent that
-        authenticated itself gets here: guard.py): this node's configuration is wrong.
-        Exit 2: restarting it as it is would not help."""
+        authenticated itself gets here: guard.py): its configuration is wrong, exit 2 (a
+        restart would not help). Unless the tree had moved it (MOVE) and its new place is
+        gone (a master restarted with its configured plan): it goes home (True: dial on)."""
+        if self.whereabouts.away:
+            log.warning("%s: the parent the tree moved it to refused it (%s); it joins its "
+                        "configured parent again", self.label, shown(e.reason))
+            self.rejoin()
+            return True
         log.error("%s: the parent refused this node: %s", self.label, shown(e.reason))
         self._stop(2)
+        return False
+
+    def rejoin(self, to: tuple[str, str] | None = None) -> None:
+        """Join the tree afresh at ``to`` (address, slot name), where MOVE says; None: where
+        configured (the tree that moved it is gone). Its place, share, children and peer
+        links are dropped; the parent link closes (``keep_connected`` dials anew)."""
+        if to is None:
+            self.whereabouts.go_home()
+        else:
+            self.whereabouts.go(*to)
+        self.drop_children()
+        self.take_place(None, JoinState.JOINING)
+        if self.neighbours.parent is not None:
+            self.neighbours.parent.close()
+        self._changed()
 
     def welcomed(self, msg: Welcome) -> None:
         """The parent's WELCOME: this node's place (``welcome.welcomed_place``: its
         ``ProtocolError`` and ``JoinRefused``), or what the tree runs there from now on."""
-        place = welcomed_place(msg, self.place, self.listen_address is not None,
-                               self.local_processes)
+        try:
+            place = welcomed_place(msg, self.place, self.listen_address is not None,
+                                   self.local_processes)
+        except ProtocolError:
+            if self.whereabouts.away and self.place is not None:   # the tree that moved it is gone
+                log.warning("%s: its parent offers another tree than the one it moved to; it "
+                            "joins its configured parent again", self.label)
+                self.rejoin()
+            raise
         tree = place.tree
         replanned = self.place is not None and place != self.place
         self.place = place
@@ -449,7 +468,7 @@ class Membership:
             log.info("the tree runs %s, stragglers %s from now on", place.scheme,
                      ",".join(map(str, tree.stragglers)))
             self.engine.stats.measured.clear()
-            self._welcome_children()
+            self.welcome_children()
         if msg.job and msg.job != self.job:
             self.run_job(msg.job)          # the tree moved to another job while it was away
         vector = None if msg.total is None or msg.dtype is None else (msg.total, msg.dtype)

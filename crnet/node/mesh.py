@@ -267,6 +267,13 @@ class Mesh:
             for conn in links:
                 conn.close()
 
+    def leave(self) -> None:
+        """The host moves to another place (MOVE): every peer link closes, those it dialed
+        too (a new ``Mesh`` makes the new place's)."""
+        self.close()
+        self._inbound.clear()
+        self.neighbours.drop_peers()
+
 
 def _only_asks() -> None:
     """rar: the successor's link to ask over, confirmed: it stays one that may only ask."""

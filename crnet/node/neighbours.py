@@ -214,6 +214,18 @@ class Neighbours:
             else:
                 del self._queued[rank]
 
+    def drop_peers(self) -> None:
+        """Close every peer link and forget what waited for one (the host moves: MOVE)."""
+        for conn in (*self.peers.values(), *self.peers_in.values()):
+            conn.close()
+        self.peers.clear()
+        self.peers_in.clear()
+        self._queued.clear()
+        self._announced = None
+        self._unreachable.clear()
+        self._turns.clear()
+        self._writing = self._watch = None
+
     def close(self) -> None:
         for conn in (self.parent, *self.peers.values(), *self.peers_in.values(),
                      *(slot.link for slot in self.slots)):

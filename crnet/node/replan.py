@@ -4,17 +4,18 @@ the last job measured.
 When a new job is to start (``jobs.py``: no process of the running one is attached
 anywhere), the master asks its tree for every node's measured windows (the status request
 ``crnet tune`` makes, answered in-process: ``StatusService.subtree``), fits and ranks them
-(``crnet.tune``: the same functions, I/O-free) and takes the best choice that keeps every
-host in its place (``tune.replan_choice``: cr, gc or tree on the running fanout, with any
-stragglers per layer) if it is predicted more than 5% faster. ``Membership.replan`` then
-sends every child its WELCOME and ASSIGN of the new plan, and the JOB that starts the job
-follows on the same links: the new job's processes get their assignment the normal way.
-A job under way never changes. What was measured, old -> new and the predictions are
-logged; every node's ``measured`` status section says what the tree runs.
+(``crnet.tune``: the same functions, I/O-free) and takes the best choice
+(``tune.replan_choice``) if it is predicted more than 5% faster:
 
-Not re-planned: the fanout and depth (hosts would move between parents: they join again,
-``crnet tune --write`` and a restart), rar and spread (their rings and meshes are made as
-hosts join), the chunk size and the code (ranked as they run).
+- cr, gc or tree on the running fanout, with any stragglers per layer (``reshape.replan``);
+- any other shape, or rar or spread, if it is also more than 5% faster than the best of
+  those (``reshape.move``: every host moves to its place in the new tree). If the hosts
+  cannot move (too few listen), the best on the running fanout is taken instead.
+
+Either way the new job's processes get their assignment the normal way. A job under way
+never changes. What was measured, old -> new and the predictions are logged; every node's
+``measured`` status section says what the tree runs. Not re-planned: the chunk size and
+the code (ranked as they run).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import logging
 
 from ..errors import CrnetError
 from ..peer_text import shown
-from ..plan import Tree
+from ..plan import PEER_SCHEMES
 from ..schemes import Place
-from ..tune import Tuning, measurements, replan_choice, tune
+from ..tune import Prediction, Tuning, measurements, placed_tree, replan_choice, tune
 from ..units import format_rate, format_seconds
 from .dial import supervised
 from .membership import Membership
+from .reshape import move, replan
 from .status import StatusService
 
 log = logging.getLogger("crnet.node")
@@ -59,10 +61,10 @@ class AutoPlan:
 
     async def _replan_then_run(self, name: str) -> None:
         m = self.membership
-        place = None
+        places: list[Place] = []
         try:
             try:
-                place = await self._choose(name)
+                places = await self._choose(name)
             except (CrnetError, ValueError, asyncio.TimeoutError) as e:
                 log.info("plan auto: job %s starts on the running plan: %s", shown(name), e)
         finally:
@@ -72,29 +74,46 @@ class AutoPlan:
                      "is re-planned", shown(m.job), shown(name))
             m.jobs.ask(name)     # keeps its job and plan (the new job waits, or is refused)
             return
-        if place is not None:
-            m.replan(place)
+        for place in places:
+            if not _moves(m.place, place):
+                replan(m, place)
+                break
+            if move(m, place):
+                break
         m.run_job(name)
 
-    async def _choose(self, name: str) -> Place | None:
-        """The plan job ``name`` is to run, if not the running one (logged either way)."""
+    async def _choose(self, name: str) -> list[Place]:
+        """The plans job ``name`` may run, best first (none: the running one), logged."""
         tree = await self.status.subtree(GATHER_DEADLINE, self.window)
         t = await asyncio.get_running_loop().run_in_executor(
             None, lambda: tune(measurements(tree), trials=TRIALS))
-        choice = replan_choice(t)
+        choices = [c for c in (replan_choice(t, move=True), replan_choice(t)) if c is not None]
         said = _said(t)
         old = f"{t.running.scheme} {t.running.shape} (predicted {format_seconds(t.running.mean)})"
-        if choice is None or choice.tree is None:
+        if not choices:
             log.info("plan auto: job %s keeps %s: %s", shown(name), old, said)
-            return None
+            return []
         place = self.membership.place
         assert place is not None
-        new = f"{choice.scheme} {choice.shape} (predicted {format_seconds(choice.mean)})"
         best = t.ranking[0]
         log.info("plan auto: job %s: %s -> %s: %s; best of every shape: %s %s (predicted %s)",
-                 shown(name), old, new, said, best.scheme, best.shape, format_seconds(best.mean))
-        return dataclasses.replace(place, tree=Tree(choice.tree.fanout, choice.tree.stragglers),
-                                   scheme=choice.scheme)
+                 shown(name), old, " or else ".join(map(_label, choices)), said, best.scheme,
+                 best.shape, format_seconds(best.mean))
+        plans = [dataclasses.replace(place, tree=placed_tree(c), scheme=c.scheme, ring=None)
+                 for c in choices]
+        return plans[:1] if len(plans) == 2 and plans[0] == plans[1] else plans
+
+
+def _label(c: Prediction) -> str:
+    return f"{c.scheme} {c.shape} (predicted {format_seconds(c.mean)})"
+
+
+def _moves(running: Place | None, place: Place) -> bool:
+    """Whether the tree must move its hosts to run ``place``: another fanout, or to or
+    from rar or spread (their links are made as hosts join)."""
+    assert running is not None
+    return running.tree.fanout != place.tree.fanout or (
+        running.scheme != place.scheme and bool({running.scheme, place.scheme} & set(PEER_SCHEMES)))
 
 
 def _said(t: Tuning) -> str:

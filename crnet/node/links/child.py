@@ -131,7 +131,8 @@ class ChildLink(StateMachine):
         # One line per peer address every few seconds: a peer may try again and again.
         self.warnings.warning((conn.label.rpartition(":")[0], "refused"), "refusing %s: %s",
                               conn.label, e.reason)
-        conn.send(Refuse(e.reason, e.retry))
+        to, name = e.to or (None, None)
+        conn.send(Refuse(e.reason, e.retry, to, name))
         conn.close()
 
     # ---------------------------------------------------------------- CHILD

@@ -33,7 +33,8 @@ class DialedLink(StateMachine):
 
     def refused(self, conn: Connection, msg: Refuse, payload) -> None:
         self.state = DialedState.REFUSED
-        self.welcome.set_exception(JoinRefused(msg.reason, msg.retry))
+        to = None if msg.to is None or msg.name is None else (msg.to, msg.name)
+        self.welcome.set_exception(JoinRefused(msg.reason, msg.retry, to))
 
     def cannot_take(self, conn: Connection, e: JoinRefused) -> None:
         """The peer welcomed this node to a place its configuration cannot take: the peer

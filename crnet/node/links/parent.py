@@ -6,7 +6,8 @@ state         the parent may send
 WAITING       WELCOME, REFUSE
 WELCOMED      RESULT, FAIL, ASSIGN, JOB, BCAST, WANT_STATE, BARRIER, STATUS, WELCOME (the
               master re-planned between jobs: what the tree runs, then ASSIGN and JOB),
-              PROBE (crnet tune --probe: its bytes are dropped, a round's last echoed)
+              PROBE (crnet tune --probe: its bytes are dropped, a round's last echoed),
+              MOVE (the master re-planned to another shape: this node joins elsewhere)
 REFUSED       nothing (the dialer closes the link)
 ============  ===========================================================================
 """
@@ -24,6 +25,7 @@ from ...messages import (
     Fail,
     Job,
     Message,
+    Move,
     Probe,
     ProbeEcho,
     Refuse,
@@ -38,6 +40,7 @@ from ..barriers import Barriers
 from ..broadcasts import Broadcasts
 from ..membership import Membership
 from ..probe import ProbeSink
+from ..reshape import moved
 from ..status import StatusService
 from ..steps import StepEngine
 from .dialed import DialedLink, DialedState
@@ -112,6 +115,9 @@ class ParentLink(DialedLink):
     def _bcast(self, conn: Connection, msg: Bcast, payload) -> None:
         self.broadcasts.from_parent(msg, payload)
 
+    def _move(self, conn: Connection, msg: Move, payload) -> None:
+        moved(self.membership, msg)
+
     def _want_state(self, conn: Connection, msg: WantState, payload) -> None:
         self.broadcasts.state_requested(msg.nonce)
 
@@ -133,7 +139,7 @@ class ParentLink(DialedLink):
         DialedState.WELCOMED: {Result: _result, Fail: _fail, Assign: _assign, Job: _job,
                                Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
                                StatusRequest: _status_request, Welcome: _welcome_again,
-                               Probe: _probe},
+                               Probe: _probe, Move: _move},
         DialedState.REFUSED: {},
     }
     PAYLOAD: ClassVar[Payloads] = {
