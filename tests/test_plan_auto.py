@@ -27,32 +27,12 @@ SAMPLES = 24
 PER_SAMPLE = 0.003                  # seconds each process computes (sleeps) per sample of its share
 
 
-async def job(lt, name: str, grads: np.ndarray, steps: int) -> list[dict]:
+async def job(lt, name: str, grads: np.ndarray, steps: int, slow: float = 1.0) -> list[dict]:
     """Every worker's process of job ``name`` runs ``steps`` steps, computing PER_SAMPLE per
-    sample of its share first; every result is the exact sum. Their assignments."""
-    clients = [await AsyncClient.connect(lt.socket_path(n), timeout=30, job=name)
-               for n in lt.tree.names() if n]
-    want = grads.sum(axis=0)
-
-    async def run(c):
-        load = sum(stop - start for start, stop, _ in c.assignment.ranges)
-        for step in range(steps):
-            await asyncio.sleep(PER_SAMPLE * load)
-            got = await c.allreduce((step + 1) * local_gradient(c.assignment, grads), step=step)
-            assert rel_error(got, (step + 1) * want) <= 1e-9, (name, step)
-    try:
-        await gather_or_cancel(*(run(c) for c in clients))
-        return [{"name": c.assignment.name, "ranges": c.assignment.ranges} for c in clients]
-    finally:
-        for c in clients:
-            c.close()
-
-
-async def straggling_job(lt, name: str, grads: np.ndarray, steps: int) -> set[str]:
-    """Like ``job``, but each process is 16 x slower in a third of its steps (drawn per
-    (step, place)): a ring waits for one such straggler nearly every step. Every result is
-    the exact sum (a scheme that waits for all: a process is never left behind). The
-    places the processes had."""
+    sample of its share first (``slow`` x that in a third of its steps, drawn per (step,
+    place): a ring then waits for such a straggler nearly every step); every result is the
+    exact sum (with ``slow``, only under a scheme that waits for all: no process is left
+    behind). Their assignments."""
     clients = [await AsyncClient.connect(lt.socket_path(n), timeout=60, job=name)
                for n in lt.tree.names() if n]
     want = grads.sum(axis=0)
@@ -61,12 +41,12 @@ async def straggling_job(lt, name: str, grads: np.ndarray, steps: int) -> set[st
         load = sum(stop - start for start, stop, _ in c.assignment.ranges)
         for step in range(steps):
             draw = np.random.default_rng([step, sum(map(ord, c.assignment.name))]).random()
-            await asyncio.sleep(PER_SAMPLE * load * (16 if draw < 1 / 3 else 1))
+            await asyncio.sleep(PER_SAMPLE * load * (slow if draw < 1 / 3 else 1))
             got = await c.allreduce((step + 1) * local_gradient(c.assignment, grads), step=step)
             assert rel_error(got, (step + 1) * want) <= 1e-9, (name, step)
     try:
         await gather_or_cancel(*(run(c) for c in clients))
-        return {c.assignment.name for c in clients}
+        return [{"name": c.assignment.name, "ranges": c.assignment.ranges} for c in clients]
     finally:
         for c in clients:
             c.close()
@@ -348,7 +328,7 @@ async def test_the_second_job_moves_every_host_to_the_tuned_shape(local_tree, sc
     secret = (lt.workdir / "secret").read_bytes().strip()
     port = lt.ports[MASTER]
     grads = np.random.default_rng(4).standard_normal((SAMPLES, 30))
-    await straggling_job(lt, "a", grads, 20)
+    await job(lt, "a", grads, 20, slow=16)
     await job(lt, "b", grads, 10)    # (without stragglers: every process takes every step)
     said = lt.log_path(MASTER).read_text()
     assert f"plan auto: job 'b': {scheme} " in said, said[-3000:]
@@ -370,7 +350,7 @@ async def moved_tree(local_tree):
     lt = local_tree(TREE_S0, SAMPLES, scheme="spread", secret=True, plan="auto", tune_window=16)
     secret = (lt.workdir / "secret").read_bytes().strip()
     grads = np.random.default_rng(5).standard_normal((SAMPLES, 30))
-    await straggling_job(lt, "a", grads, 20)
+    await job(lt, "a", grads, 20, slow=16)
     await job(lt, "b", grads, 3)
     want = config_of(await gather("127.0.0.1", lt.ports[MASTER], secret=secret))
     assert (want["scheme"], want["fanout"]) != ("spread", [2, 2])
