@@ -116,9 +116,9 @@ def run_one(preset: Preset, start: str, start_steps: int, schemes, workdir: Path
                       plan_auto)
 
 
-def running_config(tuning: dict) -> str:
-    """What ``crnet tune --json`` says the tree runs, as ``describe`` says it."""
-    return describe(*picked(tuning["running"]))
+def config_of(entry: dict | None) -> str:
+    """A ``crnet tune --json`` entry (None: the running plan) as ``describe`` says it."""
+    return "-" if entry is None else describe(*picked(entry))
 
 
 def run_auto(cluster, preset: Preset, start: str, start_steps: int, workdir: Path, seed: int,
@@ -126,14 +126,19 @@ def run_auto(cluster, preset: Preset, start: str, start_steps: int, workdir: Pat
     """Issue 28's second check: the poor start with ``crnetd --plan auto``; job ``start``
     runs ``start_steps`` steps, then job ``next`` the preset's steps on the same daemons
     (the master re-plans between them by itself). Job ``next``'s row, with the
-    configuration it ran (``crnet tune --json`` after it)."""
+    configuration it ran (``crnet tune --json`` after it) and the one ``crnet tune`` said
+    between the jobs that ``--plan auto`` would run (its ``plan_auto``)."""
     s_scheme, s_tree, s_gc = parse_config(start)
     poor = configured(preset, s_scheme, s_tree, s_gc)
+    before: dict = {}
     after: dict = {}
     rows = run_crnet_jobs(cluster, poor, s_scheme, workdir / "auto",
                           [("start", start_steps), ("next", preset.steps)], seed, strict,
-                          before_stop=lambda lt: ask_tune(cluster, lt, after), plan="auto")
-    return {**rows[1], "config": running_config(after), "start_mean_s": rows[0]["mean_s"],
+                          before_stop=lambda lt: ask_tune(cluster, lt, after), plan="auto",
+                          between=lambda lt: ask_tune(cluster, lt, before))
+    ran = config_of(after["running"])
+    said = config_of(before["plan_auto"]) if before["plan_auto"] else describe(s_scheme, s_tree, s_gc)
+    return {**rows[1], "config": ran, "tune_said": said, "start_mean_s": rows[0]["mean_s"],
             "exact_both": all(r.get("correct") for r in rows)}
 
 
@@ -166,8 +171,9 @@ def run_on(cluster, preset: Preset, start: str, start_steps: int, schemes, workd
         log(f"  {rows[scheme]['config']}: mean {ms(r['mean_s'])}")
     if plan_auto:
         r = rows["auto"] = run_auto(cluster, preset, start, start_steps, workdir, seed, strict)
-        log(f"  --plan auto: job 2 ran {r['config']}: mean {ms(r['mean_s'])} (job 1, "
-            f"{rows['start']['config']}: {ms(r['start_mean_s'])}), exact: {r['exact_both']}")
+        log(f"  --plan auto: job 2 ran {r['config']} (crnet tune after job 1: {r['tune_said']}): "
+            f"mean {ms(r['mean_s'])} (job 1, {rows['start']['config']}: "
+            f"{ms(r['start_mean_s'])}), exact: {r['exact_both']}")
     return {"preset": preset.name, "start": start, "tune": tuning, "rows": rows}
 
 
@@ -198,12 +204,12 @@ def auto_summary(doc: dict) -> str | None:
     best = min((r["mean_s"] for r in done.values()), default=None)
     ratio = auto["mean_s"] / best if best and auto["mean_s"] else None
     return (f"{doc['preset']:<11} {rows['start']['config']:<14} {ms(auto['start_mean_s'])}   "
-            f"{auto['config']:<18} {ms(auto['mean_s'])}   {rows['tuned']['config']:<18} "
+            f"{auto['tune_said']:<18} {auto['config']:<18} {ms(auto['mean_s'])} "
             f"{_x(ratio)}   {'yes' if auto['exact_both'] else 'NO'}")
 
 
-AUTO_HEAD = ("preset      job 1 (start)  measured     job 2 (--plan auto) measured     "
-             "tune's pick        job2/best  exact")
+AUTO_HEAD = ("preset      job 1 (start)  measured     tune: plan auto    job 2 ran          "
+             "measured   job2/best  exact")
 
 
 def _x(x) -> str:

@@ -84,10 +84,12 @@ def run_crnet(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Pa
 def run_crnet_jobs(cluster: EmulatedCluster, preset: Preset, scheme: str, workdir: Path,
                    jobs: list[tuple[str, int]], seed: int = 0, strict: bool = False,
                    before_stop: Callable[[LocalTree], None] | None = None,
-                   plan: str = "fixed") -> list[dict]:
+                   plan: str = "fixed",
+                   between: Callable[[LocalTree], None] | None = None) -> list[dict]:
     """``run_crnet`` for each of ``jobs`` (job name, steps) in turn, on the same daemons
     (``plan``: the master's ``--plan``; with ``auto`` it may re-plan between them): a
-    summary per job. ``before_stop`` is called after the last."""
+    summary per job. ``between`` is called after each job but the last, ``before_stop``
+    after the last."""
     row, (scheme, options) = scheme, crnetd_scheme(scheme, preset)
     tree = preset_tree(preset, scheme)
     names = list(tree.names())                   # master first, then workers breadth first
@@ -135,6 +137,8 @@ def run_crnet_jobs(cluster: EmulatedCluster, preset: Preset, scheme: str, workdi
             daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values()) - daemons_cpu
             stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
             out.append(_job_summary(row, preset, names, job_dir, daemons_cpu))
+            if between is not None and j < len(jobs) - 1:
+                between(lt)
         if before_stop is not None:
             before_stop(lt)
     finally:

@@ -65,8 +65,8 @@ class Running:
         return self.tree.workers
 
     @property
-    def shape(self) -> Tree:
-        return scheme_tree(self.scheme, tree=self.tree)
+    def shape(self) -> Tree:   # (gc: its stragglers are the one layer's)
+        return scheme_tree(self.scheme, tree=self.tree, stragglers=self.tree.stragglers[0])
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,12 @@ class Tuning:
         p = self.measurements.periods
         return float(np.percentile(p, 95)) if p else None
 
+    @property
+    def plan_auto(self) -> Prediction | None:
+        """What ``crnetd --plan auto`` runs next (``replan_choice``: the best if the hosts
+        can move, else the best in their places; None: the running plan)."""
+        return replan_choice(self, move=True) or replan_choice(self)
+
     def to_json(self, top: int | None = None) -> dict:
         run = self.measurements.running
         return {
@@ -235,6 +241,7 @@ class Tuning:
             "unmeasured": list(self.measurements.unmeasured),
             "links": self.links.to_json(),
             "running": {**self.running.to_json(), "rank": self.running_rank},
+            "plan_auto": None if self.plan_auto is None else self.plan_auto.to_json(),
             "candidates": len(self.ranking),
             "ranking": [p.to_json() for p in self.ranking[:top]],
             "probe": None if self.measurements.probe is None else self.measurements.probe.to_json()}

@@ -71,3 +71,18 @@ def test_the_cli_writes_the_file_or_says_why_not(tmp_path):
     got = CliRunner().invoke(main, ["tune", "127.0.0.1:1", "--write", str(path)])
     assert got.exit_code != 0 and "Traceback" not in got.output
     assert not path.exists()
+
+
+def test_a_running_gc_tree_is_predicted_with_its_own_stragglers():
+    """gc's s is its one layer's stragglers: the running configuration is predicted (and
+    shown, and compared with what --plan auto would run) with it, not with s = 0."""
+    rng = np.random.default_rng(4)
+    x = (ComputeModel.parse("straggle:1e-4,0.3,10").sample(np.full(6, 10.0), rng, 32) / 10).ravel()
+    hosts = tuple(HostMeasured(str(k), None, 20, tuple(x[k::6]), ((10 ** 7, 0.1),), (1e-4,), 1e8)
+                  for k in range(6))
+    run = Running("gc", Tree((6,), (2,)), 60, 0, 400_000)
+    assert run.shape == Tree((6,), (2,))
+    t = tune(Measurements(run, hosts, (0.01, 0.02), ()), trials=100)
+    assert t.running.tree == Tree((6,), (2,)) and t.running.max_load == 30
+    auto = t.to_json()["plan_auto"]
+    assert auto is None or (auto["scheme"], auto["stragglers"]) != ("gc", [2])

@@ -146,3 +146,7 @@ def _print(t, top: int) -> None:
     click.echo()
     click.echo(f"best {min(top, len(t.ranking))} of {len(t.ranking)}:")
     prediction_table(t.ranking[:top], numbered=True)
+    auto = t.plan_auto
+    click.echo("\nplan auto   " + ("keeps the running plan" if auto is None else
+                                  f"runs {auto.scheme} {auto.shape} from the next job on")
+               + " (crnetd --role master --plan auto)")

@@ -38,7 +38,6 @@ from .status import StatusService
 log = logging.getLogger("crnet.node")
 
 GATHER_DEADLINE = 2.0   # seconds the tree has to answer (the new job's processes wait meanwhile)
-TRIALS = 500            # simulated steps per candidate
 
 
 class AutoPlan:
@@ -86,7 +85,7 @@ class AutoPlan:
         """The plans job ``name`` may run, best first (none: the running one), logged."""
         tree = await self.status.subtree(GATHER_DEADLINE, self.window)
         t = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: tune(measurements(tree), trials=TRIALS))
+            None, lambda: tune(measurements(tree)))   # as crnet tune ranks by default
         choices = [c for c in (replan_choice(t, move=True), replan_choice(t)) if c is not None]
         said = _said(t)
         old = f"{t.running.scheme} {t.running.shape} (predicted {format_seconds(t.running.mean)})"
