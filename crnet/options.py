@@ -202,6 +202,11 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
            help="This host's private key (PEM)."),
     Option("tls_ca", click.Path(dir_okay=False, exists=True),
            help="The cluster CA that signed every host's certificate (PEM)."),
+    Option("tls_names", bool, is_flag=True,
+           help="With --tls-*: this host's certificate names its --host-id (a DNS "
+                "subjectAltName), checked at startup; parents and spread's peer links check "
+                "every host's certificate names the host id the tree gives its place. Every "
+                "host of a tree gives it, or none."),
     Option("insecure", bool, is_flag=True,
            help="Listen without --secret-file: any host that reaches the port (on "
                 "127.0.0.1: any user of this host) can join the tree."),

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .. import defaults
-from ..errors import JoinRefused, ProtocolError
+from ..errors import JoinRefused, NotThatHost, ProtocolError
 from ..messages import Message
 from ..peer_text import Throttle, shown
 from ..transport import Connection
@@ -77,7 +77,8 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
                          backoff: tuple[float, float] = defaults.RECONNECT_BACKOFF) -> None:
     """``failed()``: a dial found nothing listening there, or no route to it (it is tried
     again). Not a connection closed in its handshake: a busy doorway does that to a live
-    host (13 spread hosts on one address dial each other at once).
+    host (13 spread hosts on one address dial each other at once). A peer whose
+    certificate names another host (``NotThatHost``, ``--tls-names``) is ``failed()`` too.
     ``unresolved``: (seconds, give_up): when the peer's host name has not resolved
     for that long, ``give_up()`` is called and the loop ends (a typo in a name does not
     heal by retrying; a name missing from DNS for a while does, within the bound)."""
@@ -110,6 +111,8 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
             unresolved_since = None
             warnings.warning(("bad", what), "%s: %s; dropped that connection, dialing again "
                              "in %.1f s", what, e, delay)
+            if failed is not None and isinstance(e, NotThatHost):
+                failed()
         except JoinRefused as e:
             if not e.retry:
                 refused(e)

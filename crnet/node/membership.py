@@ -36,6 +36,7 @@ from ..messages import Assign, Hello, Job, Joined, PeerHello, RingPlace, Welcome
 from ..peer_text import shown
 from ..schemes import Place
 from ..transport import Connection
+from . import peer_identity
 from .dial import Dialer, keep_connected, supervised
 from .host_slots import claim_slot, pick_slot
 from .jobs import JobCounts
@@ -70,7 +71,7 @@ class Membership:
                  name: str | None = None, dial_parent: Dialer | None = None,
                  dial_peer: PeerDialer | None = None,
                  resolve_timeout: float | None = None, host_id: str | None = None,
-                 parent_address: str | None = None, local_processes: int = 1):
+                 parent_address: str | None = None, local_processes: int = 1, names: bool = False):
         """The master passes its ``place`` and ``samples`` (it knows the tree from its
         options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
         learns both from its parent. ``dial_peer(address, peer)`` dials a peer: a ring successor,
@@ -78,7 +79,8 @@ class Membership:
         A node whose parent's host name does not resolve for ``resolve_timeout`` s exits 2.
         ``parent_address`` (host:port) is where it dials its parent. ``local_processes``:
         this host's (``--local-processes``); every host of a tree runs as many as the master,
-        which is what bounds what a child may say of the processes below it (``jobs.py``)."""
+        which is what bounds what a child may say of the processes below it (``jobs.py``).
+        ``names``: --tls-names (a child's certificate names its host id: ``peer_identity.py``)."""
         self.resolve_timeout = resolve_timeout
         self.engine = engine
         self.neighbours = neighbours
@@ -109,7 +111,7 @@ class Membership:
         self.host_id = host_id
         self.hosts: dict[str, int] = {}    # host id -> the child slot it held (this run)
         self._dial_parent = dial_parent
-        self.mesh = Mesh(neighbours, dial_peer, engine.peer_lost, engine.peer_unreachable)
+        self.mesh = Mesh(neighbours, dial_peer, engine.peer_lost, engine.peer_unreachable, names)
         self.parent_address = parent_address
         self._joined_reported = -1
         self._closing = False
@@ -222,6 +224,9 @@ class Membership:
         bad = None if hello.listen is None else check_address(hello.listen)
         if bad:   # its ring predecessor or its peers would dial it there (mesh.py)
             raise JoinRefused(f"HELLO: the address it listens at is no good: {bad}")
+        bad = peer_identity.child_named(conn.transport, hello.host) if self.mesh.names else None
+        if bad:   # the host id it reports up is its certificate's (peer_identity.py)
+            raise JoinRefused(f"HELLO: {bad}")
         slots = self.neighbours.slots
         children = place.tree.children(place.name)
         if hello.name is not None:
@@ -284,7 +289,7 @@ class Membership:
         slot = self.neighbours.slots[k]
         slot.workers = msg.workers
         if self.place.scheme == "spread":
-            slot.below = dict(msg.peers)
+            slot.below, slot.hosts = dict(msg.peers), dict(msg.hosts)
         if msg.job and not self.job and self.engine.window.tree_step < 0:
             self.job = msg.job             # a restarted master: the job its children run
         # Kept, not learned now: a node takes its children's word for where the tree is
@@ -311,7 +316,7 @@ class Membership:
         if slot.link is not conn:
             return
         self.neighbours.slots[k] = ChildSlot(address=slot.address, host=slot.host, peer=slot.peer,
-                                             below=slot.below)
+                                             below=slot.below, hosts=slot.hosts)
         self.on_child_lost.emit(k)
         self.jobs.child_lost(k)
         assert self.place is not None
@@ -336,8 +341,9 @@ class Membership:
         self._changed()
         if not place.is_master:
             below = (Mesh.below(place.tree, place.name, slots) if place.scheme == "spread" else ())
+            hosts = peer_identity.below(place.tree, place.name, slots) if below and self.mesh.names else ()
             tree_step = max(self.engine.window.tree_step, self._children_claim())
-            self.neighbours.to_parent(Joined(count, tree_step, self.job, below))
+            self.neighbours.to_parent(Joined(count, tree_step, self.job, below, hosts))
             return
         if count < before:   # workers left (daemons stopped, links lost): none joined
             log.info("%d/%d workers connected (%d left)", count, place.tree.workers, before - count)
@@ -371,7 +377,9 @@ class Membership:
             self.place = dataclasses.replace(self.place, ring=ring)
             self.mesh.keep_successor(ring)
         if self.place.is_master and self.place.scheme == "spread":
-            self.mesh.join(self.place.tree, "", Mesh.everyone(self.place.tree, self.neighbours.slots))
+            tree, slots = self.place.tree, self.neighbours.slots
+            self.mesh.join(tree, "", Mesh.everyone(tree, slots), peer_identity.everyone(
+                tree, slots, self.host_id or "") if self.mesh.names else ())
         self.place = with_masses(self.place, self.allocation)
         self.engine.start(self.place)
         for k, slot in enumerate(self.neighbours.slots):
@@ -387,7 +395,7 @@ class Membership:
                 else None)
         link = slots[k].link
         assert link is not None
-        slots[k].assigned = link.send(Assign(self.samples, ring, self.mesh.addresses),
+        slots[k].assigned = link.send(Assign(self.samples, ring, self.mesh.addresses, self.mesh.hosts),
                                       pack_allocation(sub))
 
     def _size_slots(self) -> None:
@@ -475,6 +483,6 @@ class Membership:
             peers = msg.peers
             if self.place.layer == 1 and peers[0] is None:
                 peers = (self.parent_address, *peers[1:])   # the master, where this node dials it
-            self.mesh.join(self.place.tree, self.place.name, peers)
+            self.mesh.join(self.place.tree, self.place.name, peers, msg.hosts)
         self._assigned()
 
