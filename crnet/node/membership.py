@@ -111,7 +111,8 @@ class Membership:
         self.host_id = host_id
         self.hosts: dict[str, int] = {}    # host id -> the child slot it held (this run)
         self._dial_parent = dial_parent
-        self.mesh = Mesh(neighbours, dial_peer, engine.peer_lost, engine.peer_unreachable, names)
+        self.mesh = Mesh(neighbours, dial_peer, engine.peer_lost, engine.peer_unreachable, names,
+                         engine.peer_disowned)
         self.parent_address = parent_address
         self._joined_reported = -1
         self._closing = False

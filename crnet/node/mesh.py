@@ -33,7 +33,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ..errors import JoinRefused, ProtocolError
+from ..errors import JoinRefused, NotThatHost, ProtocolError
 from ..messages import PeerCheck, PeerConfirmed, PeerHello, PeerWelcome, RingPlace
 from ..peer_text import shown
 from ..plan import Tree
@@ -69,15 +69,18 @@ class Mesh:
 
     def __init__(self, neighbours: Neighbours, dial: PeerDialer | None,
                  lost: Callable[[int], None], unreachable: Callable[[int], None] = lambda rank: None,
-                 names: bool = False):
+                 names: bool = False, disowned: Callable[[int], None] = lambda rank: None):
         """``dial(address, peer, host)`` dials a peer (None: the one at the parent's
         address, the master), whose link reports to ``peer``; ``lost(rank)`` hears that a
         peer's link to this node is gone; ``unreachable(rank)`` that this node's link to it
-        is (or could not be dialed). ``names``: --tls-names (spread's links checked)."""
+        is (or could not be dialed). ``names``: --tls-names (spread's links checked);
+        ``disowned(rank)``: then, that the rank was left out, or that another host
+        answered at its address (``NotThatHost``)."""
         self.neighbours = neighbours
         self._dial = dial
         self._lost = lost
         self._unreachable = unreachable
+        self._disowned = disowned
         self.names = names
         self.checks = PeerChecks()
         self.addresses: tuple[str | None, ...] = ()   # spread: where every rank listens
@@ -123,6 +126,7 @@ class Mesh:
             if self.names and hosts[rank] is None:
                 log.error("spread: the master left host %s out of the peer links (its host id): "
                           "it gets no pieces from this one", names[rank] or "master")
+                self._disowned(rank)
                 continue
             # None: the master, which only its children know (they dial it as their parent).
             if address is None and (rank != 0 or tree.layer(name) != 1):
@@ -147,8 +151,16 @@ class Mesh:
             log.error("%s: this node cannot dial peers", what)
             return
         host = self.hosts[rank] if self.names and rank < len(self.hosts) else None
+        dial = self._dial(address, self.checks.to(rank), host)
+
+        async def checked(hello):
+            try:
+                return await dial(hello)
+            except NotThatHost:
+                self._disowned(rank)
+                raise
         self.tasks.append(supervised(keep_connected(
-            what, self._dial(address, self.checks.to(rank), host),
+            what, checked,
             hello=lambda: PeerHello(me, link_id=self.checks.new_link(rank), to=rank),
             up=lambda conn: self.neighbours.peer_up(rank, conn),
             down=lambda why: self._down(rank, why), failed=lambda: self._failed(rank),
