@@ -53,7 +53,8 @@ def certs(tmp_path_factory):
     return make_host_certs(tmp_path_factory.mktemp("certs"), [host_id(n) for n in TREE.names()])
 
 
-# Host 0's daemon, broken: it says its child 0.0 listens where its own second process does.
+# Host 0's daemon, broken: it says its child 0.0 listens where its own second process does
+# (and with LENT, that 0.0's host id is its own).
 LIE = """
 import crnet.node.mesh as _mesh
 _below = _mesh.Mesh.below
@@ -64,9 +65,16 @@ def _lie(tree, name, slots):
     return tuple(sorted(found.items()))
 _mesh.Mesh.below = staticmethod(_lie)
 """
+LENT = """
+import crnet.node.peer_identity as _identity
+_hosts = _identity.below
+def _lend(tree, name, slots):
+    return tuple((n, {liar!r} if n == {victim!r} else h) for n, h in _hosts(tree, name, slots))
+_identity.below = _lend
+"""
 
 
-def per_host(certs, liar_port: int):
+def per_host(certs, liar_port: int, lend: bool = False):
     """LocalTree's ``spawn``: each daemon its own certificate and host id; host 0 lies."""
     def spawn(name, argv, kwargs):
         argv = list(argv)
@@ -76,6 +84,8 @@ def per_host(certs, liar_port: int):
         argv += ["--host-id", host_id(name)]
         if name == "0":
             lie = LIE.format(victim=VICTIM, port=liar_port)
+            if lend:
+                lie += LENT.format(victim=VICTIM, liar=host_id("0"))
             argv[2] = argv[2].replace("from crnet.cli import main", f"\n{lie}\nfrom crnet.cli import main")
         return subprocess.Popen(argv, **kwargs)
     return spawn
@@ -90,36 +100,42 @@ WANT = GRADS.sum(axis=0)
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])
-@pytest.mark.parametrize("names", [False, True], ids=["without-tls-names", "with-tls-names"])
+@pytest.mark.parametrize("names, lend", [(False, False), (True, False), (True, True)],
+                         ids=["without-tls-names", "with-tls-names", "with-tls-names-and-its-own-host-id"])
 async def test_an_interior_host_that_gives_its_own_address_for_its_child_answers_for_it(
-        tmp_path, certs, names):
+        tmp_path, certs, names, lend):
     """Without --tls-names (the hole, as operations.md says it stays there): the hosts send
     0.0's share to host 0's second process, take its links as rank 0.0's, and its forged
     sums (666) become results. With it: no host's link to it passes the dialer's check, no
     link of its passes the acceptor's, it gets no piece; 0.0 is cut off from the peer links
     (its own links are taken by no host: none can reach 0.0 to confirm them) and the master,
     which found another host at 0.0's address, gives it no chunks: every process but 0.0's
-    gets exact results at every step, and 0.0's steps fail (it straggles)."""
+    gets exact results at every step, and 0.0's steps fail (it straggles). If host 0 also says
+    0.0's host id is its own (so that its certificate would pass), the master leaves 0.0
+    out: no host dials it, and links that claim its rank are refused."""
     secret = write_secret(tmp_path)
     liar = await TlsInsider(load_secret(str(secret)), certs[host_id("0")], RANK).start()
-    with running(tmp_path / "tree", TREE, SAMPLES, spawn=per_host(certs, liar.port),
+    with running(tmp_path / "tree", TREE, SAMPLES, spawn=per_host(certs, liar.port, lend),
                  secret_file=str(secret), tls=certs[host_id(MASTER)], tls_names=names,
                  scheme="spread") as lt:
         clients = await connect(lt, list(TREE.names()))
         try:
             hosts = [n for n in TREE.names() if n != VICTIM]
             liar.claim({TREE.rank(n): lt.ports[n] for n in hosts}, within=30)
+            refused = (f"the master gave no host id for rank {RANK}" if lend else
+                       f"its certificate does not name rank {RANK}'s host")
             for name in hosts:   # its claims are taken, or refused, before the first step
+                rank = TREE.rank(name)
                 if names:
-                    await wait_for_log(lt, name, f"a peer link that says it is rank {RANK}: its "
-                                                 f"certificate does not name rank {RANK}'s host")
+                    await wait_until(lambda rank=rank: refused in liar.refused.get(rank, ""),
+                                     f"{name} refused it")   # (its log says so, throttled)
                 else:
-                    await wait_until(lambda name=name: TREE.rank(name) in liar.confirmed, f"{name} took it")
-            if names:   # the master found another host at 0.0's address: 0.0 owns no chunks
+                    await wait_until(lambda rank=rank: rank in liar.confirmed, f"{name} took it")
+            if names:   # the master left 0.0 out, or found another host at its address
                 await wait_for_log(lt, MASTER, f"from step 0 on, rank(s) {RANK} own no chunks (rank "
                                                f"{RANK} is not at the address the tree gave for it")
             outcomes = []
-            for t in range(8):
+            for t in range(4):   # (each waits for 0.0's failure, at --timeout)
                 outcomes.append(await step(clients, GRADS, t))
                 for name, outcome in outcomes[-1].items():
                     if isinstance(outcome, CrnetError):
@@ -135,9 +151,13 @@ async def test_an_interior_host_that_gives_its_own_address_for_its_child_answers
         assert (liar.accepted, liar.pieces, liar.confirmed, forged) == (0, 0, set(), 0)
         assert all(exact_or_failed(o) for per in outcomes for o in per.values())
         assert all(rel_error(o, WANT) <= 1e-9 for per in outcomes for n, o in per.items() if n != VICTIM)
+        if lend:
+            await wait_for_log(lt, MASTER, f"spread: host {VICTIM} is said to have host id "
+                                           f"'{host_id('0')}', that of 0 above it")
         for name in hosts:
-            await wait_for_log(lt, name, f"the host there is not rank {RANK}'s host "
-                                         f"'{host_id(VICTIM)}': its certificate names '{host_id('0')}'")
+            await wait_for_log(lt, name, f"the master left host {VICTIM} out of the peer links" if lend
+                               else f"the host there is not rank {RANK}'s host '{host_id(VICTIM)}': its "
+                                    f"certificate names '{host_id('0')}'")
 
 
 # ------------------------------------------------------------------ the rules themselves

@@ -84,6 +84,7 @@ class TlsInsider:
         self.accepted = 0                        # hosts' links to it through the handshake
         self.pieces = 0                          # pieces (REDUCE) hosts sent it as ``rank``
         self.confirmed: set[int] = set()         # hosts that took its links as ``rank``'s
+        self.refused: dict[int, str] = {}        # host rank -> why it refused the latest link
         self.forged = 0                          # forged sums sent on those links
         self._out: dict[int, Link] = {}
         self._links: list[Link] = []
@@ -155,6 +156,7 @@ class TlsInsider:
                             self.confirmed.add(host)
                             return
                         if isinstance(got[0], Refuse):
+                            self.refused[host] = got[0].reason
                             break
                 link.close()
             await asyncio.sleep(0.3)
