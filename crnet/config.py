@@ -179,6 +179,9 @@ def effective_config(ctx: click.Context) -> Config:
         except (OSError, ValueError) as e:     # ssl.SSLError is an OSError
             raise click.BadParameter(f"cannot load the TLS files: {e}",
                                      param_hint="--tls-cert/--tls-key/--tls-ca") from None
+    if p["tls_names"] and tls is None:
+        raise click.UsageError("--tls-names needs --tls-cert, --tls-key and --tls-ca: the names "
+                               "it checks are those of each host's TLS certificate")
     metrics = p["metrics"]
     metrics_token = _credential(
         p["metrics_token_file"], "--metrics-token-file", metrics, p["insecure"],
@@ -210,6 +213,8 @@ def effective_config(ctx: click.Context) -> Config:
     problem = check_host_id(host_id)
     if problem:
         raise click.BadParameter(problem, param_hint="--host-id")
+    if p["tls_names"]:
+        _check_named(tls, host_id)
     path = ctx.meta.get("crnet.config")
     choices = list(getattr(BY_NAME["log_level"].type, "choices", ()))
     source = given["log_level"]
@@ -220,6 +225,24 @@ def effective_config(ctx: click.Context) -> Config:
     lines = [(o.key, *shown.get(o.name, (p[o.name], given[o.name] or "default")))
              for o in DAEMON_OPTIONS]
     return Config(settings, lines)
+
+
+def _check_named(tls, host_id: str) -> None:
+    """--tls-names: this host's certificate must name its host id (``crnet.tls.own_names``),
+    or every peer would refuse it."""
+    from .tls import own_names
+
+    try:
+        named = own_names(tls)
+    except OSError as e:     # ssl.SSLError is an OSError
+        raise click.BadParameter(f"cannot check the certificate's names: {e}",
+                                 param_hint="--tls-cert") from None
+    if host_id not in named:
+        raise click.BadParameter(
+            f"--tls-names: this host's certificate ({tls.cert}) does not name its host id "
+            f"{host_id!r} (it names {', '.join(map(repr, named)) or 'no host'}): give it a "
+            f"subjectAltName DNS:{host_id}, or start crnetd with the --host-id it names",
+            param_hint="--tls-cert/--host-id")
 
 
 def _is_pipe(fd: int) -> bool:

@@ -45,6 +45,11 @@ class ProtocolError(CrnetError):
     """
 
 
+class NotThatHost(ProtocolError):
+    """A peer dialed at the address the tree gave for a rank is not that rank's host (with
+    ``--tls-names``, its certificate names another host id): as good as nobody there."""
+
+
 class JoinRefused(CrnetError):
     """The parent refused this node: for good (wrong tree, no free slot, a leaf), or
     for now (``retry``: the parent has not joined yet, the slot is still held). With a

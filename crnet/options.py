@@ -204,6 +204,11 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
            help="This host's private key (PEM)."),
     Option("tls_ca", click.Path(dir_okay=False, exists=True),
            help="The cluster CA that signed every host's certificate (PEM)."),
+    Option("tls_names", bool, is_flag=True,
+           help="With --tls-*: this host's certificate names its --host-id (a DNS "
+                "subjectAltName), checked at startup; a parent checks that a child's names "
+                "the host id it says, and spread's peer links that each host's names the "
+                "host id the master gives its rank. Every host of a tree gives it, or none."),
     Option("insecure", bool, is_flag=True,
            help="Listen without --secret-file: any host that reaches the port (on "
                 "127.0.0.1: any user of this host) can join the tree."),

@@ -4,9 +4,19 @@ The cluster secret (``crnet.auth``) proves who a peer is, once, at the start of 
 it does not protect what follows. On a network where someone may sit on the path
 between two hosts (and rewrite chunks), TLS does: every frame is encrypted and
 authenticated. Both sides present a certificate signed by the cluster's own CA and
-check the other's; host names are not checked (peers are addressed by IP, and any
-host holding a certificate from that CA is a member), so keep the CA to the cluster.
-TLS 1.3 only.
+check the other's; host names are not checked by default (peers are addressed by IP,
+and any host holding a certificate from that CA is a member), so keep the CA to the
+cluster. TLS 1.3 only.
+
+With ``--tls-names`` a host's certificate also says which host it is: a DNS
+subjectAltName equal to its ``--host-id`` (compared exactly; the subject's CN is not
+read). crnetd checks at startup that its own certificate names its host id
+(``own_names``: the certificate as a peer sees it, after a handshake with itself). A
+parent takes a child's host id (HELLO) only from a child whose certificate names it,
+and spread's peer links check every rank's host id, as the master gives it (ASSIGN),
+against the certificate at the other end: the dialer the acceptor's, the acceptor the
+dialer's (``node/peer_identity.py``). So where a parent says its child listens is no
+longer enough to answer for the child's rank: that takes the child's key.
 
 The secret handshake still runs inside TLS, bound to the TLS connection it runs on
 (``channel_binding``): a stolen certificate and key alone do not admit a host, and
@@ -29,7 +39,7 @@ from dataclasses import dataclass
 from .errors import ProtocolError
 from .private_files import check_private
 
-__all__ = ["TlsFiles", "channel_binding", "contexts"]
+__all__ = ["TlsFiles", "channel_binding", "contexts", "names", "own_names"]
 
 
 @dataclass(frozen=True)
@@ -71,3 +81,40 @@ def channel_binding(transport) -> bytes:
     if not binding:        # never after a completed handshake; fail closed if it were
         raise ProtocolError("this TLS connection offers no channel binding")
     return binding
+
+
+def names(transport) -> tuple[str, ...]:
+    """The host names (DNS subjectAltNames) of the certificate at the other end of a TLS
+    connection; () on plain TCP, or for a certificate that names none."""
+    ssl_object = None if transport is None else transport.get_extra_info("ssl_object")
+    cert = None if ssl_object is None else ssl_object.getpeercert()
+    return _dns_names(cert)
+
+
+def _dns_names(cert: dict | None) -> tuple[str, ...]:
+    if not cert:
+        return ()
+    return tuple(value for kind, value in cert.get("subjectAltName", ()) if kind == "DNS")
+
+
+def own_names(files: TlsFiles) -> tuple[str, ...]:
+    """The host names this host's certificate gives, as a peer of it sees them: read from
+    a TLS handshake between this host's own two contexts in memory (so the certificate
+    also chains to ``files.ca``, or this raises ``ssl.SSLError``)."""
+    accept, dial = contexts(files)
+    server_in, server_out, client_in, client_out = (ssl.MemoryBIO() for _ in range(4))
+    server = accept.wrap_bio(server_in, server_out, server_side=True)
+    client = dial.wrap_bio(client_in, client_out, server_side=False)
+    done = {server: False, client: False}
+    for _ in range(16):   # TLS 1.3 takes two flights each way; more means it is stuck
+        for end, out, into in ((client, client_out, server_in), (server, server_out, client_in)):
+            if not done[end]:
+                try:
+                    end.do_handshake()
+                    done[end] = True
+                except ssl.SSLWantReadError:
+                    pass
+            into.write(out.read())
+        if all(done.values()):
+            return _dns_names(client.getpeercert())
+    raise ssl.SSLError("the TLS handshake with this host's own certificate did not finish")

@@ -157,7 +157,7 @@ class Dials:
     def __init__(self):
         self.made: list = []
 
-    def __call__(self, address, peer):
+    def __call__(self, address, peer, host=None):
         async def dial(hello):
             link, conn = PeerLink(peer), Dialed(f"peer {address}")
             self.made.append((address, hello, link, conn))

@@ -105,6 +105,7 @@ FULL_FILES = frozenset({
     "test_trust_deploy.py",   # issue 26: separate users, escaped status, credential files, TLS binding
     "test_trust_floods.py",   # issue 26: connection floods, exhausted descriptors, local clients
     "test_trust_fuzzed.py",   # issue 26: what the authenticated fuzzer found, one attack each
+    "test_trust_host_identity.py",   # --tls-names: a spread host's identity its parent cannot lend
     "test_trust_keys.py",     # issue 26: jobs, barrier and broadcast keys, state answers, slots
     "test_trust_liveness.py", # issue 26: every wait keeps its bound through a master restart
     "test_trust_ring_predecessor.py",   # rar: a claimed ring predecessor, confirmed by its host

@@ -31,18 +31,21 @@ LINK_ID_BYTES = 16   # a peer link's id (PEER_HELLO's ``link_id``): fresh and ra
 class PeerHello(Message):
     """A peer's first frame (ring predecessor -> successor; spread, host -> host): I am rank
     ``rank`` (``nonce``: as HELLO's). ``link_id``: this link's, which the acceptor may ask
-    that rank about over its own link there (PEER_CHECK, ``node/peer_check.py``)."""
+    that rank about over its own link there (PEER_CHECK, ``node/peer_check.py``). ``to``:
+    the rank the dialer means to reach (spread; an acceptor with --tls-names refuses a link
+    meant for another rank: ``node/peer_identity.py``)."""
 
     TYPE = MsgType.PEER_HELLO
     BEFORE_AUTH = True
     rank: int
     nonce: bytes | None = None
     link_id: bytes | None = None
+    to: int | None = None
 
     @classmethod
     def from_header(cls, h: Fields) -> PeerHello:
         return cls(h.integer("rank", 0, 1 << 16), h.opt_blob("nonce", NONCE_BYTES),
-                   h.opt_blob("link_id", LINK_ID_BYTES))
+                   h.opt_blob("link_id", LINK_ID_BYTES), h.opt_integer("to", 0, 1 << 16))
 
 
 @dataclass(frozen=True, slots=True)

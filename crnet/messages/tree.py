@@ -172,21 +172,30 @@ class Joined(Message):
     # spread: where each node of the subtree below listens, (name, address) pairs, so that
     # the master can tell every host where every other one is (ASSIGN's ``peers``).
     peers: tuple[tuple[str, str], ...] = ()
+    # spread with --tls-names: each node's host id below, (name, host id) pairs (ASSIGN's
+    # ``hosts``); empty otherwise (and from daemons before it).
+    hosts: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_header(cls, h: Fields) -> Joined:
+        hosts = _pairs(h, "hosts", addresses=False) if "hosts" in h.h else ()
+        bad = next((b for _, b in hosts if check_host_id(b)), None)
+        if bad is not None:
+            raise ProtocolError(f"JOINED: field 'hosts': {check_host_id(bad)}")
         return cls(h.integer("workers", 0, 1 << 31), h.integer("tree_step", -1),
                    h.text("job", 256) if "job" in h.h else "",
-                   _pairs(h, "peers") if "peers" in h.h else ())
+                   _pairs(h, "peers") if "peers" in h.h else (), hosts)
 
 
-def _pairs(h: Fields, name: str) -> tuple[tuple[str, str], ...]:
+def _pairs(h: Fields, name: str, addresses: bool = True) -> tuple[tuple[str, str], ...]:
     v = h.h.get(name)
+    what = "address" if addresses else "host id"
     if (not isinstance(v, list) or len(v) > MAX_PEERS
             or any(not isinstance(p, list) or len(p) != 2 or any(not isinstance(x, str) or len(x) > 256
                                                                  for x in p) for p in v)):
-        raise h.bad(name, f"a list of at most {MAX_PEERS} [name, address] pairs")
-    _addresses(h, name, [b for _, b in v])
+        raise h.bad(name, f"a list of at most {MAX_PEERS} [name, {what}] pairs")
+    if addresses:
+        _addresses(h, name, [b for _, b in v])
     return tuple((a, b) for a, b in v)
 
 
@@ -254,6 +263,9 @@ class Assign(Message):
     # spread: where every node listens, by rank (``Tree.names()`` order); None where the
     # master does not know (itself: a child of the master puts its parent's address there).
     peers: tuple[str | None, ...] = ()
+    # spread with --tls-names: every node's host id, by rank as ``peers`` (None: a rank the
+    # master left out, ``node/peer_identity.py``); empty otherwise.
+    hosts: tuple[str | None, ...] = ()
 
     @classmethod
     def from_header(cls, h: Fields) -> Assign:
@@ -265,7 +277,11 @@ class Assign(Message):
                 or any(p is not None and (not isinstance(p, str) or len(p) > 256) for p in peers)):
             raise h.bad("peers", f"a list of at most {MAX_PEERS} addresses (or nil)")
         _addresses(h, "peers", peers)
-        return cls(h.integer("samples", 1, 1 << 40), ring, tuple(peers))
+        hosts = h.h.get("hosts", [])
+        if (not isinstance(hosts, list) or len(hosts) > MAX_PEERS
+                or any(x is not None and (not isinstance(x, str) or check_host_id(x)) for x in hosts)):
+            raise h.bad("hosts", f"a list of at most {MAX_PEERS} host ids (or nil)")
+        return cls(h.integer("samples", 1, 1 << 40), ring, tuple(peers), tuple(hosts))
 
 @dataclass(frozen=True, slots=True)
 class Challenge(Message):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .. import defaults
-from ..errors import JoinRefused, ProtocolError
+from ..errors import JoinRefused, NotThatHost, ProtocolError
 from ..messages import Message
 from ..peer_text import Throttle, shown
 from ..transport import Connection
@@ -78,7 +78,8 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
                          backoff: tuple[float, float] = defaults.RECONNECT_BACKOFF) -> None:
     """``failed()``: a dial found nothing listening there, or no route to it (it is tried
     again). Not a connection closed in its handshake: a busy doorway does that to a live
-    host (13 spread hosts on one address dial each other at once).
+    host (13 spread hosts on one address dial each other at once). A peer whose
+    certificate names another host (``NotThatHost``, ``--tls-names``) is ``failed()`` too.
     ``refused(e)`` hears a refusal for good: the loop ends, unless it returns True.
     ``moved(address, name)``: the peer says the tree moved this node there (a refusal
     with ``to``): the next dial goes there, at once.
@@ -114,6 +115,8 @@ async def keep_connected(what: str, dial: Dialer, *, hello: Callable[[], Message
             unresolved_since = None
             warnings.warning(("bad", what), "%s: %s; dropped that connection, dialing again "
                              "in %.1f s", what, e, delay)
+            if failed is not None and isinstance(e, NotThatHost):
+                failed()
         except JoinRefused as e:
             if not e.retry:
                 if not refused(e):   # (True: dial on, where it says now)

@@ -27,12 +27,15 @@ def reached_at(listen: str | None, peer: str) -> str | None:
 
 def slot_for(place: Place, slots: list[ChildSlot], held: dict[str, int], hello: Hello,
              conn: Connection, contested: Callable[[int, Connection], object]) -> int:
-    """The child slot at ``place`` that ``hello`` (on ``conn``) gets, or ``JoinRefused``:
-    the slot it names, if that is a child's of ``place`` and free; without a name, by its
-    host id (``pick_slot``). A named slot held by a live link is not taken: with the
-    cluster's own node asking (a restart while the old connection has not noticed that
-    its peer died, or a broken host), ``contested(k, holder)`` asks the holder whether it
-    is alive; until then the newcomer is told to try again."""
+    """The child slot at ``place`` that ``hello`` (on ``conn``) gets, or ``JoinRefused``
+    (a leaf has none): the slot it names, if that is a child's of ``place`` and free;
+    without a name, by its host id (``pick_slot``). A named slot held by a live link is
+    not taken: with the cluster's own node asking (a restart while the old connection has
+    not noticed that its peer died, or a broken host), ``contested(k, holder)`` asks the
+    holder whether it is alive; until then the newcomer is told to try again."""
+    if place.is_leaf:
+        raise JoinRefused(f"{place.label} is a leaf (layer {place.layer} of "
+                          f"{place.tree.layers}): it accepts no children")
     children = place.tree.children(place.name)
     if hello.name is None:
         if all(slot.link is not None for slot in slots):

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__, defaults, kernels, logs
-from ..errors import ProtocolError
+from ..errors import NotThatHost, ProtocolError
 from ..fields import check_address, split_address
 from ..handshake import Dialing
 from ..measured import Measured
@@ -45,6 +45,7 @@ from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes, plural
 from ..wire import Limits
 from .client_socket import ClientSocket
+from .dial import moot
 from .doorway import Doorway
 from .guard import HANDSHAKE_LIMITS, Accepting
 from .links import ChildLink, ClientLink, ParentLink, PeerLink
@@ -54,6 +55,7 @@ from .metrics import MetricsServer, NodeView, registry_for, server_context
 from .neighbours import Neighbours
 from .notify import Notifier, Readiness
 from .peer_check import OutboundPeer
+from .peer_identity import dialed_named
 from .replan import AutoPlan
 from .rooms import Rooms
 from .steps import EngineSettings, StepEngine
@@ -113,7 +115,7 @@ class Node:
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,
             dial_peer=self._dialer, resolve_timeout=settings.resolve_timeout,
             host_id=settings.host_id, parent_address=self._parent_address(),
-            local_processes=settings.local_processes)
+            local_processes=settings.local_processes, names=settings.tls_names)
         self.local = LocalProcesses(settings.local_processes, self.engine)
         self.rooms = Rooms.beside(self.membership)   # broadcasts, barriers, crnet status
         self.auto_plan = (AutoPlan(self.membership, self.rooms.status, settings.tune_window)
@@ -296,9 +298,11 @@ class Node:
         parent_host, parent_port = self.settings.parent
         return f"[{parent_host}]:{parent_port}" if ":" in parent_host else f"{parent_host}:{parent_port}"
 
-    def _dialer(self, address: str | None, peer: OutboundPeer):
+    def _dialer(self, address: str | None, peer: OutboundPeer, named: str | None):
         """Dials a peer (a ring successor, a spread host) at ``address`` (None: the master,
-        at the parent's); its link reports to ``peer``."""
+        at the parent's); its link reports to ``peer``; ``named``: the host id its
+        certificate must name (--tls-names: ``peer_identity.dialed_named``), before this
+        node says a word on the link."""
         if address is None:   # (where this node dials its parent: the master's child)
             address = self.membership.parent_address
             assert address is not None
@@ -314,6 +318,13 @@ class Node:
             _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self._connection(guard, Limits(max_payload=0), f"peer {address}"),
                 *split_address(address), ssl=self._tls_dial), self.settings.connect_timeout)
+            if named is not None:
+                try:
+                    dialed_named(conn.transport, peer.rank, named)
+                except NotThatHost:
+                    link.welcome.add_done_callback(moot)   # nobody waits for it: the dial failed
+                    conn.close()
+                    raise
             conn.send(guard.hello(hello))
             return conn, link.welcome
         return dial

@@ -6,7 +6,7 @@ host gets its share back without ``--name``: ``host_slots.py``) and WELCOME
 with the tree; it reports how many workers of its subtree have JOINED. Once all N
 have, the master computes ``crnet.plan`` and ASSIGNs every subtree its allocation,
 down the tree (``shares.py``: who gets which part). Between jobs the master may re-plan
-(``--plan auto``, ``replan.py``): every child gets WELCOME and ASSIGN again, then JOB.
+(``--plan auto``: ``reshape.py``): WELCOME and ASSIGN again, or MOVE to another shape.
 
 Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
@@ -36,6 +36,7 @@ from ..messages import Assign, Hello, Job, Joined, Move, PeerHello, RingPlace, W
 from ..peer_text import shown
 from ..schemes import Place
 from ..transport import Connection
+from . import peer_identity
 from .dial import Dialer, keep_connected, supervised
 from .host_slots import claim_slot, reached_at, slot_for
 from .jobs import JobCounts
@@ -71,15 +72,14 @@ class Membership:
                  name: str | None = None, dial_parent: Dialer | None = None,
                  dial_peer: PeerDialer | None = None,
                  resolve_timeout: float | None = None, host_id: str | None = None,
-                 parent_address: str | None = None, local_processes: int = 1):
-        """The master passes its ``place`` and ``samples`` (it knows the tree from its
-        options); a node passes ``dial_parent`` (and the slot ``name`` it wants) and
-        learns both from its parent. ``dial_peer(address, peer)`` dials a peer: a ring successor,
-        a spread host (``None``: the one at the parent's address, the master).
-        A node whose parent's host name does not resolve for ``resolve_timeout`` s exits 2.
-        ``parent_address`` (host:port) is where it dials its parent. ``local_processes``:
-        this host's (``--local-processes``); every host of a tree runs as many as the master,
-        which is what bounds what a child may say of the processes below it (``jobs.py``)."""
+                 parent_address: str | None = None, local_processes: int = 1, names: bool = False):
+        """The master passes its ``place`` and ``samples``; a node ``dial_parent``, the
+        ``parent_address`` (host:port) it dials, the slot ``name`` it wants, and learns both.
+        ``dial_peer(address, peer)`` dials a ring successor or spread host (``None``: the
+        master, at the parent's address). A node whose parent's host name does not resolve
+        for ``resolve_timeout`` s exits 2. ``local_processes``: every host's (the master's),
+        which bounds what a child may say of the processes below it (``jobs.py``).
+        ``names``: --tls-names (a child's certificate names its host id: ``peer_identity.py``)."""
         self.resolve_timeout = resolve_timeout
         self.engine = engine
         self.neighbours = neighbours
@@ -110,6 +110,7 @@ class Membership:
         self.hosts: dict[str, int] = {}    # host id -> the child slot it held (this run)
         self._dial_parent = dial_parent
         self._dial_peer = dial_peer
+        self._names = names
         self.mesh = self._new_mesh()
         self.whereabouts = Whereabouts(parent_address, name)   # where it joins (MOVE)
         self._joined_reported = -1
@@ -180,10 +181,10 @@ class Membership:
         self._assigned()
 
     def take_place(self, place: Place | None, state: JoinState) -> None:
-        """The tree moves this node (MOVE): its place is ``place`` (None: it joins anew),
-        its share and peer links are dropped, its windows forgotten."""
+        """MOVE: the place is ``place`` (None: it joins anew); share, peers, windows go."""
         self.mesh.leave()
         self.mesh = self._new_mesh()
+        self.engine.peers_moved()
         self.place, self.allocation, self.state = place, None, state
         if place is not None:
             self._size_slots()
@@ -205,7 +206,7 @@ class Membership:
 
     def _new_mesh(self) -> Mesh:
         return Mesh(self.neighbours, self._dial_peer, self.engine.peer_lost,
-                    self.engine.peer_unreachable)
+                    self.engine.peer_unreachable, self._names, self.engine.peer_disowned)
 
     def welcome_children(self) -> None:
         for k, slot in enumerate(self.neighbours.slots):
@@ -240,14 +241,14 @@ class Membership:
         bad = None if hello.listen is None else check_address(hello.listen)
         if bad:   # its ring predecessor or its peers would dial it there (mesh.py)
             raise JoinRefused(f"HELLO: the address it listens at is no good: {bad}")
+        bad = peer_identity.child_named(conn.transport, hello.host) if self.mesh.names else None
+        if bad:   # the host id it reports up is its certificate's (peer_identity.py)
+            raise JoinRefused(f"HELLO: {bad}")
         listen = reached_at(hello.listen, conn.label)
         children = [] if place is None else place.tree.children(place.name)
         hello = self.whereabouts.admit(hello, listen, children)   # a host MOVE placed
         if place is None:
             raise JoinRefused(f"{self.label} has not joined the tree yet", retry=True)
-        if place.is_leaf:
-            raise JoinRefused(f"{place.label} is a leaf (layer {place.layer} of "
-                              f"{place.tree.layers}): it accepts no children")
         k = slot_for(place, self.neighbours.slots, self.hosts, hello, conn,
                      lambda k, held: self.on_slot_contested.emit((k, held)))
         claim_slot(self.hosts, hello.host, k, hello.name is not None)
@@ -273,7 +274,8 @@ class Membership:
                                 f"subtree holds {most}")
         slot = self.neighbours.slots[k]
         slot.workers = msg.workers
-        slot.below = dict(msg.peers)   # spread's peers, and where hosts move (MOVE)
+        # spread's peers, and where hosts move (MOVE); with --tls-names their host ids
+        slot.below, slot.hosts = dict(msg.peers), dict(msg.hosts)
         if msg.job and not self.job and self.engine.window.tree_step < 0:
             self.job = msg.job             # a restarted master: the job its children run
         # Kept, not learned now: a node takes its children's word for where the tree is
@@ -285,8 +287,8 @@ class Membership:
             self._assign_child(k)
 
     def drop_child(self, k: int, conn: Connection) -> None:
-        """Child ``k``'s connection ``conn`` failed a liveness check while another node
-        asked for its slot: close it (the other takes the slot when it tries again)."""
+        """Child ``k``'s ``conn`` failed a liveness check while another node asked for its
+        slot: close it (the other takes the slot when it tries again)."""
         if self.neighbours.slots[k].link is conn:
             assert self.place is not None
             log.warning("child %s did not answer while a node asked for its slot; closing its "
@@ -301,9 +303,7 @@ class Membership:
         slots = self.neighbours.slots
         if k >= len(slots) or slots[k].link is not conn:
             return
-        slot = slots[k]
-        self.neighbours.slots[k] = ChildSlot(address=slot.address, host=slot.host, peer=slot.peer,
-                                             below=slot.below)
+        slots[k] = slots[k].vacated()
         self.on_child_lost.emit(k)
         self.jobs.child_lost(k)
         assert self.place is not None
@@ -314,8 +314,7 @@ class Membership:
             self._report_joined()
 
     def peer_hello(self, conn: Connection, hello: PeerHello, confirmed: Callable[[], None]) -> None:
-        """A peer (rar's ring predecessor, spread's other hosts): accept it if this node has
-        peers (``JoinRefused`` if not); ``confirmed()`` once its rank is (``mesh.py``)."""
+        """A ring predecessor or spread host: accepted (``mesh.py``), ``confirmed()`` later."""
         self.mesh.accept(conn, hello, self.place, self.label, confirmed)
 
     def _report_joined(self) -> None:
@@ -329,13 +328,12 @@ class Membership:
         self._changed()
         if not place.is_master:
             below = Mesh.below(place.tree, place.name, slots)
+            hosts = peer_identity.below(place.tree, place.name, slots) if self.mesh.names else ()
             tree_step = max(self.engine.window.tree_step, self._children_claim())
-            self.neighbours.to_parent(Joined(count, tree_step, self.job, below))
+            self.neighbours.to_parent(Joined(count, tree_step, self.job, below, hosts))
             return
-        if count < before:   # workers left (daemons stopped, links lost): none joined
-            log.info("%d/%d workers connected (%d left)", count, place.tree.workers, before - count)
-        else:
-            log.info("%d/%d workers joined", count, place.tree.workers)
+        log.info("%d/%d workers %s", count, place.tree.workers,   # (fewer: links lost, none joined)
+                 f"connected ({before - count} left)" if count < before else "joined")
         if count == place.tree.workers and self.allocation is None:
             self.plan_and_assign("all workers joined")
 
@@ -361,7 +359,9 @@ class Membership:
             self.place = dataclasses.replace(self.place, ring=ring)
             self.mesh.keep_successor(ring)
         if self.place.is_master and self.place.scheme == "spread":
-            self.mesh.join(self.place.tree, "", Mesh.everyone(self.place.tree, self.neighbours.slots))
+            tree, slots = self.place.tree, self.neighbours.slots
+            self.mesh.join(tree, "", Mesh.everyone(tree, slots), peer_identity.everyone(
+                tree, slots, self.host_id or "") if self.mesh.names else ())
         self.place = with_masses(self.place, self.allocation)
         self.engine.start(self.place)
         for k, slot in enumerate(self.neighbours.slots):
@@ -377,7 +377,7 @@ class Membership:
                 else None)
         link = slots[k].link
         assert link is not None
-        slots[k].assigned = link.send(Assign(self.samples, ring, self.mesh.addresses),
+        slots[k].assigned = link.send(Assign(self.samples, ring, self.mesh.addresses, self.mesh.hosts),
                                       pack_allocation(sub))
 
     def _size_slots(self) -> None:
@@ -494,6 +494,6 @@ class Membership:
             peers = msg.peers
             if self.place.layer == 1 and peers[0] is None:
                 peers = (self.parent_address, *peers[1:])   # the master, where this node dials it
-            self.mesh.join(self.place.tree, self.place.name, peers)
+            self.mesh.join(self.place.tree, self.place.name, peers, msg.hosts)
         self._assigned()
 

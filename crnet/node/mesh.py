@@ -12,7 +12,12 @@ links of those that send to it. Where peers listen comes with the assignment:
   child of the master fills in the master's, which it dials as its parent.
 
 A host that restarts at the same address is dialed again (``dial.py`` reconnects);
-one that moved needs the tree to assign anew (a restart of the master).
+one that moved needs the tree to assign anew (a restart of the master). When the tree
+takes another shape between jobs (MOVE: ``reshape.py``), every host's links go
+(``leave``) and a new ``Mesh`` makes the new place's.
+
+With ``--tls-names`` ASSIGN carries every rank's host id too, and spread's peer links
+are taken only between the hosts whose certificates name them (``peer_identity.py``).
 
 With a cluster secret, a peer link's rank is not the dialer's word: the rank's own host
 confirms it over this node's link there (``peer_check.py``) before anything that comes on
@@ -30,7 +35,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ..errors import JoinRefused, ProtocolError
+from ..errors import JoinRefused, NotThatHost, ProtocolError
 from ..messages import PeerCheck, PeerConfirmed, PeerHello, PeerWelcome, RingPlace
 from ..peer_text import shown
 from ..plan import Tree
@@ -39,6 +44,7 @@ from ..transport import Connection
 from .dial import Dialer, keep_connected, moot, supervised
 from .neighbours import ChildSlot, Neighbours
 from .peer_check import OutboundPeer, PeerChecks
+from .peer_identity import accepted_named
 
 log = logging.getLogger("crnet.node")
 
@@ -46,7 +52,8 @@ __all__ = ["Mesh", "PeerDialer"]
 
 # Dials a peer at an address (None: the parent's, the master's); its link reports to the
 # ``OutboundPeer`` (welcomed, gone, the answers to this node's checks: ``peer_check.py``).
-PeerDialer = Callable[[str | None, OutboundPeer], Dialer]
+# The host id: what the peer's certificate must name (--tls-names; None: not checked).
+PeerDialer = Callable[[str | None, OutboundPeer, str | None], Dialer]
 
 # Links one peer rank may have to this node at once, and links claiming it that are being
 # checked. A new one does not close the old unless its rank is confirmed (then it is that
@@ -63,17 +70,23 @@ class Mesh:
     addresses they are dialed at."""
 
     def __init__(self, neighbours: Neighbours, dial: PeerDialer | None,
-                 lost: Callable[[int], None], unreachable: Callable[[int], None] = lambda rank: None):
-        """``dial(address, peer)`` dials a peer (None: the one at the parent's address,
-        the master), whose link reports to ``peer``; ``lost(rank)`` hears that a peer's
-        link to this node is gone; ``unreachable(rank)`` that this node's link to it is
-        (or could not be dialed)."""
+                 lost: Callable[[int], None], unreachable: Callable[[int], None] = lambda rank: None,
+                 names: bool = False, disowned: Callable[[int], None] = lambda rank: None):
+        """``dial(address, peer, host)`` dials a peer (None: the one at the parent's
+        address, the master), whose link reports to ``peer``; ``lost(rank)`` hears that a
+        peer's link to this node is gone; ``unreachable(rank)`` that this node's link to it
+        is (or could not be dialed). ``names``: --tls-names (spread's links checked);
+        ``disowned(rank)``: then, that the rank was left out, or that another host
+        answered at its address (``NotThatHost``)."""
         self.neighbours = neighbours
         self._dial = dial
         self._lost = lost
         self._unreachable = unreachable
+        self._disowned = disowned
+        self.names = names
         self.checks = PeerChecks()
         self.addresses: tuple[str | None, ...] = ()   # spread: where every rank listens
+        self.hosts: tuple[str | None, ...] = ()       # ... and its host id (--tls-names)
         self.tasks: list[asyncio.Task] = []
         self._inbound: dict[int, list[Connection]] = {}   # rank -> its links here, newest last
         self._asker: asyncio.Task | None = None   # rar: dials the predecessor to ask (its checks)
@@ -96,19 +109,26 @@ class Mesh:
         known = dict(Mesh.below(tree, "", slots))
         return tuple(known.get(name) for name in tree.names())
 
-    def join(self, tree: Tree, name: str, addresses: tuple[str | None, ...]) -> None:
-        """spread: dial every other host of ``tree`` (this node is ``name``)."""
+    def join(self, tree: Tree, name: str, addresses: tuple[str | None, ...],
+             hosts: tuple[str | None, ...] = ()) -> None:
+        """spread: dial every other host of ``tree`` (this node is ``name``); ``hosts``:
+        every rank's host id (--tls-names)."""
         if self.addresses:
             return   # assigned again (the parent came back): the links are kept up already
         names = list(tree.names())
-        if len(addresses) != len(names):
-            log.error("spread: the assignment has %d addresses for %d hosts: no peer links",
-                      len(addresses), len(names))
+        if len(addresses) != len(names) or (self.names and len(hosts) != len(names)):
+            log.error("spread: the assignment has %d addresses%s for %d hosts: no peer links",
+                      len(addresses), f" and {len(hosts)} host ids" if self.names else "", len(names))
             return
-        self.addresses = addresses
+        self.addresses, self.hosts = addresses, hosts
         me = tree.rank(name)
         for rank, address in enumerate(addresses):
             if rank == me:
+                continue
+            if self.names and hosts[rank] is None:
+                log.error("spread: the master left host %s out of the peer links (its host id): "
+                          "it gets no pieces from this one", names[rank] or "master")
+                self._disowned(rank)
                 continue
             # None: the master, which only its children know (they dial it as their parent).
             if address is None and (rank != 0 or tree.layer(name) != 1):
@@ -132,9 +152,18 @@ class Mesh:
         if self._dial is None:
             log.error("%s: this node cannot dial peers", what)
             return
+        host = self.hosts[rank] if self.names and rank < len(self.hosts) else None
+        dial = self._dial(address, self.checks.to(rank), host)
+
+        async def checked(hello):
+            try:
+                return await dial(hello)
+            except NotThatHost:
+                self._disowned(rank)
+                raise
         self.tasks.append(supervised(keep_connected(
-            what, self._dial(address, self.checks.to(rank)),
-            hello=lambda: PeerHello(me, link_id=self.checks.new_link(rank)),
+            what, checked,
+            hello=lambda: PeerHello(me, link_id=self.checks.new_link(rank), to=rank),
             up=lambda conn: self.neighbours.peer_up(rank, conn),
             down=lambda why: self._down(rank, why), failed=lambda: self._failed(rank),
             refused=lambda e: log.error("%s refused this node: %s", what, shown(e.reason))),
@@ -163,6 +192,13 @@ class Mesh:
             if not 0 <= hello.rank < hosts or hello.rank == place.tree.rank(place.name):
                 raise JoinRefused(f"rank {hello.rank} is not another host of this tree "
                                   f"(ranks 0..{hosts - 1})")
+            if self.names:
+                if not self.hosts:
+                    raise JoinRefused(f"{label} does not know its peers' host ids yet", retry=True)
+                why = accepted_named(conn.transport, hello, place.tree.rank(place.name), self.hosts)
+                if why is not None:
+                    raise JoinRefused(f"a peer link that says it is rank {hello.rank}: {why}",
+                                      retry=True)
         elif place is not None and place.ring is not None:
             ring = place.ring
             predecessor = (ring.rank - 1) % ring.size
@@ -210,8 +246,8 @@ class Mesh:
         while self.checks.pending(rank):
             conn = None
             try:
-                conn, welcomed = await self._dial(address, self.checks.to(rank))(
-                    PeerHello(me, link_id=self.checks.new_link(rank)))
+                conn, welcomed = await self._dial(address, self.checks.to(rank), None)(
+                    PeerHello(me, link_id=self.checks.new_link(rank), to=rank))
                 welcomed.add_done_callback(moot)     # the link is not for the ring: no welcome
                 settled = self.checks.settled(rank)
                 ends: list[asyncio.Future] = [settled, conn.closed]

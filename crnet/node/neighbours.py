@@ -36,7 +36,14 @@ class ChildSlot:
     host: str | None = None         # the host id it said in HELLO (kept when it leaves)
     peer: str | None = None         # the address it connected from (kept when it leaves)
     below: dict[str, str] = field(default_factory=dict)  # spread: where its subtree listens
+    hosts: dict[str, str] = field(default_factory=dict)  # ... and its host ids (--tls-names)
     tree_step: int = -1             # the newest step the master decided, as it says (JOINED)
+
+    def vacated(self) -> ChildSlot:
+        """The slot once its child has left: what the parent keeps of it (where the child
+        listened, its host id and address, what its subtree said)."""
+        return ChildSlot(address=self.address, host=self.host, peer=self.peer, below=self.below,
+                         hosts=self.hosts)
 
 
 class Neighbours:

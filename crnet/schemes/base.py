@@ -239,6 +239,10 @@ class Scheme:
     def peer_unreachable(self, rank: int) -> None:
         """This node's link to peer ``rank`` is down, or could not be dialed."""
 
+    def peer_disowned(self, rank: int) -> None:
+        """Peer ``rank`` will not be reached from here while the tree is assigned as it is
+        (--tls-names: the master left it out, or another host answers at its address)."""
+
     def stalled(self, step: int) -> Stall | None:
         """``step``'s deadline passed at this node: what is missing, or None if this
         node's part is done (the parent decides)."""

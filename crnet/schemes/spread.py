@@ -376,6 +376,14 @@ class Spread(Scheme):
             st.relayed = {}
         return st
 
+    def peer_disowned(self, rank: int) -> None:
+        """At the master: ``rank`` owns no chunks from the next step on, rather than fail
+        the first step it owns. Its pieces cannot reach the master either (its links are
+        not confirmed: ``node/peer_identity.py``), so it does not own again."""
+        if self.place.is_master:
+            self._exclude({rank}, self.newest + 1, f"rank {rank} is not at the address the "
+                          "tree gave for it, or was left out (--tls-names)")
+
     def peer_silent(self, rank: int) -> None:
         """Peer ``rank``'s link is gone: the sum's chunks it owns will not come for the steps
         under way, which fail here now rather than at their deadline. At the master, it owns

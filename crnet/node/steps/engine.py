@@ -81,6 +81,7 @@ class StepEngine:
             self.lending, neighbours, self._forget)
         self.sends = TreeSends(neighbours, settings.send_queue_bytes, self.deadlines.sent_up)
         self._peer_lines = Throttle(log)        # lines about what children sent
+        self._disowned: set[int] = set()        # peers this assignment will not reach (--tls-names)
 
     # -- what the rest of the node reads
     @property
@@ -139,7 +140,12 @@ class StepEngine:
         if self.place == place and self.scheme is not None:
             return  # rejoined the same place (the parent restarted): nothing changes
         self.place = self.deadlines.place = place
+        self._new_scheme(place)
+
+    def _new_scheme(self, place: Place) -> None:
         self.scheme = driver(place, self._ports())
+        for rank in self._disowned:
+            self.scheme.peer_disowned(rank)
 
     def _ports(self) -> Ports:
         return Ports(send=self.sends, steps=self.decisions, memory=self.lending, stats=self.stats)
@@ -169,7 +175,7 @@ class StepEngine:
             slot.missed_through = -1
         self.window.reset()
         if self.place is not None:
-            self.scheme = driver(self.place, self._ports())
+            self._new_scheme(self.place)
         log.info("the tree now runs job %r", name)
         for step, answers in sorted(waiting.items()):
             for answer in answers:
@@ -398,6 +404,17 @@ class StepEngine:
     def peer_unreachable(self, rank: int) -> None:
         if self.scheme is not None:
             self.scheme.peer_unreachable(rank)
+
+    def peer_disowned(self, rank: int) -> None:
+        """Peer ``rank`` will not be reached (``Scheme.peer_disowned``), for as long as this
+        assignment holds: told to every scheme this node runs from now on."""
+        self._disowned.add(rank)
+        if self.scheme is not None:
+            self.scheme.peer_disowned(rank)
+
+    def peers_moved(self) -> None:
+        """The hosts move (MOVE): ranks are given anew, none is disowned yet."""
+        self._disowned.clear()
 
     def peer_lost(self, rank: int) -> None:
         if self.scheme is not None:
