@@ -4,7 +4,8 @@
 
     CrnetError
     +-- ProtocolError       a peer sent something that is not a valid crnet message, or
-    |                       one this node cannot take from it
+    |   |                   one this node cannot take from it
+    |   +-- NotThatHost     a peer dialed for a rank is another host (--tls-names)
     +-- JoinRefused         a parent would not take this node (``retry``: try again later)
     +-- DaemonNotRunning    no crnetd on the client socket, or it went away (ConnectionError)
     +-- DaemonBusy          another training process holds this daemon

@@ -28,7 +28,7 @@ ERROR_CLASSES = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
 
 def test_the_module_defines_the_documented_errors():
     assert {cls.__name__ for cls in ERROR_CLASSES} == {
-        "CrnetError", "ProtocolError", "JoinRefused", "DaemonNotRunning", "DaemonBusy",
+        "CrnetError", "ProtocolError", "NotThatHost", "JoinRefused", "DaemonNotRunning", "DaemonBusy",
         "RequestRejected", "StepFailed", "StepLost", "StepRefused", "StaleReplica", "AssignmentChanged",
         "MismatchError", "CrnetTimeout", "LaunchError", "JobEnded", "InternalError"}
 
