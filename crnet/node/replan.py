@@ -26,14 +26,14 @@ import logging
 
 from ..errors import CrnetError
 from ..peer_text import shown
-from ..plan import PEER_SCHEMES
 from ..schemes import Place
-from ..tune import Prediction, Tuning, measurements, placed_tree, replan_choice, tune
+from ..tune import Prediction, Tuning, measurements, placed_tree, tune
 from ..units import format_rate, format_seconds
 from .dial import supervised
 from .membership import Membership
 from .reshape import move, replan
 from .status import StatusService
+from .welcome import not_in_place
 
 log = logging.getLogger("crnet.node")
 
@@ -74,7 +74,8 @@ class AutoPlan:
             m.jobs.ask(name)     # keeps its job and plan (the new job waits, or is refused)
             return
         for place in places:
-            if not _moves(m.place, place):
+            assert m.place is not None
+            if not not_in_place(m.place, place.tree, place.scheme):
                 replan(m, place)
                 break
             if move(m, place):
@@ -86,7 +87,7 @@ class AutoPlan:
         tree = await self.status.subtree(GATHER_DEADLINE, self.window)
         t = await asyncio.get_running_loop().run_in_executor(
             None, lambda: tune(measurements(tree)))   # as crnet tune ranks by default
-        choices = [c for c in (replan_choice(t, move=True), replan_choice(t)) if c is not None]
+        choices = t.replan_choices()
         said = _said(t)
         old = f"{t.running.scheme} {t.running.shape} (predicted {format_seconds(t.running.mean)})"
         if not choices:
@@ -105,14 +106,6 @@ class AutoPlan:
 
 def _label(c: Prediction) -> str:
     return f"{c.scheme} {c.shape} (predicted {format_seconds(c.mean)})"
-
-
-def _moves(running: Place | None, place: Place) -> bool:
-    """Whether the tree must move its hosts to run ``place``: another fanout, or to or
-    from rar or spread (their links are made as hosts join)."""
-    assert running is not None
-    return running.tree.fanout != place.tree.fanout or (
-        running.scheme != place.scheme and bool({running.scheme, place.scheme} & set(PEER_SCHEMES)))
 
 
 def _said(t: Tuning) -> str:

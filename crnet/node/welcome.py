@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import JoinRefused, ProtocolError
 from ..messages import Welcome
-from ..plan import PEER_SCHEMES
+from ..plan import PEER_SCHEMES, Tree
 from ..schemes import Place
 from .steps import StepEngine
 
@@ -17,6 +17,17 @@ def welcome_for(place: Place, k: int, engine: StepEngine, job: str, local_proces
                    place.tree.stragglers, place.code_kind, place.chunk_bytes, place.scheme,
                    engine.window.tree_step, total, dtype, job, local_processes,
                    place.beyond_s, place.patience)
+
+
+def not_in_place(held: Place, tree: Tree, scheme: str) -> str | None:
+    """Why a node at ``held`` cannot run ``scheme`` on ``tree`` where it is (the hosts must
+    move: MOVE, ``reshape.py``), or None: another fanout, or to or from rar or spread,
+    whose ring and peers are links made as the hosts join."""
+    if tree.fanout != held.tree.fanout:
+        return f"the parent's tree {tree} differs from the one this node joined"
+    if scheme != held.scheme and {scheme, held.scheme} & set(PEER_SCHEMES):
+        return f"the parent's scheme {scheme} differs from the one this node joined ({held.scheme})"
+    return None
 
 
 def welcomed_place(msg: Welcome, held: Place | None, listening: bool, local_processes: int) -> Place:
@@ -32,14 +43,11 @@ def welcomed_place(msg: Welcome, held: Place | None, listening: bool, local_proc
     (with a secret, only an authenticated parent welcomes), it stops the node instead of
     joining and leaving every few seconds."""
     tree = msg.tree
-    if held is not None and tree.fanout != held.tree.fanout:
-        raise ProtocolError(f"the parent's tree {tree} differs from the one this node joined")
+    moved = None if held is None else not_in_place(held, tree, msg.scheme)
+    if moved:
+        raise ProtocolError(moved)
     if held is not None and msg.name != held.name:
         raise ProtocolError(f"the parent gave this node slot {msg.name}, but it is {held.name}")
-    if held is not None and msg.scheme != held.scheme and {msg.scheme, held.scheme} & set(PEER_SCHEMES):
-        # rar's ring and spread's peers are links made as the hosts join: not re-planned
-        raise ProtocolError(f"the parent's scheme {msg.scheme} differs from the one this node "
-                            f"joined ({held.scheme})")
     place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes,
                   None if held is None else held.ring, msg.beyond_s, msg.patience)
     if place.scheme in PEER_SCHEMES and not listening:
