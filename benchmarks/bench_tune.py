@@ -177,10 +177,16 @@ def run_on(cluster, preset: Preset, start: str, start_steps: int, schemes, workd
     return {"preset": preset.name, "start": start, "tune": tuning, "rows": rows}
 
 
+def _schemes_done(rows: dict) -> dict:
+    """The rows of the schemes run to find the best (not the start, the pick or --plan
+    auto's job) that completed every step."""
+    return {k: r for k, r in rows.items() if k not in ("start", "tuned", "auto") and r["mean_s"]
+            and r["steps_completed"] == r["steps"]}
+
+
 def summary(doc: dict) -> list[str]:
     rows = doc["rows"]
-    done = {k: r for k, r in rows.items() if k not in ("start", "tuned", "auto") and r["mean_s"]
-            and r["steps_completed"] == r["steps"]}
+    done = _schemes_done(rows)
     best = min(done, key=lambda k: done[k]["mean_s"]) if done else None
     tuned, start, t = rows["tuned"], rows["start"], doc["tune"]
     ratio = (tuned["mean_s"] / done[best]["mean_s"]) if best and tuned["mean_s"] else None
@@ -199,9 +205,7 @@ def auto_summary(doc: dict) -> str | None:
     auto = rows.get("auto")
     if auto is None:
         return None
-    done = {k: r for k, r in rows.items() if k not in ("start", "tuned", "auto") and r["mean_s"]
-            and r["steps_completed"] == r["steps"]}
-    best = min((r["mean_s"] for r in done.values()), default=None)
+    best = min((r["mean_s"] for r in _schemes_done(rows).values()), default=None)
     ratio = auto["mean_s"] / best if best and auto["mean_s"] else None
     return (f"{doc['preset']:<11} {rows['start']['config']:<14} {ms(auto['start_mean_s'])}   "
             f"{auto['tune_said']:<18} {auto['config']:<18} {ms(auto['mean_s'])} "

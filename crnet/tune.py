@@ -223,11 +223,16 @@ class Tuning:
         p = self.measurements.periods
         return float(np.percentile(p, 95)) if p else None
 
+    def replan_choices(self) -> list[Prediction]:
+        """What ``crnetd --plan auto`` runs next, in the order it tries them
+        (``replan_choice``: the best if the hosts can move, then the best in their places;
+        none: the running plan stays)."""
+        return [c for c in (replan_choice(self, move=True), replan_choice(self)) if c is not None]
+
     @property
     def plan_auto(self) -> Prediction | None:
-        """What ``crnetd --plan auto`` runs next (``replan_choice``: the best if the hosts
-        can move, else the best in their places; None: the running plan)."""
-        return replan_choice(self, move=True) or replan_choice(self)
+        """The first of ``replan_choices`` (what runs if the hosts can move), or None."""
+        return next(iter(self.replan_choices()), None)
 
     def to_json(self, top: int | None = None) -> dict:
         run = self.measurements.running
