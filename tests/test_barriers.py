@@ -1,7 +1,10 @@
 """node/barriers.py without sockets: counts reported up, releases, and a process that
 leaves while it waits (the handle ``arrive`` returns)."""
 
-from crnet.messages import Barrier
+import pytest
+
+from crnet.errors import ProtocolError
+from crnet.messages import Barrier, vote_key
 from crnet.node.barriers import OPEN, Barriers
 from crnet.node.neighbours import ChildSlot, Neighbours
 from crnet.plan import Tree
@@ -25,8 +28,8 @@ def node(name: str):
 def test_a_process_that_leaves_no_longer_counts_and_its_count_goes_up_again():
     b, n = node("0")
     released: list[str] = []
-    leave = b.arrive("start", 3, lambda: released.append("first"))
-    b.arrive("start", 3, lambda: released.append("second"))
+    leave = b.arrive("start", 3, lambda _: released.append("first"))
+    b.arrive("start", 3, lambda _: released.append("second"))
     leave()
     leave()                                     # once only
     assert n.parent.messages() == [Barrier("start", 1, 3), Barrier("start", 2, 3),
@@ -39,12 +42,12 @@ def test_a_process_that_leaves_no_longer_counts_and_its_count_goes_up_again():
 def test_the_master_releases_once_all_are_there_and_leaving_after_that_changes_nothing():
     b, n = node("")
     released: list[int] = []
-    leave = b.arrive("start", 2, lambda: released.append(0))
+    leave = b.arrive("start", 2, lambda _: released.append(0))
     b.from_child(0, Barrier("start", 1, 2))
     assert released == [0]
     assert [s.link.messages() for s in n.slots] == [[Barrier("start", 2, 2)]] * 2
     leave()                                     # released: nothing to take back
-    b.arrive("start", 2, lambda: released.append(1))   # a new round of the same key
+    b.arrive("start", 2, lambda _: released.append(1))   # a new round of the same key
     assert released == [0]
 
 
@@ -54,7 +57,7 @@ def test_a_barrier_is_its_key_and_its_count_so_a_squatter_opens_another_one():
     b, _ = node("")
     released: list[int] = []
     b.from_child(0, Barrier("start", 1, 1 << 20))
-    b.arrive("start", 2, lambda: released.append(0))
+    b.arrive("start", 2, lambda _: released.append(0))
     b.from_child(1, Barrier("start", 1, 2))
     assert released == [0]
 
@@ -68,7 +71,7 @@ def test_a_childs_count_is_bounded_by_the_processes_attached_below_it():
     b = Barriers(n, lambda: place, attached.__getitem__)
     released: list[int] = []
     b.from_child(0, Barrier("start", 1, 2))          # it claims one there; it has none
-    b.arrive("start", 2, lambda: released.append(0))
+    b.arrive("start", 2, lambda _: released.append(0))
     assert released == []
     attached[0] = 1                                  # its process did attach after all
     b.recount()
@@ -80,10 +83,64 @@ def test_junk_barriers_drop_the_senders_own_counts_not_a_barrier_in_use():
     barrier this host's processes wait at, and another child's count, stay."""
     b, _ = node("")
     released: list[str] = []
-    b.arrive("start", 2, lambda: released.append("start"))
+    b.arrive("start", 2, lambda _: released.append("start"))
     b.from_child(1, Barrier("other", 2, 3))
     for i in range(OPEN + 10):
         b.from_child(0, Barrier(f"junk/{i}", 1, 3))
     b.from_child(1, Barrier("start", 1, 2))
-    b.arrive("other", 3, lambda: released.append("other"))
+    b.arrive("other", 3, lambda _: released.append("other"))
     assert released == ["start", "other"]
+
+
+# ------------------------------------------------------------------ votes: root=True/False
+
+def test_a_vote_reports_which_hosts_processes_arrived_as_the_root():
+    """A node's count up names this host when its process arrived as the root, and what a
+    child reported below it; the master's release names them, and every node remembers."""
+    b, n = node("0")
+    key = vote_key("params")
+    b.from_child(1, Barrier(key, 1, 4, ("0.1",)))
+    b.arrive(key, 4, lambda _: None)
+    assert n.parent.messages() == [Barrier(key, 1, 4, ("0.1",)), Barrier(key, 2, 4, ("0.1",))]
+    got: list = []
+    b.arrive(key, 4, got.append, root=True)          # a second root, here
+    assert n.parent.messages()[-1] == Barrier(key, 3, 4, ("0", "0.1"))
+    b.released(Barrier(key, 4, 4, ("0.1",)))
+    assert got == [("0.1",)] and b.decided(key, 4) == ("0.1",)
+    assert [s.link.messages() for s in n.slots] == [[Barrier(key, 4, 4, ("0.1",))]] * 2
+
+
+def test_the_master_names_every_root_at_the_vote_and_a_plain_barrier_none():
+    b, n = node("")
+    key = vote_key("params")
+    got: list = []
+    b.arrive(key, 3, got.append)
+    b.from_child(0, Barrier(key, 1, 3, ("0",)))
+    b.from_child(1, Barrier(key, 1, 3, ("1.0",)))
+    assert got == [("0", "1.0")]
+    assert [s.link.messages() for s in n.slots] == [[Barrier(key, 3, 3, ("0", "1.0"))]] * 2
+    b.arrive("start", 1, got.append)
+    assert got[-1] == () and [s.link.messages()[-1] for s in n.slots] == [
+        Barrier("start", 1, 1)] * 2
+
+
+def test_a_child_that_names_a_root_outside_its_subtree_is_a_protocol_error():
+    """A child may say only that a host below it has the root: not its sibling, not the
+    master."""
+    b, _ = node("")
+    key = vote_key("params")
+    for root in ("1", "1.0", ""):
+        with pytest.raises(ProtocolError, match="is not in the subtree of child 0"):
+            b.from_child(0, Barrier(key, 1, 3, (root,)))
+    b.from_child(0, Barrier("start", 1, 3, ("1",)))   # not a vote: what it names is moot
+
+
+def test_a_vote_released_at_the_master_is_remembered_until_a_new_job():
+    b, _ = node("")
+    key = vote_key("k")
+    got: list = []
+    b.arrive(key, 2, lambda _: None, root=True)       # the root's daemon keeps no handle
+    b.arrive(key, 2, got.append)
+    assert got == [("",)] and b.decided(key, 2) == ("",)
+    b.new_job()
+    assert b.decided(key, 2) is None

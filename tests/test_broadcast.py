@@ -65,17 +65,19 @@ async def test_receivers_wait_for_a_root_that_comes_later(local_tree):
 
 
 async def test_a_receiver_expecting_another_vector_is_told(local_tree):
+    """Two of the tree's three processes take part (``processes=2``)."""
     lt = local_tree(Tree.regular(2, 1, 1), 4)
     clients = await connect(lt, lt.procs)
     try:
-        await clients["0"].broadcast(np.ones(5), "k", root=True)
+        await clients["0"].broadcast(np.ones(5), "k", root=True, processes=2)
         with pytest.raises(MismatchError, match="broadcast 'k' is 5 x float64"):
-            await clients["1"].broadcast(np.ones(6), "k", root=False)
+            await clients["1"].broadcast(np.ones(6), "k", root=False, processes=2)
         with pytest.raises(CrnetTimeout):   # a key nobody sends: the caller's timeout
-            await clients["1"].broadcast(np.ones(5), "never", root=False, timeout=0.5)
+            await clients["1"].broadcast(np.ones(5), "never", root=False, timeout=0.5,
+                                         processes=2)
         # The connection is still good for the next one.
         np.testing.assert_array_equal(
-            await clients["1"].broadcast(np.ones(5), "k", root=False), np.ones(5))
+            await clients["1"].broadcast(np.ones(5), "k", root=False, processes=2), np.ones(5))
     finally:
         close(clients)
 
@@ -125,12 +127,13 @@ async def test_a_newcomer_gets_the_state_from_its_peers_and_goes_on_in_lockstep(
 async def test_a_new_job_drops_the_old_jobs_broadcasts(local_tree):
     lt = local_tree(Tree.regular(2, 1, 1), 4)
     old = await connect(lt, ["0"], job="a")
-    await old["0"].broadcast(np.ones(3), "k", root=True)
+    rank = old["0"].assignment.rank
+    await old["0"].broadcast(np.ones(3), "k", root=rank)
     old["0"].close()
     new = await connect(lt, ["0", "1"], job="b")
     try:
         with pytest.raises(CrnetTimeout):
-            await new["1"].broadcast(np.ones(3), "k", root=False, timeout=0.5)
+            await new["1"].broadcast(np.ones(3), "k", root=rank, timeout=0.5)
     finally:
         close(new)
 

@@ -70,6 +70,7 @@ from crnet.messages import (
     Welcome,
     before_auth,
     parse,
+    vote_key,
 )
 from crnet.plan import Tree, plan
 from crnet.wire import FrameReader, MsgType
@@ -134,6 +135,8 @@ EVERY_MESSAGE = [
     WantState(77),
     Barrier("start", 1, 13),
     Barrier("start", 13, 13),
+    Barrier(vote_key("params/0"), 3, 13, ("0.1",)),
+    Barrier(vote_key("params/0"), 13, 13, ("0.1", "2")),
     Hello("0.1", "10.0.0.2:7000", None, "gpu-host-07"),
     StatusHello(),
     StatusHello(b"n" * 32),
@@ -156,7 +159,9 @@ EVERY_MESSAGE = [
     Proof(b"m" * 32),
     Publish("params/0", -1, 100, "float32"),
     Publish("state/77", 41, 100, "float64"),
+    Publish("params/1", -1, 100, "float32", 0),
     Receive("params/0", 100, "float32"),
+    Receive("params/1", 100, "float32", None, 12),
     Delivered("state/77", 41),
     StatsReply({"steps_done": 3, "decode_seconds": 0.5}, "0", "assigned", 2, (3, 4),
                {"parent": True, "children": [True, False]}),
@@ -347,6 +352,11 @@ BAD_FIELDS = [
     (MsgType.DONE, {"step": 1, "tree_step": 0, "approx": "x"}, 0, "DONE: field 'approx' must be"),
     (MsgType.WELCOME, welcome(patience=-1.0), 0, "WELCOME: field 'patience' must be a number"),
     (MsgType.WELCOME, welcome(beyond_s="maybe"), 0, "WELCOME: field 'beyond_s' must be"),
+    # a vote's roots: at most two tree names
+    (MsgType.BARRIER, {"key": "k", "arrived": 1, "processes": 2, "roots": ["0", "1", "2"]}, 0,
+     "BARRIER: field 'roots' must be a list of at most 2 tree names"),
+    (MsgType.BARRIER, {"key": "k", "arrived": 1, "processes": 2, "roots": "0"}, 0,
+     "BARRIER: field 'roots' must be a list"),
 ]
 
 

@@ -18,11 +18,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crnet import AsyncClient, DaemonBusy
+from crnet import AsyncClient, DaemonBusy, MismatchError
 from crnet.auth import load_secret, mac, new_nonce
 from crnet.handshake import claim
 from crnet.launch import MASTER, LocalTree
-from crnet.messages import Barrier, Bcast, Challenge, Hello, Joined, Proof, Refuse, WantState, Welcome
+from crnet.messages import (
+    Barrier,
+    Bcast,
+    Challenge,
+    Hello,
+    Joined,
+    Proof,
+    Refuse,
+    WantState,
+    Welcome,
+    vote_key,
+)
 from crnet.wire import MsgType, encode
 
 from . import test_trust
@@ -112,9 +123,9 @@ async def test_row3_bcast_claims_allocate_nothing_and_a_vector_no_host_holds_clo
 
             assert exact(await step(clients, grads, 1), want)
             params = np.random.default_rng(4).standard_normal(300_000)   # several pieces
-            got = await asyncio.gather(clients["0"].broadcast(params, "params", root=True),
-                                       clients["1"].broadcast(np.zeros_like(params), "params",
-                                                              root=False))
+            got = await asyncio.gather(
+                clients["0"].broadcast(params, "params", root=True, processes=2),
+                clients["1"].broadcast(np.zeros_like(params), "params", root=False, processes=2))
             for r in got:
                 np.testing.assert_array_equal(r, params)
         finally:
@@ -264,8 +275,9 @@ async def test_row7_a_broadcast_and_state_requests_come_only_from_processes_of_t
                 spy.send(WantState(nonce))
             await asyncio.sleep(0.5)
             real = np.arange(4.0)
-            got = await asyncio.gather(clients["0"].broadcast(real, "params", root=True),
-                                       clients["1"].broadcast(np.zeros(4), "params", root=False))
+            got = await asyncio.gather(
+                clients["0"].broadcast(real, "params", root=True, processes=2),
+                clients["1"].broadcast(np.zeros(4), "params", root=False, processes=2))
             np.testing.assert_array_equal(got[1], real)
             await asyncio.sleep(1.5)
             assert not any(c.state_wanted() for c in clients.values()), \
@@ -292,6 +304,42 @@ async def test_row7_a_broadcast_belongs_to_its_root(tmp_path, peers):
             got = await asyncio.gather(clients["0"].broadcast(real, "params", root=root),
                                        clients["1"].broadcast(np.zeros(4), "params", root=root))
             np.testing.assert_array_equal(got[1], real)
+        finally:
+            close_all(clients)
+
+
+async def test_row7_root_true_receivers_take_the_voted_roots_copy_never_a_forged_first_one(
+        tmp_path, peers):
+    """| 7 | medium | the first broadcast copy wins |, with ``root=True``/``False``: the
+    processes do not know the root's rank. The insider claims a process of the job (one of
+    the tree's four seats) and sends its copies of ``a`` and ``b`` first. At ``a`` it
+    arrives at the processes' vote as a receiver: every process gets process 0's vector. At
+    ``b`` it says its own process is the root: each receiver is told that two hosts sent
+    it (MismatchError naming both), and none gets the insider's vector."""
+    with tree(tmp_path) as lt:
+        spy, _ = await insider(peers, lt)       # slot 2: the tree is whole once it joined
+        clients = await connect(lt, REAL)
+        try:
+            spy.send_bytes(job_frame("", 1))     # it speaks for a process of the job
+            forged = np.full(4, 666.0)
+            for key in ("a", "b"):
+                spy.send(Bcast(key, 5, -1, 0, 4, "float64", root="2"), forged.tobytes())
+            spy.send(Barrier(vote_key("a"), 1, 4))
+            spy.send(Barrier(vote_key("b"), 1, 4, ("2",)))
+            await asyncio.sleep(0.5)
+            real = np.arange(4.0)
+
+            def calls(key):
+                return [clients[n].broadcast(real if n == "0" else np.zeros(4), key,
+                                             root=n == "0") for n in REAL]
+            for got in await asyncio.gather(*calls("a")):
+                np.testing.assert_array_equal(got, real)
+            got = await asyncio.gather(*calls("b"), return_exceptions=True)
+            np.testing.assert_array_equal(got[REAL.index("0")], real)   # the root's own
+            for n, r in zip(REAL, got):
+                if n != "0":
+                    assert isinstance(r, MismatchError), r
+                    assert "hosts '2' and '0'" in str(r) or "hosts '0' and '2'" in str(r), r
         finally:
             close_all(clients)
 

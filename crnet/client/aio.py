@@ -61,6 +61,15 @@ def client_socket_path(path) -> str:
     return str(path or os.environ.get("CRNET_CLIENT_SOCKET") or defaults.CLIENT_SOCKET)
 
 
+def _processes(processes: int | None, what: str) -> int | None:
+    """How many processes take part in a barrier or vote: ``processes``, else
+    $CRNET_WORLD_SIZE (``crnet run`` sets it), else None."""
+    world = os.environ.get("CRNET_WORLD_SIZE")
+    n = processes if processes is not None else int(world) if world else None
+    if n is not None and n < 1:
+        raise ValueError(f"{what} of {n} processes")
+    return n
+
 
 class AsyncClient:
     """A training process's connection to its host's crnetd (asyncio).
@@ -223,25 +232,29 @@ class AsyncClient:
         return await self._request(Fetch, step, like, out, timeout)
 
     async def broadcast(self, vec, key: str, root: bool | int, out: np.ndarray | None = None,
-                        timeout: float | None = None) -> np.ndarray:
+                        timeout: float | None = None,
+                        processes: int | None = None) -> np.ndarray:
         """One process's vector to every process of the job (e.g. the parameters of a
         checkpoint): every process calls it with the same ``key`` (unique within the job);
         the root gives its vector, the others a vector of the same length and dtype whose
         values do not matter. ``root``: the root's rank (``assignment.rank``), which every
-        process gets only from the root's host; or True in the root, False in the others,
-        which get the first copy of ``key`` to reach the master (from any host that holds
-        the cluster secret). Returns the root's vector (in ``out`` if given;
-        ``out=result_buffer(...)`` costs no copy). The root returns once its daemon has
-        taken the vector; the others once it is here (or CrnetTimeout)."""
+        process gets only from the root's host; or True in the root and False in the
+        others: then, like a barrier of ``processes`` (default ``$CRNET_WORLD_SIZE``, else
+        every process of the tree), the others wait until all have called it and take the
+        copy of the one that said it was the root (MismatchError if none or several did). Returns
+        the root's vector (in ``out`` if given; ``out=result_buffer(...)`` costs no
+        copy). The root returns once its daemon has taken the vector; the others once it
+        is here (or CrnetTimeout)."""
         vec = self._flat(vec, "broadcast")
         rank = None if isinstance(root, bool) else int(root)
+        vote = None if rank is not None else _processes(processes, "broadcast") or 0
         if root is True or (rank is not None and rank == self.assignment.rank):
-            await self._publish(key, -1, vec, timeout)
+            await self._publish(key, -1, vec, timeout, vote)
             if out is None:
                 return vec
             np.copyto(out.reshape(-1), vec)
             return out
-        return (await self._receive(key, vec, out, timeout, root=rank))[0]
+        return (await self._receive(key, vec, out, timeout, root=rank, vote=vote))[0]
 
     def numbered_key(self, prefix: str) -> str:
         """``<prefix>/<k>``, k counting this client's calls with ``prefix`` from 0: a
@@ -256,14 +269,10 @@ class AsyncClient:
         ``$CRNET_WORLD_SIZE``, which ``crnet run`` sets) have called ``barrier(key)``:
         e.g. before the first step, so that no process starts late. Each key once per
         job. CrnetTimeout if they are not all there within ``timeout``."""
+        processes = _processes(processes, "barrier")
         if processes is None:
-            world = os.environ.get("CRNET_WORLD_SIZE")
-            if world is None:
-                raise ValueError("barrier: say how many processes take part (processes=N), "
-                                 "or set CRNET_WORLD_SIZE")
-            processes = int(world)
-        if processes < 1:
-            raise ValueError(f"barrier of {processes} processes")
+            raise ValueError("barrier: say how many processes take part (processes=N), "
+                             "or set CRNET_WORLD_SIZE")
         self._ask(Barrier(key, 1, processes))
         await self._delivered(key, timeout)
 
@@ -401,16 +410,18 @@ class AsyncClient:
             np.copyto(out.reshape(-1), result)
         return out
 
-    async def _publish(self, key: str, step: int, vec: np.ndarray, timeout: float | None) -> None:
+    async def _publish(self, key: str, step: int, vec: np.ndarray, timeout: float | None,
+                       vote: int | None = None) -> None:
         await self._stage(vec)
-        self._ask(Publish(key, step, vec.size, dtype_name(vec.dtype)))
+        self._ask(Publish(key, step, vec.size, dtype_name(vec.dtype), vote))
         await self._delivered(key, timeout)
 
     async def _receive(self, key: str, like: np.ndarray, out: np.ndarray | None,
-                       timeout: float | None, root: int | None = None) -> tuple[np.ndarray, int]:
+                       timeout: float | None, root: int | None = None,
+                       vote: int | None = None) -> tuple[np.ndarray, int]:
         await self._ensure(like.nbytes)
         self._owed = None   # the daemon writes the shared output for this instead
-        self._ask(Receive(key, like.size, dtype_name(like.dtype), root))
+        self._ask(Receive(key, like.size, dtype_name(like.dtype), root, vote))
         step = await self._delivered(key, timeout)
         return self._take(like, out), step
 

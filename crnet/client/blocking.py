@@ -72,8 +72,8 @@ class Client:
         return self._run(self._c.result(step, like, out, timeout))
 
     def broadcast(self, vec, key: str, root: bool | int, out=None,
-                  timeout: float | None = None) -> np.ndarray:
-        return self._run(self._c.broadcast(vec, key, root, out, timeout))
+                  timeout: float | None = None, processes: int | None = None) -> np.ndarray:
+        return self._run(self._c.broadcast(vec, key, root, out, timeout, processes))
 
     def numbered_key(self, prefix: str) -> str:
         return self._c.numbered_key(prefix)

@@ -11,6 +11,14 @@ from ..wire import MsgType
 from .base import Message
 
 MAX_KEY = 256                   # characters of a broadcast's key
+VOTE = "crnet.root/"            # a barrier that names a broadcast's root (``vote_key``)
+MAX_ROOTS = 2                   # roots a vote's release names (two: the processes disagree)
+
+
+def vote_key(key: str) -> str:
+    """The barrier at which every process of a ``root=True``/``False`` broadcast ``key``
+    arrives: its release names the host whose process sent the broadcast."""
+    return VOTE + key
 
 
 def state_key(nonce: int) -> str:
@@ -60,35 +68,43 @@ class WantState(Message):
 @dataclass(frozen=True, slots=True)
 class Publish(Message):
     """training process -> daemon: send the vector in my shared input to every process of
-    the job as broadcast ``key`` (``step``: what it belongs to, -1 if nothing)."""
+    the job as broadcast ``key`` (``step``: what it belongs to, -1 if nothing). ``vote``:
+    the sender is ``root=True`` and the others will ask with ``root=False``: it arrives at
+    their vote of that many processes (0: every process of the tree); None: no vote (a
+    root named by rank, a state answer)."""
 
     TYPE = MsgType.PUBLISH
     key: str
     step: int
     length: int
     dtype: str
+    vote: int | None = None
 
     @classmethod
     def from_header(cls, h: Fields) -> Publish:
         return cls(h.text("key", MAX_KEY), h.integer("step", -1), h.integer("length", 1, 1 << 40),
-                   h.text("dtype", choices=DTYPE_NAMES))
+                   h.text("dtype", choices=DTYPE_NAMES), h.opt_integer("vote", 0, 1 << 20))
 
 
 @dataclass(frozen=True, slots=True)
 class Receive(Message):
     """training process -> daemon: broadcast ``key`` into my shared output once it is here;
-    with ``root``, only the copy sent by the process of that rank (``Client.rank``)."""
+    with ``root``, only the copy sent by the process of that rank (``Client.rank``);
+    without, the copy of the process that sent it with ``root=True``, which the processes'
+    vote names (``vote``: of that many processes; 0 or None: every process of the tree)."""
 
     TYPE = MsgType.RECEIVE
     key: str
     length: int
     dtype: str
     root: int | None = None
+    vote: int | None = None
 
     @classmethod
     def from_header(cls, h: Fields) -> Receive:
         return cls(h.text("key", MAX_KEY), h.integer("length", 1, 1 << 40),
-                   h.text("dtype", choices=DTYPE_NAMES), h.opt_integer("root", 0, 1 << 31))
+                   h.text("dtype", choices=DTYPE_NAMES), h.opt_integer("root", 0, 1 << 31),
+                   h.opt_integer("vote", 0, 1 << 20))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +125,22 @@ class Delivered(Message):
 class Barrier(Message):
     """Barrier ``key`` of ``processes`` training processes. Up (and training process ->
     daemon, with ``arrived`` 1): ``arrived`` of them are at it in this subtree. Down: all
-    are (``arrived == processes``): go on."""
+    are (``arrived == processes``): go on. A vote's release (``vote_key``) says whose
+    copy of the broadcast had begun to reach the master (``roots``, tree names: one, or
+    ``MAX_ROOTS`` when several processes sent it as its root)."""
 
     TYPE = MsgType.BARRIER
     key: str
     arrived: int
     processes: int
+    roots: tuple[str, ...] | None = None
 
     @classmethod
     def from_header(cls, h: Fields) -> Barrier:
         processes = h.integer("processes", 1, 1 << 20)
-        return cls(h.text("key", MAX_KEY), h.integer("arrived", 0, processes), processes)
+        roots = h.h.get("roots")
+        if roots is not None and (not isinstance(roots, list) or len(roots) > MAX_ROOTS or any(
+                not isinstance(r, str) or len(r) > 64 for r in roots)):
+            raise h.bad("roots", f"a list of at most {MAX_ROOTS} tree names")
+        return cls(h.text("key", len(VOTE) + MAX_KEY), h.integer("arrived", 0, processes),
+                   processes, None if roots is None else tuple(roots))

@@ -26,9 +26,10 @@ most that memory: more drops that source's own oldest, never another source's.
 A broadcast belongs to its root: the host whose process sent it (``root``, its tree name,
 which each parent checks is in the subtree the piece came from). A copy of the same key
 from another host is another broadcast: a process that names the root it wants
-(``Receive.root``, a rank) gets that root's copy, whoever sent theirs first; one that names
-none gets the first copy here. State answers are the exception: any process's will do,
-but the master's own host's first, while one there can answer (``state_answers.py``).
+(``Receive.root``, a rank) gets that root's copy, whoever sent theirs first; processes that
+do not know the root's rank vote on its host first (``barriers.py``), then do the same.
+State answers are the exception: any process's will do, but the master's own host's
+first, while one there can answer (``state_answers.py``).
 
 A child speaks only for the processes of the job attached below it (``attached_below``,
 the JOB counts of ``jobs.py``): from a child that has none, broadcast pieces and state
@@ -156,6 +157,7 @@ class Broadcasts:
         self._down: OrderedDict[Id, _Assembly] = OrderedDict()    # from the master
         self._relayed: OrderedDict[Id, None] = OrderedDict()      # sent up in full
         # (key, root) -> who waits for it; root None: for the first copy of key, any root's
+        # (only a state answer's: any process's will do, state_answers.py)
         self._waiters: dict[tuple[str, str | None], Signal[Held]] = {}
         self.state_request = 0                                    # the newest one (nonce)
         self.on_state_request: Signal[int] = Signal()             # this host's processes
@@ -213,6 +215,12 @@ class Broadcasts:
             return None
         names = list(place.tree.names())
         return names[rank // per_host] if 0 <= rank < len(names) * per_host else None
+
+    def tree_processes(self, per_host: int) -> int:
+        """The training processes of the whole tree, ``per_host`` on each host (0 before
+        this node has joined it)."""
+        place = self._place()
+        return 0 if place is None else len(list(place.tree.names())) * per_host
 
     def _held(self, key: str, root: str | None) -> Held | None:
         if root is not None:

@@ -22,7 +22,8 @@ def broadcast_parameters(model: torch.nn.Module | Mapping[str, torch.Tensor], cl
     Collective: every process of the job calls it with the root's rank (``root=0``: the
     process of ``client.assignment.rank`` 0, e.g. the one that loaded the checkpoint;
     every process then takes that process's copy only), or one with ``root=True`` and the
-    others with False (the first copy to reach the master: ``Client.broadcast``). ``key``
+    others with False (then every process of the job calls it before the others take the
+    root's copy: ``Client.broadcast``). ``key``
     names the broadcast within the job; by default ``crnet.torch/parameters/<k>`` with k
     counting this process's calls
     (``Client.numbered_key``), so give it explicitly if the processes might not make the

@@ -1,6 +1,11 @@
 """What a training process does with the rest of its job: broadcasts (PUBLISH, RECEIVE,
 WANT_STATE and the state requests it is told of) and barriers. ``ClientLink`` hands
-it those messages; ``close`` takes back all it waits for when the process leaves."""
+it those messages; ``close`` takes back all it waits for when the process leaves.
+
+A broadcast whose processes do not name the root's rank (``root=True``/``False``) waits
+for their vote (``barriers.py``): the receivers, and the root once its copy is on its way,
+arrive at ``vote_key(key)``, and each receiver then takes the copy of the host the vote
+names, never merely the first copy to reach the master."""
 
 from __future__ import annotations
 
@@ -10,14 +15,18 @@ import numpy as np
 
 from ...dtypes import DTYPES
 from ...errors import ErrorKind
-from ...messages import Barrier, Delivered, Publish, Receive, WantState
-from ..barriers import Barriers
+from ...messages import Barrier, Delivered, Publish, Receive, WantState, vote_key
+from ..barriers import Barriers, Roots
 from ..broadcasts import STATE, Broadcasts, Held
 from .process import Process
 
 
 def _nothing() -> None:
     """Stops waiting for nothing."""
+
+
+def _ignore(roots: Roots) -> None:
+    """The root's vote is released: it has nothing to wait for."""
 
 
 class ClientGroup:
@@ -54,25 +63,78 @@ class ClientGroup:
         conn = self.process.conn
         if vector is None or conn is None:
             return
-        problem = self.broadcasts.publish(msg.key, msg.step, vector)
+        vote = None if msg.vote is None else self._vote(msg.key, msg.vote)
+        problem = "this node has not joined the tree yet" if msg.vote is not None and \
+            vote is None else self.broadcasts.publish(msg.key, msg.step, vector)
         if problem:
             self.process.error(f"broadcast {msg.key!r}: {problem}", ErrorKind.REQUEST)
-        else:
-            conn.send(Delivered(msg.key, msg.step))
+            return
+        if vote and self.barriers.decided(*vote) is None:
+            # After its copy, which goes up first: the vote names this host only once the
+            # master has it. It counts there even if the process leaves: its copy is sent.
+            self.barriers.arrive(*vote, release=_ignore, root=True)
+        conn.send(Delivered(msg.key, msg.step))
 
     def receive(self, msg: Receive) -> None:
         if self.process.job_over():
             return
-        root = None
+        self._stop_receiving()                        # a request it gave up on
+        self._stop_receiving = _nothing
         if msg.root is not None:
             root = self.broadcasts.host_of(msg.root, self.per_host)
             if root is None:
                 self.process.error(f"broadcast {msg.key!r}: no process of the tree has rank "
                                    f"{msg.root}", ErrorKind.REQUEST)
                 return
+            self._take(msg, root)
+        elif msg.key.startswith(STATE):
+            self._take(msg, None)                     # any process's (state_answers.py)
+        else:
+            self._await_vote(msg)
+
+    def _take(self, msg: Receive, root: str | None) -> None:
+        """Wait for host ``root``'s copy of the broadcast (None: a state answer)."""
         self.receiving = (msg.key, msg.length, DTYPES[msg.dtype])
-        self._stop_receiving()                        # a request it gave up on
         self._stop_receiving = self.broadcasts.receive(msg.key, root, self._delivered)
+
+    def _vote(self, key: str, processes: int) -> tuple[str, int] | None:
+        """Vote ``key`` of ``processes`` (0: every process of the tree); None before this
+        node has joined the tree."""
+        if not processes:
+            processes = self.broadcasts.tree_processes(self.per_host)
+        return (vote_key(key), processes) if processes else None
+
+    def _await_vote(self, msg: Receive) -> None:
+        vote = self._vote(msg.key, msg.vote or 0)
+        if vote is None:
+            self.process.error(f"broadcast {msg.key!r}: this node has not joined the tree yet",
+                               ErrorKind.REQUEST)
+            return
+        roots = self.barriers.decided(*vote)
+        if roots is not None:
+            self._named(msg, roots)
+            return
+        released = False
+
+        def release(roots: Roots) -> None:
+            nonlocal released
+            released = True
+            self._named(msg, roots)
+        leave = self.barriers.arrive(*vote, release=release)
+        if not released:
+            self._stop_receiving = leave
+
+    def _named(self, msg: Receive, roots: Roots) -> None:
+        """The vote named ``roots``: one is the root, whose copy this process takes."""
+        if len(roots) == 1:
+            self._take(msg, roots[0])
+            return
+        why = ("no process sent it with root=True" if not roots else
+               "processes on hosts " + " and ".join(repr(r) for r in roots) + " each sent it "
+               "with root=True")
+        self.process.error(f"broadcast {msg.key!r}: {why}: every process must call it, one "
+                           "of them as the root, or all must name the root's rank (root=N)",
+                           ErrorKind.MISMATCH)
 
     def _delivered(self, held: Held) -> None:
         conn = self.process.conn
@@ -116,6 +178,6 @@ class ClientGroup:
             if conn is not None:
                 conn.send(Delivered(key, -1))
         leave = _nothing     # released within arrive (the last one there, at the master)
-        leave = self.barriers.arrive(key, msg.processes, release)
+        leave = self.barriers.arrive(key, msg.processes, lambda roots: release())
         if not released:
             self._leave.add(leave)
