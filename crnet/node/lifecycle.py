@@ -181,6 +181,12 @@ class Node:
             assert s.tree is not None
             log.info("master: tree fanout %s, stragglers %s: waiting for %s",
                      list(s.tree.fanout), list(s.tree.stragglers), plural(s.tree.workers, "worker"))
+            if s.secret is not None and not s.tls_names and (s.scheme == "spread" or s.plan == "auto"):
+                # The threat model's one gap without per-host identity (docs/operations.md).
+                log.warning("%s without --tls-names: in a spread tree a host that holds the "
+                            "cluster secret can answer for the hosts below it (give each host a "
+                            "certificate that names its --host-id, and --tls-names)",
+                            "--scheme spread" if s.scheme == "spread" else "--plan auto")
             self.readiness.listening(str(self.membership.listen_address))
         self.membership.start()
 
