@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from crnet.fields import MAX_STEP
-from crnet.messages import CLASSES, FailKind, Phase
+from crnet.messages import CLASSES, VOTE, FailKind, Phase
 from crnet.wire import MAGIC, PREFIX, VERSION, MsgType, encode
 
 INTS = [0, 1, -1, 2, 255, 1 << 16, 1 << 31, (1 << 31) - 1, 1 << 40, (1 << 62), (1 << 63) - 1,
@@ -258,7 +258,11 @@ class Forger:
         if t == MsgType.BARRIER:
             processes = self.count(k.processes)
             arrived = rng.choice([0, 1, processes, processes - 1, k.subtree, processes + 1])
-            return self._frame(t, {"key": self.key(), "arrived": arrived, "processes": processes})
+            # A vote (root=True/False) names the hosts whose process is the root.
+            roots = rng.choice([None, None, [], [self.name()], [self.name(), self.name()],
+                                [self.name()] * 3, "0"])
+            return self._frame(t, {"key": rng.choice([self.key(), VOTE + self.key()]),
+                                   "arrived": arrived, "processes": processes, "roots": roots})
         if t == MsgType.JOB:
             return self._frame(t, {"name": self.name(), "attached": self.count(k.subtree),
                                    "refused": rng.choice(["", self.name()])})
