@@ -273,11 +273,15 @@ class AsyncClient:
         (parameters, optimizer state: a vector like ``like``). Each of them answers at
         its next step boundary (``state_wanted``, ``send_state``); the answer every asker
         gets is that of a process on the master's host while one there can answer (it is
-        not asking itself), else the first to reach the master. Returns (the state, the step it
-        was taken after): go on with the step after it. The process is no longer
-        ``stale``. CrnetTimeout if no process answered within ``timeout`` (default the
+        not asking itself), else the state (with its step) that the answers from two of
+        the master's child subtrees agree on, byte for byte; a lone answer only when it
+        comes from the only subtree with processes of the job, or once the daemons'
+        ``--timeout`` passed after it with no other that differs. Returns (the state, the
+        step it was taken after): go on with the step after it. The process is no longer
+        ``stale``. CrnetTimeout if no state was decided within ``timeout`` (default the
         client's): none of the job is running (e.g. a rerun of a finished job's script
-        without a new job name), or none reached a step boundary."""
+        without a new job name), none reached a step boundary, or the answers disagreed
+        (the master's log says so): ask again."""
         like = self._flat(like, "request_state")
         nonce = secrets.randbits(62) + 1
         self._answered_state = nonce           # its own request is not one to answer
@@ -290,7 +294,8 @@ class AsyncClient:
                 f"no process of the job sent its state within {within:g} s: none is running "
                 "(a rerun of a script whose job finished joins that job when it names none: "
                 "give each run its own job, Client(job=...) or $CRNET_JOB), or none reached "
-                "a step boundary (it answers state_wanted() with send_state)") from None
+                "a step boundary (it answers state_wanted() with send_state), or the states "
+                "sent disagreed (the master's log says so): ask again") from None
         self._stale = None
         return state
 
