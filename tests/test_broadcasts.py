@@ -412,3 +412,26 @@ async def test_the_master_keeps_the_bytes_of_two_states_at_most_and_counts_the_r
     assert got == []
     assert all(from_child(b, 3, "state/5", np.full(10, 1.0), origin=4))
     np.testing.assert_array_equal(got[0], np.full(10, 1.0))
+
+
+@pytest.mark.timeout(30)
+async def test_when_the_answers_split_the_master_asks_once_more_and_its_answers_serve_the_asker():
+    """Slots 0 and 1 answer request 5 with states after different steps (one straggled):
+    the master sends a request of its own down (once its turn comes); their answers to it
+    agree, and the asker of request 5 gets that state."""
+    a = object()
+    b, n = master_with([a])
+    got = waiting(b)
+    b.states.want_state(5, asker=a)
+    for k, step in ((0, 3), (1, 4)):
+        for msg, raw in pieces("state/5", np.arange(10.0), origin=k + 1, step=step):
+            dest = b.child_dest(k, msg, len(raw))
+            dest[:] = raw
+            b.from_child(k, msg, dest)
+    assert got == [] and n.slots[0].link.messages(WantState) == [WantState(5)]
+    await asyncio.sleep(STATE_PAUSE + 0.2)
+    again = n.slots[0].link.messages(WantState)[1:]
+    assert len(again) == 1 and again == n.slots[1].link.messages(WantState)[1:]
+    for k in (0, 1):
+        assert all(from_child(b, k, state_key(again[0].nonce), np.arange(10.0), origin=k + 3))
+    np.testing.assert_array_equal(got[0], np.arange(10.0))

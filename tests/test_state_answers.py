@@ -105,3 +105,16 @@ def test_an_answer_given_makes_the_copies_moot():
     answers.copy(KEY, 0, *state(1.0), now=0.0)
     answers.answered()
     assert not answers.counts(KEY, 1) and answers.decision(99.0, [0]) is None
+
+
+def test_a_split_request_is_asked_once_more_once_and_the_masters_own_never():
+    answers = asked()
+    answers.copy(KEY, 0, *state(1.0), now=0.0)
+    answers.copy(KEY, 1, *state(2.0), now=0.0)
+    assert not answers.split()                          # not before decision() saw it
+    assert answers.decision(0.0, [0, 1]) is None
+    assert answers.split() and not answers.split()
+    answers.opened("state/6", again=True)
+    answers.copy("state/6", 0, *state(1.0), now=1.0)
+    answers.copy("state/6", 1, *state(3.0), now=1.0)
+    assert answers.decision(1.0, [0, 1]) is None and not answers.split()

@@ -145,3 +145,30 @@ async def test_a_forged_answer_that_no_slot_agrees_with_is_not_taken(tmp_path, p
             assert "disagree: child slots 2 / 0 sent different states" in log, log
         finally:
             close_all(clients)
+
+
+async def answer_each(c, steps: list[int]) -> None:
+    """An honest process that answers each request it sees, after the next of ``steps``."""
+    for after in steps:
+        while not c.state_wanted():
+            await asyncio.sleep(0.01)
+        await c.send_state(STATE, after)
+
+
+async def test_honest_answers_after_different_steps_are_asked_again_not_given_up(tmp_path):
+    """No insider; the master's one process asks. The process on 1 straggled: it answers
+    the first request with its state after step 1, the one on 0 after step 0. Their
+    answers split, so the master asks once more, and their next answers (both after step
+    0) decide. Without asking again, the asker timed out."""
+    with running(tmp_path / "tree", STAR, 30, secret=True) as lt:      # every daemon real
+        clients = await connect(lt, [MASTER, "0", "1"])
+        try:
+            honest = [asyncio.ensure_future(answer_each(clients["0"], [0, 0])),
+                      asyncio.ensure_future(answer_each(clients["1"], [1, 0]))]
+            state, after = await clients[MASTER].request_state(np.zeros(6), timeout=3 * TIMEOUT)
+            await asyncio.wait_for(asyncio.gather(*honest), 5)
+            np.testing.assert_array_equal(state, STATE)
+            assert after == 0
+            assert "(asking once more)" in lt.log_path(MASTER).read_text()
+        finally:
+            close_all(clients)

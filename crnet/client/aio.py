@@ -281,7 +281,7 @@ class AsyncClient:
         ``stale``. CrnetTimeout if no state was decided within ``timeout`` (default the
         client's): none of the job is running (e.g. a rerun of a finished job's script
         without a new job name), none reached a step boundary, or the answers disagreed
-        (the master's log says so): ask again."""
+        twice (the master asks once more itself; its log says so): ask again."""
         like = self._flat(like, "request_state")
         nonce = secrets.randbits(62) + 1
         self._answered_state = nonce           # its own request is not one to answer

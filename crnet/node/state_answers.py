@@ -22,11 +22,15 @@ relays the first it hears). So the master takes:
   process that reaches no step boundary within it is a straggler anyway.
 
 Copies that disagree, with no two slots agreeing, decide nothing: one (throttled)
-warning names the slots, the copies still to come may decide, and the askers time out
-as they do when nobody answers. What is left: where only the bad host's slot and one
-other can answer, or the other's answer comes more than ``window`` after the bad one's,
-the bad host can block the answer (the askers time out), and in the second case replace
-it.
+warning names the slots, the copies still to come may decide, and the master asks once
+more (``split``: honest processes that answered after different steps, e.g. a straggler,
+most likely answer the next request after the same one); if that splits too, the askers
+time out as they do when nobody answers.
+
+What is left: where only the bad host's slot and one other can answer, the bad host can
+block the answer (the askers time out), not replace it; where the other's answer comes
+more than ``window`` after the bad one's (or no other slot's process can answer), it can
+replace it.
 
 Memory: the master counts the answers to the newest ``ASKED`` requests it sent down only;
 of each it keeps the bytes of at most ``KEPT`` distinct states (copies being assembled
@@ -80,7 +84,9 @@ class _Vote:
     slots: dict[int, bytes] = field(default_factory=dict)     # child slot -> its copy's digest
     kept: dict[bytes, Answer] = field(default_factory=dict)   # at most KEPT states, by digest
     first: float | None = None     # when its first complete copy came
-    warned: bool = False
+    again: bool = False            # a request the master made again (for a split one)
+    split: bool = False            # its copies disagree with no two slots agreeing
+    asked_again: bool = False
 
     def decided(self, now: float, window: float, attached: Collection[int] | None) -> Answer | None:
         seen: dict[bytes, int] = {}
@@ -123,9 +129,10 @@ class StateAnswers:
         return self._here is not None and any(p not in self._asking for p in self._here())
 
     # ------------------------------------------------------------ the children's copies
-    def opened(self, key: str) -> None:
-        """The master sent the request of broadcast ``key`` down: its answers count."""
-        self._votes.setdefault(key, _Vote())
+    def opened(self, key: str, again: bool = False) -> None:
+        """The master sent the request of broadcast ``key`` down: its answers count.
+        ``again``: it is the master's own, made for a request whose answers split."""
+        self._votes.setdefault(key, _Vote(again=again))
         while len(self._votes) > ASKED:
             self._votes.popitem(last=False)
 
@@ -166,17 +173,26 @@ class StateAnswers:
             answer = vote.decided(now, self.window, attached)
             if answer is not None:
                 return answer
-            if len(set(vote.slots.values())) > 1 and not vote.warned:
-                vote.warned = True
+            if len(set(vote.slots.values())) > 1 and not vote.split:
+                vote.split = True
                 groups: dict[bytes, list[int]] = {}
                 for slot, d in vote.slots.items():
                     groups.setdefault(d, []).append(slot)
                 self._warnings.warning(
                     "state answers disagree", "state answers to %s disagree: child slots %s "
                     "sent different states, and no two slots agree: none is taken until two "
-                    "do (the askers time out otherwise)", shown(key),
-                    " / ".join(", ".join(map(str, g)) for g in groups.values()))
+                    "do%s", shown(key), " / ".join(", ".join(map(str, g)) for g in groups.values()),
+                    "" if vote.again else " (asking once more)")
         return None
+
+    def split(self) -> bool:
+        """Whether a request's answers split (``decision`` said so) and the master should
+        ask once more: once per request an asker made, never for its own."""
+        for vote in self._votes.values():
+            if vote.split and not vote.again and not vote.asked_again:
+                vote.asked_again = True
+                return True
+        return False
 
     def next_check(self, now: float) -> float | None:
         """When the first window still to end that may decide ends (its copies agree)."""

@@ -3,6 +3,8 @@
 The process sends WANT_STATE(nonce) up; the master sends it down to every node, whose
 processes see it in shared memory at their next step boundary and answer as broadcast
 ``state/<nonce>`` (``broadcasts.py`` carries the answers up and the one taken down).
+When the answers to a request split (no two child slots agree), the master makes the
+request once more itself.
 
 The master sends a request down at most once every ``STATE_PAUSE`` seconds (one that
 comes sooner waits for its turn, and the newest such request is the one that goes), so
@@ -17,6 +19,7 @@ A child that has no process of the job attached below it asks for nothing.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable, Collection
 
@@ -48,6 +51,7 @@ class StateRequests:
         self._sent = -STATE_PAUSE                # when the master last sent a request down
         self._turn: asyncio.TimerHandle | None = None
         self._next = 0                           # the request waiting for its turn
+        self._again = False                      # ... made by the master (answers split)
         self._check: asyncio.TimerHandle | None = None    # when a window ends
         self.state_request = 0                   # the newest one this node heard (nonce)
         self.on_state_request: Signal[int] = Signal()     # this host's processes
@@ -68,7 +72,10 @@ class StateRequests:
         if asker is not None:
             self.answers.asked(asker)   # it will not answer: this host may have none that can
             self.decide()
-        self._next = nonce
+        self._request(nonce, again=False)
+
+    def _request(self, nonce: int, again: bool) -> None:
+        self._next, self._again = nonce, again
         wait = self._sent + STATE_PAUSE - time.monotonic()
         if wait <= 0:
             self._ask()
@@ -80,7 +87,7 @@ class StateRequests:
         if self._next:
             self._sent = time.monotonic()
             nonce, self._next = self._next, 0
-            self.answers.opened(state_key(nonce))
+            self.answers.opened(state_key(nonce), self._again)
             self.state_requested(nonce)
 
     def state_requested(self, nonce: int) -> None:
@@ -112,6 +119,8 @@ class StateRequests:
         if answer is not None:
             self._give(answer)
             return
+        if self.answers.split() and not self._next:    # (a newer request goes anyway)
+            self._request(secrets.randbits(62) + 1, again=True)
         at = self.answers.next_check(now)
         if at is not None:
             self._check = asyncio.get_running_loop().call_later(at - now, self.decide)
