@@ -169,7 +169,7 @@ class Broadcasts:
             return None                       # another copy went first: nothing to do
         data = bytearray(vector.nbytes)
         np.frombuffer(data, dtype=vector.dtype)[:] = vector
-        if place.is_master:          # (a child's copy of a state answer under way: this one goes)
+        if place.is_master:   # (the children's copies of a state answer under way are moot)
             self._complete(at, place.name, step, np.frombuffer(data, dtype=vector.dtype))
             return None
         if self.neighbours.parent is None:
