@@ -7,8 +7,10 @@ import pytest
 
 from crnet.errors import ProtocolError
 from crnet.messages import Bcast, WantState, state_key
-from crnet.node.broadcasts import HELD, PER_SOURCE, STATE_PAUSE, Broadcasts
+from crnet.node.broadcasts import HELD, PER_SOURCE, Broadcasts
 from crnet.node.neighbours import ChildSlot, Neighbours
+from crnet.node.state_answers import KEPT
+from crnet.node.state_requests import STATE_PAUSE
 from crnet.plan import Tree
 from crnet.schemes.base import Place
 
@@ -178,12 +180,12 @@ def test_a_copy_begun_again_by_the_same_child_starts_over():
 
 def test_state_requests_go_up_and_the_masters_comes_down_to_everyone():
     b, n = node("0")
-    b.want_state(5)
+    b.states.want_state(5)
     assert n.parent.messages(WantState) == [WantState(5)]
     told = []
-    b.on_state_request.connect(told.append)
-    b.state_requested(5)
-    assert told == [5] and b.state_request == 5
+    b.states.on_state_request.connect(told.append)
+    b.states.state_requested(5)
+    assert told == [5] and b.states.state_request == 5
     assert all(slot.link.messages(WantState) == [WantState(5)] for slot in n.slots)
     assert state_key(5) == "state/5"
 
@@ -191,9 +193,9 @@ def test_state_requests_go_up_and_the_masters_comes_down_to_everyone():
 def test_a_new_job_forgets_everything():
     b, _ = node("0")
     from_parent(b, "k", np.arange(3.0))
-    b.state_requested(3)
+    b.states.state_requested(3)
     b.new_job()
-    assert not b.held and b.state_request == 0
+    assert not b.held and b.states.state_request == 0
 
 
 def test_a_claim_no_host_could_hold_is_a_protocol_error_and_nothing_is_allocated_for_claims():
@@ -235,8 +237,8 @@ def test_a_child_without_processes_of_the_job_below_it_sends_no_broadcast_nor_re
     assert not any(from_child(b, 0, "params", np.full(10, 666.0), origin=1))
     assert all(from_child(b, 1, "params", np.arange(10.0), origin=2))
     np.testing.assert_array_equal(carried(n.parent, "params"), np.arange(10.0))
-    b.want_state(5, child=0)
-    b.want_state(6, child=1)
+    b.states.want_state(5, child=0)
+    b.states.want_state(6, child=1)
     assert n.parent.messages(WantState) == [WantState(6)]
 
 
@@ -247,19 +249,23 @@ async def test_the_master_sends_a_state_request_down_at_most_once_a_pause():
     comes (the newest of them)."""
     b, n = node("")
     for nonce in (1, 2, 3):
-        b.want_state(nonce, child=0)
+        b.states.want_state(nonce, child=0)
     assert [slot.link.messages(WantState) for slot in n.slots] == [[WantState(1)]] * 2
     await asyncio.sleep(STATE_PAUSE + 0.2)
     assert [slot.link.messages(WantState) for slot in n.slots] == [[WantState(1), WantState(3)]] * 2
 
 
-def master_with(here: list):
+STAR = Tree.regular(3, 1, 1)    # the master and three children
+
+
+def master_with(here: list, tree: Tree = TREE, below=lambda k: 1, window: float = 30.0):
     """The master's Broadcasts, whose host's processes of the job are ``here`` (a list the
-    test changes), each child with a process of the job below it."""
+    test changes), with ``below(k)`` processes of the job below child ``k``."""
     n = Neighbours()
-    n.slots = [ChildSlot(link=FakeLink(f"child {k}")) for k in range(2)]
-    place = Place("", 0, TREE, "cr", "auto", CHUNK)
-    return Broadcasts(n, lambda: place, attached_below=lambda k: 1, here=lambda: here), n
+    n.slots = [ChildSlot(link=FakeLink(f"child {k}")) for k in range(len(tree.children("")))]
+    place = Place("", 0, tree, "cr", "auto", CHUNK)
+    return Broadcasts(n, lambda: place, attached_below=below, here=lambda: here,
+                      window=window), n
 
 
 def waiting(b, key="state/5"):
@@ -276,7 +282,7 @@ async def test_the_master_takes_its_own_hosts_state_answer_over_another_hosts_se
     a, b_ = object(), object()
     b, n = master_with([a, b_])
     got = waiting(b)
-    b.want_state(5, asker=a)
+    b.states.want_state(5, asker=a)
     assert all(from_child(b, 0, "state/5", np.full(10, 666.0), origin=1))
     msg, raw = pieces("state/5", np.full(10, 667.0), origin=2)[0]
     assert b.child_dest(1, msg, len(raw)) is not None      # another one, half-sent
@@ -285,26 +291,147 @@ async def test_the_master_takes_its_own_hosts_state_answer_over_another_hosts_se
     np.testing.assert_array_equal(got[0], np.arange(10.0))
     np.testing.assert_array_equal(carried(n.slots[0].link, "state/5"), np.arange(10.0))
     assert not any(from_child(b, 0, "state/5", np.full(10, 668.0), origin=3))
-    b.answers.served(a)                                            # A can answer from now on
+    b.states.answers.served(a)                                            # A can answer from now on
+
+
 
 
 @pytest.mark.timeout(30)
-async def test_without_a_process_here_that_can_answer_the_first_answer_of_any_host_is_the_one():
-    """Every process at the master is asking (or none is attached): the first answer from
-    any host is taken at once. One kept aside while B could answer is taken when B leaves."""
-    a, b_ = object(), object()
-    b, _ = master_with([a])
+async def test_without_a_process_here_that_can_answer_the_state_two_child_slots_agree_on_is_the_one():
+    """Issue 26: every process at the master asks. Child 2's answer comes first and is not
+    taken; child 0's differs; child 1's agrees with child 0's: that state is taken, and a
+    fourth copy is moot."""
+    a = object()
+    b, n = master_with([a], STAR)
     got = waiting(b)
-    b.want_state(5, asker=a)
-    assert all(from_child(b, 0, "state/5", np.full(10, 1.0), origin=1))
-    np.testing.assert_array_equal(got[0], np.full(10, 1.0))
+    b.states.want_state(5, asker=a)
+    assert all(from_child(b, 2, "state/5", np.full(10, 666.0), origin=1))
+    assert all(from_child(b, 0, "state/5", np.arange(10.0), origin=2))
+    assert got == [] and not b.held
+    assert all(from_child(b, 1, "state/5", np.arange(10.0), origin=3))
+    np.testing.assert_array_equal(got[0], np.arange(10.0))
+    np.testing.assert_array_equal(carried(n.slots[2].link, "state/5"), np.arange(10.0))
+    assert not any(from_child(b, 2, "state/5", np.full(10, 666.0), origin=4))
 
+
+@pytest.mark.timeout(30)
+async def test_the_same_bytes_after_another_step_are_another_state():
+    """An answer says which step the state is after: two copies agree only on both."""
+    a = object()
+    b, _ = master_with([a], STAR)
+    got = waiting(b)
+    b.states.want_state(5, asker=a)
+    for k, step in ((2, 7), (0, 3)):
+        for msg, raw in pieces("state/5", np.arange(10.0), origin=k + 1, step=step):
+            dest = b.child_dest(k, msg, len(raw))
+            dest[:] = raw
+            b.from_child(k, msg, dest)
+    assert got == []
+
+
+@pytest.mark.timeout(30)
+async def test_the_copy_of_the_only_child_slot_with_processes_of_the_job_needs_no_second():
+    a = object()
+    b, _ = master_with([a], STAR, below=lambda k: int(k == 1))
+    got = waiting(b)
+    b.states.want_state(5, asker=a)
+    assert all(from_child(b, 1, "state/5", np.arange(10.0), origin=1))
+    np.testing.assert_array_equal(got[0], np.arange(10.0))
+
+
+@pytest.mark.timeout(30)
+async def test_a_lone_state_is_taken_once_the_window_after_it_ends_with_no_other():
+    """Two slots have processes of the job, only one answers (the other's all ask): its
+    state is taken ``window`` after it came, not before."""
+    a = object()
+    b, _ = master_with([a], window=0.3)
+    got = waiting(b)
+    b.states.want_state(5, asker=a)
+    assert all(from_child(b, 0, "state/5", np.arange(10.0), origin=1))
+    await asyncio.sleep(0.15)
+    assert got == []
+    await asyncio.sleep(0.3)
+    np.testing.assert_array_equal(got[0], np.arange(10.0))
+
+
+@pytest.mark.timeout(30)
+async def test_copies_that_disagree_decide_nothing_until_two_slots_agree(caplog):
+    """Slots 2 and 0 disagree: nothing is taken, even after the window, and the master
+    says so once (naming the slots); slot 1's copy, which agrees with slot 0's, decides."""
+    a = object()
+    b, _ = master_with([a], STAR, window=0.2)
+    got = waiting(b)
+    b.states.want_state(5, asker=a)
+    with caplog.at_level("WARNING", logger="crnet.node"):
+        assert all(from_child(b, 2, "state/5", np.full(10, 666.0), origin=1))
+        assert all(from_child(b, 0, "state/5", np.arange(10.0), origin=2))
+        await asyncio.sleep(0.4)
+        assert got == []
+        warned = [r.getMessage() for r in caplog.records if "disagree" in r.getMessage()]
+        assert len(warned) == 1 and "child slots 2 / 0" in warned[0], warned
+        assert all(from_child(b, 1, "state/5", np.arange(10.0), origin=3))
+    np.testing.assert_array_equal(got[0], np.arange(10.0))
+
+
+@pytest.mark.timeout(30)
+async def test_copies_wait_while_a_process_here_can_answer_and_vote_once_none_can():
+    """Two children's copies agree while B (at the master) can answer: nothing is taken
+    until B leaves; then their state is."""
+    a, b_ = object(), object()
     here = [a, b_]
-    b, _ = master_with(here)
-    got = waiting(b, "state/6")
-    b.want_state(6, asker=a)
-    assert all(from_child(b, 1, "state/6", np.full(10, 2.0), origin=1))
+    b, _ = master_with(here, STAR)
+    got = waiting(b)
+    b.states.want_state(5, asker=a)
+    assert all(from_child(b, 0, "state/5", np.full(10, 2.0), origin=1))
+    assert all(from_child(b, 1, "state/5", np.full(10, 2.0), origin=2))
     assert got == []
     here.remove(b_)
-    b.left(b_)
+    b.states.left(b_)
     np.testing.assert_array_equal(got[0], np.full(10, 2.0))
+
+
+@pytest.mark.timeout(30)
+async def test_the_master_keeps_the_bytes_of_two_states_at_most_and_counts_the_rest_by_digest():
+    """Three slots send three different states: the third's pieces are hashed and dropped
+    as they come. A copy that agrees with a kept one decides; answers to a request the
+    master did not send down are not taken at all."""
+    a = object()
+    tree = Tree.regular(4, 1, 1)
+    b, _ = master_with([a], tree)
+    got = waiting(b)
+    assert not any(from_child(b, 0, "state/4", np.arange(10.0), origin=9))   # not asked
+    b.states.want_state(5, asker=a)
+    for k in range(KEPT):
+        assert all(from_child(b, k, "state/5", np.full(10, float(k)), origin=k + 1))
+    third = pieces("state/5", np.full(10, 7.0), origin=3)
+    for msg, raw in third:
+        dest = b.child_dest(2, msg, len(raw))
+        dest[:] = raw
+        b.from_child(2, msg, dest)
+        assert all(not x.pieces for x in b._up.values())     # nothing of it kept
+    assert got == []
+    assert all(from_child(b, 3, "state/5", np.full(10, 1.0), origin=4))
+    np.testing.assert_array_equal(got[0], np.full(10, 1.0))
+
+
+@pytest.mark.timeout(30)
+async def test_when_the_answers_split_the_master_asks_once_more_and_its_answers_serve_the_asker():
+    """Slots 0 and 1 answer request 5 with states after different steps (one straggled):
+    the master sends a request of its own down (once its turn comes); their answers to it
+    agree, and the asker of request 5 gets that state."""
+    a = object()
+    b, n = master_with([a])
+    got = waiting(b)
+    b.states.want_state(5, asker=a)
+    for k, step in ((0, 3), (1, 4)):
+        for msg, raw in pieces("state/5", np.arange(10.0), origin=k + 1, step=step):
+            dest = b.child_dest(k, msg, len(raw))
+            dest[:] = raw
+            b.from_child(k, msg, dest)
+    assert got == [] and n.slots[0].link.messages(WantState) == [WantState(5)]
+    await asyncio.sleep(STATE_PAUSE + 0.2)
+    again = n.slots[0].link.messages(WantState)[1:]
+    assert len(again) == 1 and again == n.slots[1].link.messages(WantState)[1:]
+    for k in (0, 1):
+        assert all(from_child(b, k, state_key(again[0].nonce), np.arange(10.0), origin=k + 3))
+    np.testing.assert_array_equal(got[0], np.arange(10.0))

@@ -296,9 +296,12 @@ async def test_a_process_that_may_have_missed_an_update_cannot_submit_until_it_t
         assert late.stale
 
         asking = asyncio.ensure_future(late.request_state(np.zeros(dim), timeout=30))
-        await wait_until(lambda: active[0].state_wanted(), "the state request at a peer")
+        await wait_until(lambda: all(c.state_wanted() for c in active), "the state request at peers")
         assert not late.state_wanted()           # stale: it has no state to give
-        await active[0].send_state(np.full(dim, 7.0), 4)
+        # Both answer, as up-to-date processes do at their step boundary: the master (none
+        # of whose host's processes can answer) takes the state two of its children agree
+        # on at once; one answer alone would wait for the daemons' --timeout.
+        await asyncio.gather(*(c.send_state(np.full(dim, 7.0), 4) for c in active))
         state, after = await asking
         assert after == 4 and not late.stale
         np.testing.assert_array_equal(state, np.full(dim, 7.0))

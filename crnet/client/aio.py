@@ -232,8 +232,7 @@ class AsyncClient:
         return await self._request(Fetch, step, like, out, timeout)
 
     async def broadcast(self, vec, key: str, root: bool | int, out: np.ndarray | None = None,
-                        timeout: float | None = None,
-                        processes: int | None = None) -> np.ndarray:
+                        timeout: float | None = None, processes: int | None = None) -> np.ndarray:
         """One process's vector to every process of the job (e.g. the parameters of a
         checkpoint): every process calls it with the same ``key`` (unique within the job);
         the root gives its vector, the others a vector of the same length and dtype whose
@@ -241,10 +240,9 @@ class AsyncClient:
         process gets only from the root's host; or True in the root and False in the
         others: then, like a barrier of ``processes`` (default ``$CRNET_WORLD_SIZE``, else
         every process of the tree), the others wait until all have called it and take the
-        copy of the one that said it was the root (MismatchError if none or several did). Returns
-        the root's vector (in ``out`` if given; ``out=result_buffer(...)`` costs no
-        copy). The root returns once its daemon has taken the vector; the others once it
-        is here (or CrnetTimeout)."""
+        copy of the one that said it was the root (MismatchError if none or several did).
+        Returns the root's vector (in ``out`` if given; ``out=result_buffer(...)`` costs no
+        copy): the root once its daemon has taken it, the others once it is here."""
         vec = self._flat(vec, "broadcast")
         rank = None if isinstance(root, bool) else int(root)
         vote = None if rank is not None else _processes(processes, "broadcast") or 0
@@ -271,22 +269,22 @@ class AsyncClient:
         job. CrnetTimeout if they are not all there within ``timeout``."""
         processes = _processes(processes, "barrier")
         if processes is None:
-            raise ValueError("barrier: say how many processes take part (processes=N), "
-                             "or set CRNET_WORLD_SIZE")
+            raise ValueError("barrier: say how many take part (processes=N) or set CRNET_WORLD_SIZE")
         self._ask(Barrier(key, 1, processes))
         await self._delivered(key, timeout)
 
     async def request_state(self, like, out: np.ndarray | None = None,
                             timeout: float | None = None) -> tuple[np.ndarray, int]:
         """For a process that joins a running job: ask the other processes for their state
-        (parameters, optimizer state: a vector like ``like``). Each of them answers at
-        its next step boundary (``state_wanted``, ``send_state``); the answer every asker
-        gets is that of a process on the master's host while one there can answer (it is
-        not asking itself), else the first to reach the master. Returns (the state, the step it
-        was taken after): go on with the step after it. The process is no longer
-        ``stale``. CrnetTimeout if no process answered within ``timeout`` (default the
-        client's): none of the job is running (e.g. a rerun of a finished job's script
-        without a new job name), or none reached a step boundary."""
+        (parameters, optimizer state: a vector like ``like``). Each answers at its next
+        step boundary (``state_wanted``, ``send_state``); every asker gets the answer of a
+        process on the master's host while one there can answer, else the state (with its
+        step) that two of the master's child subtrees agree on (docs/client.md: when one
+        is enough). Returns (the state, the step it was taken after): go on with the step
+        after it; the process is no longer ``stale``. CrnetTimeout if no state was decided
+        within ``timeout`` (default the client's): none of the job is running (e.g. a
+        rerun of a finished job's script without a new job name), none reached a step
+        boundary, or the answers disagreed twice: ask again."""
         like = self._flat(like, "request_state")
         nonce = secrets.randbits(62) + 1
         self._answered_state = nonce           # its own request is not one to answer
@@ -299,7 +297,8 @@ class AsyncClient:
                 f"no process of the job sent its state within {within:g} s: none is running "
                 "(a rerun of a script whose job finished joins that job when it names none: "
                 "give each run its own job, Client(job=...) or $CRNET_JOB), or none reached "
-                "a step boundary (it answers state_wanted() with send_state)") from None
+                "a step boundary (it answers state_wanted() with send_state), or the states "
+                "sent disagreed (the master's log says so): ask again") from None
         self._stale = None
         return state
 

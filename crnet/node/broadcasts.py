@@ -9,9 +9,9 @@ The master takes the first complete copy and sends it down to every node, which 
 each piece on as it arrives and keeps the last ``HELD`` broadcasts for the processes
 that ask for them later.
 
-The same machinery carries state requests: a process that joins a running job sends
-WANT_STATE(nonce) up; the master sends it down to every node, whose processes see it
-in shared memory at their next step boundary and answer as broadcast ``state/<nonce>``.
+The same machinery carries the answers to state requests (``state_requests.py``): a
+process that joins a running job asks, and the processes that can answer send their
+state as broadcast ``state/<nonce>``.
 
 Nothing here waits: a broadcast that never completes (its sender died mid-way) leaves
 its receivers to their timeout, and the newcomer asks again.
@@ -29,39 +29,37 @@ from another host is another broadcast: a process that names the root it wants
 (``Receive.root``, a rank) gets that root's copy, whoever sent theirs first; processes that
 do not know the root's rank vote on its host first (``barriers.py``), then do the same.
 State answers are the exception: any process's will do, but the master's own host's
-first, while one there can answer (``state_answers.py``).
+first, while one there can answer; else the master assembles one copy per child slot (at
+most one comes up through each) and takes the state that two slots agree on
+(``state_answers.py`` says when one slot is enough).
 
 A child speaks only for the processes of the job attached below it (``attached_below``,
 the JOB counts of ``jobs.py``): from a child that has none, broadcast pieces and state
-requests are dropped. The master sends a state request down at most once every
-``STATE_PAUSE`` seconds (one that comes sooner waits for its turn, and the newest such
-request is the one that goes), so that however many requests come, each process
-uploads its state at most that often; an answer to any request serves every asker
-waiting when it comes.
+requests are dropped.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .. import defaults
 from ..dtypes import DTYPES
 from ..errors import ProtocolError
-from ..messages import Bcast, WantState, state_key
+from ..messages import Bcast, state_key
 from ..peer_text import shown
 from ..schemes.base import Place
 from ..schemes.chunks import chunk_bytes_for
 from .neighbours import Neighbours
 from .signal import Signal
-from .state_answers import Answer, StateAnswers
+from .state_answers import Answer, digest_of
+from .state_requests import StateRequests
 
 log = logging.getLogger("crnet.node")
 
@@ -69,11 +67,10 @@ HELD = 4              # complete broadcasts a node keeps for processes that ask 
 IN_FLIGHT = 16        # incomplete ones from the parent it assembles at once (the oldest is dropped)
 PER_SOURCE = 4        # ... and from each child slot
 STATE = state_key(0).rpartition("/")[0] + "/"    # the keys of state answers
-STATE_PAUSE = 1.0     # seconds between state requests the master sends down
 
 
 Id = tuple[str, str]    # a broadcast: its key and its root (``ANY_ROOT`` for state answers)
-ANY_ROOT = "*"          # not a tree name
+ANY_ROOT = "*"          # not a tree name (nor is ANY_ROOT + a child slot: one slot's copy)
 
 
 def broadcast_id(key: str, root: str) -> Id:
@@ -103,6 +100,8 @@ class _Assembly:
     dtype: np.dtype
     pieces: list = field(default_factory=list)   # buffers, in offset order
     got: int = 0                                 # bytes received (the next piece's offset)
+    digest: Any = None      # a state answer's copy at the master: its hash (digest_of) ...
+    keep: bool = True       # ... and whether it keeps its bytes (else each piece goes, hashed)
 
     @property
     def nbytes(self) -> int:
@@ -141,17 +140,16 @@ class Broadcasts:
     def __init__(self, neighbours: Neighbours, place: Callable[[], Place | None],
                  max_bytes: int = defaults.MAX_VECTOR_BYTES,
                  attached_below: Callable[[int], int] | None = None,
-                 here: Callable[[], Collection[object]] | None = None):
-        """``here()``: this host's processes of the job (``JobCounts.here``)."""
+                 here: Callable[[], Collection[object]] | None = None,
+                 window: float = defaults.TIMEOUT):
+        """``attached_below(k)``: the processes of the job attached below child slot ``k``
+        (None: not counted); ``here()``: this host's (``JobCounts.here``); ``window``: the
+        daemons' step timeout (``state_answers.py``)."""
         self.neighbours = neighbours
         self._place = place
         self.max_bytes = max_bytes     # the largest vector a peer may claim (this host's memory)
-        # child slot -> the processes of the job attached below it (None: not counted)
-        self._attached_below = attached_below
-        self.answers = StateAnswers(here)     # the master's choice among state answers
-        self._state_sent = -STATE_PAUSE         # when the master last sent a request down
-        self._state_turn: asyncio.TimerHandle | None = None
-        self._state_next = 0                    # the request waiting for its turn
+        self.states = StateRequests(neighbours, place, self._give_state, attached_below, here,
+                                    window)
         self.held: OrderedDict[Id, Held] = OrderedDict()
         self._up: OrderedDict[Id, _Assembly] = OrderedDict()      # toward the master
         self._down: OrderedDict[Id, _Assembly] = OrderedDict()    # from the master
@@ -159,8 +157,6 @@ class Broadcasts:
         # (key, root) -> who waits for it; root None: for the first copy of key, any root's
         # (only a state answer's: any process's will do, state_answers.py)
         self._waiters: dict[tuple[str, str | None], Signal[Held]] = {}
-        self.state_request = 0                                    # the newest one (nonce)
-        self.on_state_request: Signal[int] = Signal()             # this host's processes
 
     # ------------------------------------------------------------ from this host's processes
     def publish(self, key: str, step: int, vector: np.ndarray) -> str | None:
@@ -175,8 +171,7 @@ class Broadcasts:
             return None                       # another copy went first: nothing to do
         data = bytearray(vector.nbytes)
         np.frombuffer(data, dtype=vector.dtype)[:] = vector
-        if place.is_master:
-            self._up.pop(at, None)   # a child's copy of a state answer under way: this one goes
+        if place.is_master:   # (the children's copies of a state answer under way are moot)
             self._complete(at, place.name, step, np.frombuffer(data, dtype=vector.dtype))
             return None
         if self.neighbours.parent is None:
@@ -227,55 +222,6 @@ class Broadcasts:
             return self.held.get(broadcast_id(key, root))
         return next((h for (k, _), h in self.held.items() if k == key), None)
 
-    def want_state(self, nonce: int, child: int | None = None, asker: object = None) -> None:
-        """A process here (``asker``) or below ``child`` wants a peer's state: the master
-        asks everyone, at most once every ``STATE_PAUSE`` seconds."""
-        if child is not None and not self._speaks_for(child):
-            return
-        place = self._place()
-        if place is None or not place.is_master:
-            self.neighbours.to_parent(WantState(nonce))
-            return
-        if asker is not None:
-            self.answers.asked(asker)   # it will not answer: this host may have none that can
-            self._settle_aside()
-        self._state_next = nonce
-        wait = self._state_sent + STATE_PAUSE - time.monotonic()
-        if wait <= 0:
-            self._ask_state()
-        elif self._state_turn is None:
-            self._state_turn = asyncio.get_running_loop().call_later(wait, self._ask_state)
-
-    def _ask_state(self) -> None:
-        self._state_turn = None
-        if self._state_next:
-            self._state_sent = time.monotonic()
-            nonce, self._state_next = self._state_next, 0
-            self.state_requested(nonce)
-
-    def left(self, process: object) -> None:
-        """This host's ``process`` left: it answers nothing."""
-        self.answers.left(process)
-        self._settle_aside()
-
-    def _settle_aside(self) -> None:
-        answer = self.answers.released()
-        if answer is not None and answer.at not in self.held:
-            self._complete(answer.at, answer.root, answer.step, answer.vector)
-
-    def _speaks_for(self, k: int) -> bool:
-        """Whether child ``k`` has processes of the job attached below it."""
-        return self._attached_below is None or self._attached_below(k) > 0
-
-    def state_requested(self, nonce: int) -> None:
-        """The master asks every process for its state: tell this subtree and this host."""
-        self.state_request = nonce
-        msg = WantState(nonce)
-        for slot in self.neighbours.slots:
-            if slot.link is not None:
-                slot.link.send(msg)
-        self.on_state_request.emit(nonce)
-
     # ------------------------------------------------------------ pieces from the tree
     def child_dest(self, k: int, msg: Bcast, nbytes: int) -> memoryview | None:
         """Where a child's piece goes: the assembly relayed up, or nowhere (another
@@ -285,24 +231,42 @@ class Broadcasts:
         at = broadcast_id(msg.key, root)
         if at in self.held or at in self._relayed:
             return None
-        a = self._up.get(at)
+        up = self._up_id(at, k)
+        a = self._up.get(up)
         if a is not None and a.source == ("child", k) and msg.offset == 0 and a.got:
             # Begun again: its sender's link (or one below it) closed and came back, and the
             # honest relays in between start over. Not a fault of this child's.
-            del self._up[at]
+            del self._up[up]
             a = None
         if a is None:
-            if not self._speaks_for(k):
+            if not self.states.speaks_for(k):
                 return None              # no process of the job below it sent this
-            a = self._up[at] = self._start(self._up, ("child", k), msg, root)
+            if up != at and not self.states.answers.counts(msg.key, k):
+                return None              # an answer to no request of the master's (or counted)
+            a = self._start(self._up, ("child", k), msg, root)
+            if up != at:
+                a.digest = digest_of(a.step, a.dtype, a.total)
+                a.keep = self.states.answers.keeps(msg.key, sum(
+                    1 for (key, _), b in self._up.items() if key == msg.key and b.keep))
+            self._up[up] = a
         elif a.source != ("child", k) or a.origin != msg.origin:
             return None
         return self._dest(a, msg, nbytes)
 
     def from_child(self, k: int, msg: Bcast, payload) -> None:
         at = broadcast_id(msg.key, self._root_below(k, msg))
-        a = self._up.get(at)
+        up = self._up_id(at, k)
+        a = self._up.get(up)
         if payload is None or a is None or a.source != ("child", k):
+            return
+        if up != at:                     # a state answer's copy at the master: it votes
+            a.digest.update(a.pieces[-1])
+            if not a.keep:
+                a.pieces.clear()
+            if a.complete:
+                del self._up[up]
+                self.states.copy(msg.key, k, a.digest.digest(), Answer(
+                    at, a.root, a.step, a.vector()) if a.keep else None)
             return
         place = self._place()
         if place is not None and place.is_master:
@@ -314,6 +278,14 @@ class Broadcasts:
         if a.complete:
             del self._up[at]
             self._remember_relayed(at)
+
+    def _up_id(self, at: Id, k: int) -> Id:
+        """What child ``k``'s copy of ``at`` is assembled as: at the master, a state answer
+        once per child slot (the slots vote: ``state_answers.py``); else ``at``."""
+        place = self._place()
+        if at[1] != ANY_ROOT or place is None or not place.is_master:
+            return at
+        return at[0], f"{ANY_ROOT}{k}"
 
     def _root_below(self, k: int, msg: Bcast) -> str:
         """The root ``msg`` names, if it is in child ``k``'s subtree (None: the child)."""
@@ -365,9 +337,7 @@ class Broadcasts:
         self._down.clear()
         self._relayed.clear()
         self._waiters.clear()
-        self.state_request = 0
-        self._state_next = 0
-        self.answers.clear()
+        self.states.clear()
 
     # ------------------------------------------------------------ the rest
     def _start(self, assemblies: OrderedDict[Id, _Assembly], source: object,
@@ -406,14 +376,19 @@ class Broadcasts:
             self.neighbours.to_parent(Bcast(key, a.origin, a.step, offset + start, a.total,
                                             a.dtype.name, a.root), piece[start:start + chunk])
 
+    def _give_state(self, answer: Answer) -> None:
+        """The state answer the master decided on (``state_answers.py``): it goes down."""
+        if answer.at not in self.held:
+            self._complete(answer.at, answer.root, answer.step, answer.vector)
+
     def _complete(self, at: Id, root: str, step: int, vector: np.ndarray) -> None:
-        """The master has the first complete copy of ``at``: it is the broadcast (but
-        another host's state answer while one of this host's may come: kept aside)."""
+        """The master has broadcast ``at``, the first complete copy (a state answer: its own
+        host's process's, or the one decided among the children's): it goes down."""
         key = at[0]
         place = self._place()
-        if key.startswith(STATE) and place is not None and root != place.name \
-                and self.answers.wait_for_here(Answer(at, root, step, vector)):
-            return
+        if key.startswith(STATE):        # the children's copies still under way are moot
+            for up in [u for u in self._up if u[0] == key]:
+                del self._up[up]
         chunk = chunk_bytes_for(vector.nbytes, defaults.CHUNK_BYTES if place is None
                                 else place.chunk_bytes)
         origin = secrets.randbits(62)
@@ -438,7 +413,7 @@ class Broadcasts:
         key, root = at
         wanted = [(key, root), (key, None)]
         if key.startswith(STATE):
-            self.answers.answered()
+            self.states.answers.answered()
             # Any peer's state is good for every process still waiting for one: requests
             # made at the same time are answered by the newest's answer (peers answer
             # only the newest request they see).

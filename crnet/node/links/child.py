@@ -182,7 +182,7 @@ class ChildLink(StateMachine):
         self.broadcasts.from_child(self.slot, msg, payload)
 
     def _want_state(self, conn: Connection, msg: WantState, payload) -> None:
-        self.broadcasts.want_state(msg.nonce, self.slot)
+        self.broadcasts.states.want_state(msg.nonce, self.slot)
 
     def _barrier(self, conn: Connection, msg: Barrier, payload) -> None:
         assert self.slot is not None

@@ -44,13 +44,13 @@ class ClientGroup:
 
     def start(self) -> None:
         """The process is attached: it hears of state requests (in its shared memory)."""
-        self._stop_state_requests = self.broadcasts.on_state_request.connect(self._state_request)
+        self._stop_state_requests = self.broadcasts.states.on_state_request.connect(self._state_request)
 
     def close(self) -> None:
         """The process left: it waits for nothing any more."""
         self._stop_state_requests()
         self._stop_receiving()
-        self.broadcasts.left(self.process)
+        self.broadcasts.states.left(self.process)
         for leave in list(self._leave):
             leave()
         self._leave.clear()
@@ -151,12 +151,12 @@ class ClientGroup:
         if out is not None:
             np.copyto(out, held.vector)
             if key.startswith(STATE):
-                self.broadcasts.answers.served(self.process)
+                self.broadcasts.states.answers.served(self.process)
             conn.send(Delivered(key, held.step))
             self.answered()
 
     def want_state(self, msg: WantState) -> None:
-        self.broadcasts.want_state(msg.nonce, asker=self.process)
+        self.broadcasts.states.want_state(msg.nonce, asker=self.process)
 
     def _state_request(self, nonce: int) -> None:
         region = self.process.region

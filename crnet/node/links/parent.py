@@ -119,7 +119,7 @@ class ParentLink(DialedLink):
         moved(self.membership, msg)
 
     def _want_state(self, conn: Connection, msg: WantState, payload) -> None:
-        self.broadcasts.state_requested(msg.nonce)
+        self.broadcasts.states.state_requested(msg.nonce)
 
     def _barrier(self, conn: Connection, msg: Barrier, payload) -> None:
         self.barriers.released(msg)
