@@ -70,8 +70,8 @@ class ClientGroup:
             self.process.error(f"broadcast {msg.key!r}: {problem}", ErrorKind.REQUEST)
             return
         if vote and self.barriers.decided(*vote) is None:
-            # After its copy, which goes up first: the vote names this host only once the
-            # master has it. It counts there even if the process leaves: its copy is sent.
+            # As the root: the vote names this host. It counts even if the process leaves
+            # before the vote fills: its copy is already on its way up.
             self.barriers.arrive(*vote, release=_ignore, root=True)
         conn.send(Delivered(msg.key, msg.step))
 
