@@ -32,6 +32,7 @@ QUICK_FILES = frozenset({
     "test_schemes.py",
     "test_sends_in_turn.py",
     "test_spread_step.py",
+    "test_state_answers.py",  # the master's choice among state answers (pure)
     "test_tiers.py",
     "test_tune_fit.py",      # crnet tune's fit: known compute laws and links recovered
     "test_tune_write.py",    # crnet tune --write: the choice read back as the master's --config
