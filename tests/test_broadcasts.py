@@ -36,10 +36,10 @@ def pieces(key, vector, origin=7, step=-1, chunk=CHUNK, root=None):
             for at in range(0, len(raw), chunk)]
 
 
-def from_child(b, k, key, vector, origin=7):
+def from_child(b, k, key, vector, origin=7, step=-1):
     """Child ``k`` sends ``vector``; whether each piece was taken (a destination given)."""
     taken = []
-    for msg, raw in pieces(key, vector, origin):
+    for msg, raw in pieces(key, vector, origin, step):
         dest = b.child_dest(k, msg, len(raw))
         taken.append(dest is not None)
         if dest is not None:
@@ -322,10 +322,7 @@ async def test_the_same_bytes_after_another_step_are_another_state():
     got = waiting(b)
     b.states.want_state(5, asker=a)
     for k, step in ((2, 7), (0, 3)):
-        for msg, raw in pieces("state/5", np.arange(10.0), origin=k + 1, step=step):
-            dest = b.child_dest(k, msg, len(raw))
-            dest[:] = raw
-            b.from_child(k, msg, dest)
+        assert all(from_child(b, k, "state/5", np.arange(10.0), origin=k + 1, step=step))
     assert got == []
 
 
@@ -424,10 +421,7 @@ async def test_when_the_answers_split_the_master_asks_once_more_and_its_answers_
     got = waiting(b)
     b.states.want_state(5, asker=a)
     for k, step in ((0, 3), (1, 4)):
-        for msg, raw in pieces("state/5", np.arange(10.0), origin=k + 1, step=step):
-            dest = b.child_dest(k, msg, len(raw))
-            dest[:] = raw
-            b.from_child(k, msg, dest)
+        assert all(from_child(b, k, "state/5", np.arange(10.0), origin=k + 1, step=step))
     assert got == [] and n.slots[0].link.messages(WantState) == [WantState(5)]
     await asyncio.sleep(STATE_PAUSE + 0.2)
     again = n.slots[0].link.messages(WantState)[1:]
