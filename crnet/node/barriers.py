@@ -25,9 +25,10 @@ subtree arrived as roots (a child's, only hosts in its subtree). When the vote f
 master's release names them: one host, or two if two processes said they were the root,
 and every receiver then takes that host's copy of the broadcast only. A host that holds
 the secret counts only its own processes, so a vote of every seat cannot fill before the
-real root is there (of fewer, see docs/operations.md); if it says its own process is the root, the receivers are told there are two, and
-a copy it sends without saying so is never the one taken. Each node remembers the last
-``DECIDED`` votes, for the processes that come later.
+real root is there (of fewer, see docs/operations.md); if it says its own process is
+the root, the receivers are told there are two, and a copy it sends without saying so is
+never the one taken. Each node remembers the last ``DECIDED`` votes, for the processes
+that come later.
 """
 
 from __future__ import annotations
