@@ -125,9 +125,10 @@ class Delivered(Message):
 class Barrier(Message):
     """Barrier ``key`` of ``processes`` training processes. Up (and training process ->
     daemon, with ``arrived`` 1): ``arrived`` of them are at it in this subtree. Down: all
-    are (``arrived == processes``): go on. A vote's release (``vote_key``) says whose
-    copy of the broadcast had begun to reach the master (``roots``, tree names: one, or
-    ``MAX_ROOTS`` when several processes sent it as its root)."""
+    are (``arrived == processes``): go on. At a vote (``vote_key``), ``roots`` names the
+    hosts whose process arrived as the broadcast's root: up, those in this subtree; down,
+    the release's, whose copy every receiver takes (one; ``MAX_ROOTS`` when several
+    said so)."""
 
     TYPE = MsgType.BARRIER
     key: str
