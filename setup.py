@@ -1,5 +1,5 @@
-"""Build the Cython core: the kernels (crnet/_core.pyx, against numpy's headers) and the
-frame reader (crnet/_frames.pyx).
+"""Build the Cython core: the kernels (crnet/coding/_core.pyx, against numpy's headers) and the
+frame reader (crnet/protocol/_frames.pyx).
 
 Everything else about the package lives in pyproject.toml; setuptools still needs
 this file to declare a compiled extension.
@@ -10,13 +10,13 @@ from setuptools import Extension, setup
 
 extensions = [
     Extension(
-        "crnet._core",
-        ["crnet/_core.pyx"],
+        "crnet.coding._core",
+        ["crnet/coding/_core.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],
     ),
-    Extension("crnet._frames", ["crnet/_frames.pyx"], extra_compile_args=["-O3"]),
+    Extension("crnet.protocol._frames", ["crnet/protocol/_frames.pyx"], extra_compile_args=["-O3"]),
 ]
 
 setup(

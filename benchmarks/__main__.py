@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
+from crnet.config.types import UnitValue
 from crnet.errors import LaunchError
-from crnet.option_types import UnitValue
 from crnet.units import parse_bytes
 
 from . import report

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from crnet.launch import LocalTree
-from crnet.plan import Tree
-from crnet.procs import stop_processes
-from crnet.run import seats, training_env
+from crnet.coding.plan import Tree
+from crnet.tools.launch import LocalTree
+from crnet.tools.procs import stop_processes
+from crnet.tools.run import seats, training_env
 
 from . import ROOT, child_env
 from .netns import EmulatedCluster, requirements

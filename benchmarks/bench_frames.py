@@ -8,7 +8,7 @@ for the pieces every ring part and tree chunk goes through, on a 16-element SEGM
 
 * ``encode``: ``Segment.frame(payload)``: the header map, msgpack, the prefix.
 * ``read (reference)`` / ``read (compiled)``: ``wire.PyFrameReader`` and
-  ``wire.FrameReader`` (``crnet/_frames.pyx``) taking the frame's bytes as a
+  ``wire.FrameReader`` (``crnet/protocol/_frames.pyx``) taking the frame's bytes as a
   BufferedProtocol gets them (``get_buffer``, ``buffer_updated``, ``awaiting``) and
   handing over the header and the payload's destination.
 * ``parse``: ``messages.parse``: the typed, validated message.
@@ -26,9 +26,9 @@ import time
 
 import numpy as np
 
-from crnet.kernels import add_into
-from crnet.messages import Phase, Segment, parse
-from crnet.wire import FrameReader, PyFrameReader
+from crnet.coding.kernels import add_into
+from crnet.protocol.messages import Phase, Segment, parse
+from crnet.protocol.wire import FrameReader, PyFrameReader
 
 
 def per_frame(fn, frames: int, repeat: int) -> float:

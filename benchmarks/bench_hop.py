@@ -3,7 +3,7 @@
 What is measured
 ----------------
 * ``crnet``: a one-layer tree ``Tree.regular(n, 1, 0)`` of real crnetd processes on
-  127.0.0.1 (``crnet.launch.LocalTree``). With s = 0 the master needs every byte of
+  127.0.0.1 (``crnet.tools.launch.LocalTree``). With s = 0 the master needs every byte of
   every child. Every child's training process (a blocking ``Client`` in a thread)
   submits a ``--mib`` MiB float32 vector at the same moment (a barrier), ``--steps``
   times per round. The master's own counters (read through a ``Client`` on the
@@ -69,9 +69,9 @@ from multiprocessing.process import BaseProcess
 import numpy as np
 
 from crnet import Client, defaults
-from crnet.launch import MASTER, LocalTree
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
 from crnet.schemes.chunks import AUTO, chunk_bytes_for
+from crnet.tools.launch import MASTER, LocalTree
 
 from ._machine import ForeignCpu, cpu_busy
 

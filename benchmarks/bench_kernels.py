@@ -1,4 +1,4 @@
-"""Benchmark crnet.kernels.coded_sum against numpy and against a plain copy.
+"""Benchmark crnet.coding.kernels.coded_sum against numpy and against a plain copy.
 
 For each vector size and input count k it reports an effective bandwidth,
 counting (k+1) * bytes moved (k vectors read, one written) over the best of
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from crnet import kernels
+from crnet.coding import kernels
 
 DTYPE = np.float32
 SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -64,7 +64,7 @@ def main() -> None:
     args = ap.parse_args()
 
     if not kernels.HAVE_CYTHON:
-        print("WARNING: crnet._core is not built; timing the NumPy fallback")
+        print("WARNING: crnet.coding._core is not built; timing the NumPy fallback")
     itemsize = np.dtype(DTYPE).itemsize
     header = (f"{'elements':>10} {'k':>2} {'coded_sum GB/s':>15} {'numpy GB/s':>11} "
               f"{'speedup vs numpy':>17} {'% of copyto':>12} {'copyto GB/s':>12}")

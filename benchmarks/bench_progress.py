@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 from crnet import Client
-from crnet.launch import LocalTree
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import LocalTree
 
 
 def per_read(fn, reads: int, repeat: int = 5) -> float:

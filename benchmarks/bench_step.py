@@ -3,7 +3,7 @@
 What is measured
 ----------------
 A ``Tree.regular(fanout, layers, stragglers)`` tree (default 3, 2, 1: 12 workers and
-the master, 13 crnetd processes) runs on 127.0.0.1 via ``crnet.launch.LocalTree``.
+the master, 13 crnetd processes) runs on 127.0.0.1 via ``crnet.tools.launch.LocalTree``.
 Every node's training process is a blocking ``Client`` in a thread of this
 process (13 threads); for each float32 vector size (``--sizes``) they run
 ``--warmup`` unmeasured steps (default keep-results + 1: until then every daemon
@@ -67,9 +67,9 @@ import time
 import numpy as np
 
 from crnet import Client
-from crnet.launch import MASTER, LocalTree
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
 from crnet.schemes.chunks import AUTO, chunk_bytes_for
+from crnet.tools.launch import MASTER, LocalTree
 
 from ._machine import ForeignCpu, cpu_busy
 

@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_torch_copies [--params 2000000] [--steps 30] [--dtype float32]
 
-A local tree of real daemons (``crnet.launch.LocalTree``, fanout 2, one layer: three
+A local tree of real daemons (``crnet.tools.launch.LocalTree``, fanout 2, one layer: three
 hosts, the master's process with an empty share) and one training thread per host
 train the same MLP twice, each time as its own job:
 
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from crnet import Client
-from crnet.launch import LocalTree
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import LocalTree
 from crnet.torch import CodedSampler, DistributedOptimizer, weighted_loss
 
 WIDTH = 512

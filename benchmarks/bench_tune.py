@@ -27,9 +27,9 @@ from pathlib import Path
 
 import click
 
+from crnet.coding.plan import Tree
 from crnet.errors import LaunchError
-from crnet.launch import MASTER, LocalTree
-from crnet.plan import Tree
+from crnet.tools.launch import MASTER, LocalTree
 
 from . import child_env
 from .netns import EmulatedCluster, requirements

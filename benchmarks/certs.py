@@ -3,7 +3,7 @@
 Uses the ``openssl`` command line (present wherever the ssl module is); the files go
 into a directory the caller owns. ``make_cluster_certs``: one certificate serves every
 host of a local tree (the daemons check the CA's signature, not the host name: see
-``crnet/tls.py``). ``make_host_certs``: a certificate per host, each naming its host id
+``crnet/protocol/tls.py``). ``make_host_certs``: a certificate per host, each naming its host id
 (a DNS subjectAltName), for ``--tls-names``.
 """
 
@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from crnet.tls import TlsFiles
+from crnet.protocol.tls import TlsFiles
 
 
 def have_openssl() -> bool:

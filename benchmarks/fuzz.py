@@ -36,10 +36,10 @@ import msgpack
 import numpy as np
 
 from crnet import AsyncClient
-from crnet.launch import LocalTree
-from crnet.messages import CLASSES, Attach, Hello, PeerHello, Proof
-from crnet.plan import Tree
-from crnet.wire import MAGIC, PREFIX, VERSION, MsgType
+from crnet.coding.plan import Tree
+from crnet.protocol.messages import CLASSES, Attach, Hello, PeerHello, Proof
+from crnet.protocol.wire import MAGIC, PREFIX, VERSION, MsgType
+from crnet.tools.launch import LocalTree
 
 from .fuzz_authenticated import fuzz_authenticated
 from .hostile_frames import frame, hostile_header

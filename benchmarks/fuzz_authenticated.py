@@ -46,10 +46,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crnet.auth import load_secret
+from crnet.coding.plan import Tree
 from crnet.defaults import GRACE_MAX, GRACE_MIN, GRACE_SHARE
-from crnet.launch import LocalTree
-from crnet.messages import (
+from crnet.protocol.auth import load_secret
+from crnet.protocol.messages import (
     LINK_ID_BYTES,
     Barrier,
     Bcast,
@@ -65,7 +65,7 @@ from crnet.messages import (
     WantState,
     Welcome,
 )
-from crnet.plan import Tree
+from crnet.tools.launch import LocalTree
 
 from .hostile_frames import Forger, Known
 from .hostile_mesh import InsiderMesh

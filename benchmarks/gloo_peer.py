@@ -58,7 +58,7 @@ import threading
 import time
 from datetime import timedelta
 
-from crnet.workload import ComputeModel
+from crnet.tune.workload import ComputeModel
 
 DTYPES = ("float32", "float64")
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from crnet.procs import stop_processes
-from crnet.workload import ComputeModel
+from crnet.tools.procs import stop_processes
+from crnet.tune.workload import ComputeModel
 
 from . import child_env
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from crnet.fields import MAX_STEP
-from crnet.messages import CLASSES, VOTE, FailKind, Phase
-from crnet.wire import MAGIC, PREFIX, VERSION, MsgType, encode
+from crnet.protocol.fields import MAX_STEP
+from crnet.protocol.messages import CLASSES, VOTE, FailKind, Phase
+from crnet.protocol.wire import MAGIC, PREFIX, VERSION, MsgType, encode
 
 INTS = [0, 1, -1, 2, 255, 1 << 16, 1 << 31, (1 << 31) - 1, 1 << 40, (1 << 62), (1 << 63) - 1,
         -(1 << 63), 10 ** 30]

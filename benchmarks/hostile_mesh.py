@@ -1,5 +1,5 @@
 """A secret holder's side of spread's peer links, as its own rank: what a compromised host
-of the tree has (``crnet/node/peer_check.py`` is an honest host's).
+of the tree has (``crnet/node/peers/check.py`` is an honest host's).
 
 ``InsiderMesh`` listens on 127.0.0.1, and says so where a real node does: its HELLO's
 ``listen`` (``hello``), which its parent reports up in JOINED's ``peers`` and the master
@@ -25,7 +25,7 @@ import socket
 from collections import Counter
 from collections.abc import Callable
 
-from crnet.messages import (
+from crnet.protocol.messages import (
     LINK_ID_BYTES,
     Hello,
     Message,

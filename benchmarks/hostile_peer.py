@@ -1,6 +1,6 @@
 """A raw peer of a crnetd that speaks the wire protocol: what an attacker has.
 
-``Peer`` sends whatever frames it is given (well-formed messages from ``crnet.messages``
+``Peer`` sends whatever frames it is given (well-formed messages from ``crnet.protocol.messages``
 or any bytes) and reads the daemon's frames back. ``authenticate`` performs the dialer's
 side of the cluster secret's handshake (HELLO or PEER_HELLO with a nonce, CHALLENGE,
 PROOF) for a peer that holds the secret, as a host of the tree does: after it, the
@@ -22,18 +22,18 @@ from dataclasses import dataclass
 
 import msgpack
 
-from crnet.auth import mac, new_nonce, verify
 from crnet.errors import CrnetError
-from crnet.handshake import claim
-from crnet.messages import Challenge, Hello, Message, PeerHello, Proof, parse
-from crnet.wire import PREFIX, MsgType
+from crnet.protocol.auth import mac, new_nonce, verify
+from crnet.protocol.handshake import claim
+from crnet.protocol.messages import Challenge, Hello, Message, PeerHello, Proof, parse
+from crnet.protocol.wire import PREFIX, MsgType
 
 __all__ = ["Peer", "Unparsed", "accept", "authenticate", "dial"]
 
 
 @dataclass(frozen=True)
 class Unparsed:
-    """A frame the daemon sent that ``crnet.messages`` here does not parse."""
+    """A frame the daemon sent that ``crnet.protocol.messages`` here does not parse."""
 
     msg_type: int
     header: object

@@ -75,7 +75,7 @@ import subprocess
 from collections.abc import Sequence
 
 from crnet.errors import CrnetError
-from crnet.procs import stop_processes
+from crnet.tools.procs import stop_processes
 from crnet.units import parse_bandwidth
 
 __all__ = ["EmulatedCluster", "NetnsError", "cleanup", "list_namespaces", "requirements", "tbf_args"]

@@ -1,4 +1,4 @@
-"""The benchmark's scenarios. Compute is emulated (``crnet.workload``), links are shaped.
+"""The benchmark's scenarios. Compute is emulated (``crnet.tune.workload``), links are shaped.
 
 Per-sample times are chosen so a worker's normal uncoded compute is about 20 ms per
 step (20,000 samples over 20 workers at 20 us): long next to the aggregation of a
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from crnet.coding.plan import Tree
 from crnet.defaults import CHUNK_BYTES
-from crnet.plan import Tree
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Preset:
     samples: int
     elements: int                   # float32 elements per vector
     rate: str | None                # every host link, both directions (crnet.units: 1gbit)
-    compute: str                    # crnet.workload.ComputeModel spelling
+    compute: str                    # crnet.tune.workload.ComputeModel spelling
     steps: int
     freeze: tuple[int, int] | None = None   # (worker index, step): that host freezes (SIGSTOP)
     deadline: float = 120.0         # seconds a scheme may run

@@ -30,14 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from crnet import model
+from crnet.coding.plan import Tree, plan, scheme_tree
 from crnet.errors import LaunchError
-from crnet.launch import MASTER, LocalTree
-from crnet.plan import Tree, plan, scheme_tree
-from crnet.procs import stop_processes
 from crnet.schemes.chunks import chunk_bytes_for
+from crnet.tools.launch import MASTER, LocalTree
+from crnet.tools.procs import stop_processes
+from crnet.tune import model
+from crnet.tune.workload import ComputeModel
 from crnet.units import parse_bandwidth
-from crnet.workload import ComputeModel
 
 from . import child_env
 from .netns import EmulatedCluster
@@ -60,7 +60,7 @@ def crnetd_scheme(name: str, preset: Preset) -> tuple[str, dict[str, Any]]:
 
 
 def preset_tree(preset: Preset, scheme: str) -> Tree:
-    """The tree ``scheme`` runs on in this preset (``crnet.plan.scheme_tree`` of its shapes)."""
+    """The tree ``scheme`` runs on in this preset (``crnet.coding.plan.scheme_tree`` of its shapes)."""
     assert preset.cr_tree is not None and preset.gc_stragglers is not None, "resolve() the preset first"
     tree = preset.cr_tree
     if scheme == "tree" and preset.tree_shape:

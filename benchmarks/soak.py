@@ -3,7 +3,7 @@
     python -m benchmarks.soak --steps 10000 [--fanout 3 --layers 2 --stragglers 1] [--timeout 2]
         [--faults kill,freeze,partition] [--netns auto|on|off] [--seed 1] [--json out.json]
 
-What runs: ``crnet.launch.LocalTree`` (13 strict daemons for the default tree) and, for every
+What runs: ``crnet.tools.launch.LocalTree`` (13 strict daemons for the default tree) and, for every
 host, one training process: an asyncio task of this process that uses the public
 ``AsyncClient`` only and runs the README's loop (catch up on steps the tree finished without
 it, skip a failed step, go on where the tree is after a lost one, ask again when refused,
@@ -70,9 +70,9 @@ from pathlib import Path
 import numpy as np
 
 from crnet import AsyncClient, CrnetError, DaemonNotRunning, StepFailed, StepLost, StepRefused
+from crnet.coding.plan import Tree
 from crnet.errors import AssignmentChanged, CrnetTimeout
-from crnet.launch import MASTER, LocalTree
-from crnet.plan import Tree
+from crnet.tools.launch import MASTER, LocalTree
 
 from . import netns
 

@@ -1,7 +1,7 @@
 """An emulated training process for ``python -m benchmarks`` (one per emulated host).
 
 Compute is emulated: each step the worker sleeps its load x per-sample time x
-straggle factor (``crnet.workload``), so the benchmark measures aggregation, not
+straggle factor (``crnet.tune.workload``), so the benchmark measures aggregation, not
 this machine's two cores. The vector is the sum over the worker's batch share of
 per-sample gradients that are all ``(t + 1) * ones``, so every result is checkable:
 it must be ``samples * (t + 1)`` everywhere; an approximate result (the master's
@@ -32,7 +32,7 @@ import time
 
 from crnet.client import Client
 from crnet.errors import CrnetError, StepFailed
-from crnet.workload import ComputeModel
+from crnet.tune.workload import ComputeModel
 
 
 def main(argv=None) -> None:

@@ -7,8 +7,8 @@ moves the bytes; ``client`` is the training process's API.
 
 __version__ = "0.1.0"
 
-from .batches import BatchSampler
 from .client import Assignment, AsyncClient, Client, ResultInfo
+from .client.batches import BatchSampler
 from .errors import (
     AssignmentChanged,
     CrnetError,

@@ -3,7 +3,7 @@
 A message names its vector's dtype by ``name`` (``DTYPE_NAMES``, checked where a
 header is parsed); a daemon or training process turns the name into a NumPy dtype
 (``DTYPES``) and back (``dtype_name``). Every layer imports this module, so adding a
-dtype is one entry here (and the kernels must take it: ``crnet/kernels.py``).
+dtype is one entry here (and the kernels must take it: ``crnet/coding/kernels.py``).
 """
 
 from __future__ import annotations

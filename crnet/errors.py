@@ -150,7 +150,7 @@ class CrnetTimeout(CrnetError, TimeoutError):
 
 
 class LaunchError(CrnetError, RuntimeError):
-    """A local tree of daemons (``crnet.launch``) or a process of the demo failed."""
+    """A local tree of daemons (``crnet.tools.launch``) or a process of the demo failed."""
 
 
 class InternalError(CrnetError, RuntimeError):

@@ -41,7 +41,7 @@ each step a compute process is slow with probability P, drawn from ``(seed, step
 index)`` (crnet's worker i is DDP's rank i), so every run and both frameworks see the same
 stragglers in the same steps. ``--straggle-groups G`` makes them correlated: workers
 0..G-1, G..2G-1, ... are slow together, with probability P per group drawn from ``(seed,
-step, group)`` (crnet.workload's ``grouped`` law; G = 1 is the default); in crnet's order
+step, group)`` (crnet.tune.workload's ``grouped`` law; G = 1 is the default); in crnet's order
 (a parent's children consecutive) G = n_L is the children of one parent of the last layer
 when n_L divides the workers above them. ``--compute-ms`` emulates compute (a sleep before
 each micro-batch) per ``--micro-batch-size`` samples, F times as long in a slow step, so that
@@ -76,7 +76,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from tqdm import tqdm
 
 from crnet import BatchSampler, Client  # crnet
-from crnet.run import DEFAULT_SAMPLES  # the global batch of --ddp and --single: crnet run's
+from crnet.tools.run import DEFAULT_SAMPLES  # the global batch of --ddp and --single: crnet run's
 from crnet.torch import CodedSampler, DistributedOptimizer, broadcast_parameters, weighted_loss  # crnet
 
 FINAL_TAIL = 10   # steps whose mean test accuracy the report calls the final one (next to the last)

@@ -8,8 +8,8 @@ import weakref
 import numpy as np
 import pytest
 
-from crnet.launch import MASTER, LocalTree
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import MASTER, LocalTree
 
 from .tiers import BOTH_LOOPS_FILES, is_quick
 
@@ -103,10 +103,10 @@ def membership():
     """``membership(place=None, samples=None, dial_peer=None)``: a Membership over a fresh
     StepEngine and Neighbours (no sockets); the master passes its place and samples, a node
     neither; ``dial_peer`` dials its peers (``mesh.PeerDialer``)."""
-    from crnet.node.membership import Membership
+    from crnet.measure.stats import Stats
+    from crnet.node.join.membership import Membership
     from crnet.node.neighbours import Neighbours
     from crnet.node.steps import EngineSettings, StepEngine
-    from crnet.stats import Stats
 
     made = []
 

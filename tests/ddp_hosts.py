@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import netns
-from crnet.launch import LocalTree
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import LocalTree
 
 from .conftest import rel_error
 from .test_torch_ddp import single_process

@@ -11,8 +11,8 @@ import asyncio
 import msgpack
 import numpy as np
 
-from crnet.messages import Message, parse
-from crnet.wire import PREFIX, MsgType
+from crnet.protocol.messages import Message, parse
+from crnet.protocol.wire import PREFIX, MsgType
 
 
 class FakeLink:
@@ -28,7 +28,7 @@ class FakeLink:
         self.aborted: str | None = None
         self.closed = False
         self.authenticated = False
-        self.transport = None      # as over plain TCP: no TLS channel (crnet.tls.channel_binding)
+        self.transport = None      # as over plain TCP: no TLS channel (crnet.protocol.tls.channel_binding)
 
     def send(self, msg: Message, payload=None) -> bool:
         return self.write(msg.frame(payload))

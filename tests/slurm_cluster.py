@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.netns import EmulatedCluster
-from crnet.procs import stop_processes
+from crnet.tools.procs import stop_processes
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "unshare",
             "mount", "hostname")

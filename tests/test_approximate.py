@@ -1,4 +1,4 @@
-"""Beyond s (crnet.approximate): the decode from fewer than n - s children, its coverage and
+"""Beyond s (crnet.coding.approximate): the decode from fewer than n - s children, its coverage and
 residual, exact under every pattern of missing children, and composed down a real plan."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from crnet.approximate import decode_from, node_mass
-from crnet.codes import GradientCode
-from crnet.plan import Tree, part_masses, plan, weighted_mass
+from crnet.coding.approximate import decode_from, node_mass
+from crnet.coding.codes import GradientCode
+from crnet.coding.plan import Tree, part_masses, plan, weighted_mass
 
 FRC = [(4, 1), (6, 1), (6, 2), (2, 1)]
 CRC = [(3, 1), (4, 2), (5, 1), (5, 2), (5, 3)]
@@ -136,7 +136,7 @@ def test_crnet_torch_divides_an_approximate_sum_by_the_batch_it_covers():
 
     pytest.importorskip("torch")
     from crnet import ResultInfo
-    from crnet.approximate import MIN_SCALED_COVERAGE
+    from crnet.coding.approximate import MIN_SCALED_COVERAGE
     from crnet.torch import DistributedOptimizer
 
     def samples_in(info):

@@ -1,4 +1,4 @@
-"""Mutual authentication of the tree's links: the math (crnet.auth), the handshake against
+"""Mutual authentication of the tree's links: the math (crnet.protocol.auth), the handshake against
 real daemons, and who is refused before anything changes."""
 
 import asyncio
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient
-from crnet.auth import load_secret, mac, new_nonce, verify
-from crnet.messages import Challenge, Chunk, Hello, Message, PeerHello, Proof, Refuse, Welcome, parse
-from crnet.plan import Tree
-from crnet.wire import FrameReader
+from crnet.coding.plan import Tree
+from crnet.protocol.auth import load_secret, mac, new_nonce, verify
+from crnet.protocol.messages import Challenge, Chunk, Hello, Message, PeerHello, Proof, Refuse, Welcome, parse
+from crnet.protocol.wire import FrameReader
 
 from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until
 
@@ -278,7 +278,7 @@ class Recorder:
 
 
 def dialing(secret=b"s" * 32):
-    from crnet.handshake import Dialing
+    from crnet.protocol.handshake import Dialing
 
     from .fake_links import FakeLink
 
@@ -336,8 +336,8 @@ def test_without_a_secret_a_refusal_goes_to_the_link():
 
 
 def test_an_acceptor_passes_nothing_on_before_the_proof():
-    from crnet.node.guard import Accepting, Doorway
-    from crnet.wire import Limits
+    from crnet.node.admission.guard import Accepting, Doorway
+    from crnet.protocol.wire import Limits
 
     from .fake_links import FakeLink
 
@@ -356,9 +356,9 @@ def test_an_acceptor_passes_nothing_on_before_the_proof():
 def test_an_acceptor_logs_a_peer_that_hangs_up_after_the_challenge(caplog):
     """A node with another secret finds the master's challenge wrong and hangs up before its
     PROOF: the master's log says so (the README: refused "and logged"), once per address."""
-    from crnet.node.guard import Accepting, Doorway, log
+    from crnet.node.admission.guard import Accepting, Doorway, log
     from crnet.peer_text import Throttle
-    from crnet.wire import Limits
+    from crnet.protocol.wire import Limits
 
     from .fake_links import FakeLink
 

@@ -3,11 +3,11 @@ leaves while it waits (the handle ``arrive`` returns)."""
 
 import pytest
 
+from crnet.coding.plan import Tree
 from crnet.errors import ProtocolError
-from crnet.messages import Barrier, vote_key
-from crnet.node.barriers import OPEN, Barriers
+from crnet.node.collectives.barriers import OPEN, Barriers
 from crnet.node.neighbours import ChildSlot, Neighbours
-from crnet.plan import Tree
+from crnet.protocol.messages import Barrier, vote_key
 from crnet.schemes.base import Place
 
 from .fake_links import FakeLink

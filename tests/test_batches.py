@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from crnet.batches import BatchSampler
 from crnet.client import Assignment
-from crnet.plan import Tree, plan
+from crnet.client.batches import BatchSampler
+from crnet.coding.plan import Tree, plan
 
 
 def test_every_epoch_visits_every_sample_once():

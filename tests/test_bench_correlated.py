@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks.presets import Preset
 from benchmarks.runner import run_crnet
-from crnet.plan import Tree
-from crnet.workload import ComputeModel
+from crnet.coding.plan import Tree
+from crnet.tune.workload import ComputeModel
 
 pytestmark = pytest.mark.timeout(120)
 

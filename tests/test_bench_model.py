@@ -12,9 +12,9 @@ from benchmarks import report
 from benchmarks.__main__ import main
 from benchmarks.presets import PRESETS
 from benchmarks.runner import VARIANTS, crnetd_scheme, predict, preset_tree, resolve
-from crnet.options import BY_NAME
-from crnet.plan import Tree
-from crnet.workload import ComputeModel
+from crnet.coding.plan import Tree
+from crnet.config.options import BY_NAME
+from crnet.tune.workload import ComputeModel
 
 
 def test_help_lists_spread_and_the_large_preset():

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.bench_tune import auto_summary, parse_config, run_on, summary
 from benchmarks.presets import Preset
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
 
 from .test_bench_correlated import Loopback
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, ResultInfo, StepFailed
-from crnet.launch import MASTER
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import MASTER
 
 from .conftest import gather_or_cancel, local_gradient, rel_error
 
@@ -129,8 +129,8 @@ async def test_an_approximate_subtree_composes_into_the_masters_exact_decode(loc
     """Two layers, n = 3, s = 1 (CRC): node 1's subtree and two of node 0's three children
     are frozen. Node 0 decodes from child 0.0 and its own share after its patience; the
     master decodes exactly from nodes 0 and 2, and the result's coverage is node 0's
-    approximation carried up (crnet.approximate: effective mass, composed)."""
-    from crnet.plan import plan
+    approximation carried up (crnet.coding.approximate: effective mass, composed)."""
+    from crnet.coding.plan import plan
 
     tree = Tree.regular(3, 2, 1)
     grads = np.random.default_rng(31).standard_normal((M, DIM))

@@ -5,13 +5,13 @@ import asyncio
 import numpy as np
 import pytest
 
+from crnet.coding.plan import Tree
 from crnet.errors import ProtocolError
-from crnet.messages import Bcast, WantState, state_key
-from crnet.node.broadcasts import HELD, PER_SOURCE, Broadcasts
+from crnet.node.collectives.broadcasts import HELD, PER_SOURCE, Broadcasts
+from crnet.node.collectives.state_answers import KEPT
+from crnet.node.collectives.state_requests import STATE_PAUSE
 from crnet.node.neighbours import ChildSlot, Neighbours
-from crnet.node.state_answers import KEPT
-from crnet.node.state_requests import STATE_PAUSE
-from crnet.plan import Tree
+from crnet.protocol.messages import Bcast, WantState, state_key
 from crnet.schemes.base import Place
 
 from .fake_links import FakeLink

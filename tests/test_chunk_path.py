@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crnet.messages import Chunk, Done, Hello, Joined, Submit
+from crnet.coding.plan import Tree
 from crnet.node.links import ChildLink, ClientLink, ClientState
 from crnet.node.local import LocalProcesses
-from crnet.plan import Tree
+from crnet.protocol.messages import Chunk, Done, Hello, Joined, Submit
+from crnet.protocol.shm import SharedRegion
+from crnet.protocol.transport import Connection
 from crnet.schemes import Place
-from crnet.shm import SharedRegion
-from crnet.transport import Connection
 
 from .conftest import rooms
 from .fake_links import FakeLink
@@ -137,7 +137,7 @@ async def test_a_chunk_at_the_master_takes_the_documented_path(membership):
     # send goes out too: a RESULT to the children is not the read path entered again.)
     order = [f for f, _ in path]
     again = {f"{file}:{function} from {later[0]}" for file, function, stack in calls
-             if file in order and file != "crnet/transport.py"
+             if file in order and file != "crnet/protocol/transport.py"
              for later in [[f for f in stack if f in order and order.index(f) > order.index(file)]]
              if later}
     assert not again, "entered again: " + "; ".join(sorted(again))

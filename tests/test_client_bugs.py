@@ -6,10 +6,11 @@ import traceback
 
 import pytest
 
-from crnet import AsyncClient, DaemonNotRunning, transport
+from crnet import AsyncClient, DaemonNotRunning
 from crnet.client.replies import Replies
+from crnet.coding.plan import Tree
 from crnet.errors import InternalError
-from crnet.plan import Tree
+from crnet.protocol import transport
 
 pytestmark = pytest.mark.timeout(60)
 

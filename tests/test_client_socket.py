@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, RequestRejected
-from crnet.messages import Attach
-from crnet.plan import Tree
-from crnet.shm import PROGRESS_BYTES
+from crnet.coding.plan import Tree
+from crnet.protocol.messages import Attach
+from crnet.protocol.shm import PROGRESS_BYTES
 
 from .conftest import wait_for_log
 

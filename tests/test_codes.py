@@ -1,4 +1,4 @@
-"""Tests for crnet.codes: every straggler pattern decodes, FRC exactly, CRC to 1e-9."""
+"""Tests for crnet.coding.codes: every straggler pattern decodes, FRC exactly, CRC to 1e-9."""
 import itertools
 import random
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crnet.codes import GradientCode, code_for
+from crnet.coding.codes import GradientCode, code_for
 
 SMALL = [(n, s) for n in range(1, 9) for s in range(n)]
 KINDS = ["auto", "crc"]  # "frc" is what auto picks whenever it is allowed

@@ -1,4 +1,4 @@
-"""crnetd's configuration (crnet/config.py): precedence, --check-config, the CLI's messages,
+"""crnetd's configuration (crnet/config/effective.py): precedence, --check-config, the CLI's messages,
 SIGHUP re-reading the log level of a running daemon, the parent's name that never resolves."""
 
 import os
@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from crnet import AsyncClient, defaults
 from crnet.cli import crnetd
 from crnet.client.aio import client_socket_path
-from crnet.config import effective_config
-from crnet.launch import MASTER, LocalTree
+from crnet.coding.plan import Tree
+from crnet.config.effective import effective_config
 from crnet.node.client_socket import ClientSocket
-from crnet.plan import Tree
+from crnet.tools.launch import MASTER, LocalTree
 
 from .conftest import gather_or_cancel, wait_until
 
@@ -246,7 +246,7 @@ def test_example_config_names_every_key_and_checks(tmp_path):
     import re
     from pathlib import Path
 
-    from crnet.config import file_options
+    from crnet.config.effective import file_options
 
     example = Path(__file__).parent.parent / "scripts" / "systemd" / "crnetd.toml"
     text = example.read_text()
@@ -274,7 +274,7 @@ def test_chunk_bytes_auto_is_shown_as_auto_and_read_back(tmp_path):
     assert code == 0 and entry(out, "chunk_bytes") == ("4194304", "flag"), out
 
 
-# ---- every option declared once (crnet/options.py): the two timeouts as the example
+# ---- every option declared once (crnet/config/options.py): the two timeouts as the example
 def test_link_and_connect_timeouts_are_options_with_help_defaults_and_a_file(tmp_path):
     help_text = CliRunner().invoke(crnetd, ["--help"]).output
     assert "--link-timeout" in help_text and "[default: 8.0; x>=1]" in help_text
@@ -318,8 +318,8 @@ async def test_the_timeouts_reach_the_links_and_the_engine_its_options(tmp_path,
     2 s silence limits; its engine has the table's engine options by keyword."""
     import asyncio
 
-    from crnet import transport
     from crnet.node import Node, Settings
+    from crnet.protocol import transport
 
     limits = []
     monkeypatch.setattr(transport, "silence_limits", lambda sock, seconds: limits.append(seconds))
@@ -355,8 +355,8 @@ def test_every_option_of_the_table_is_a_flag_a_file_key_and_a_launcher_argument(
     reaches the daemons that take it, by flag, as the value given."""
     from click.core import ParameterSource
 
-    from crnet.config import file_options
-    from crnet.options import DAEMON_OPTIONS
+    from crnet.config.effective import file_options
+    from crnet.config.options import DAEMON_OPTIONS
 
     params = {p.name for p in crnetd.params}
     keys = file_options(crnetd)

@@ -18,18 +18,18 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, CrnetTimeout, StepFailed, StepLost
-from crnet.launch import MASTER
-from crnet.messages import Attached, Done, Result, Submit
+from crnet.coding.plan import Tree
+from crnet.measure.stats import Stats
+from crnet.node.join.membership import Membership
 from crnet.node.links import ClientLink, ClientState
 from crnet.node.local import LocalProcesses
-from crnet.node.membership import Membership
 from crnet.node.neighbours import Neighbours
 from crnet.node.steps import EngineSettings, Lost, StepEngine
-from crnet.plan import Tree
+from crnet.protocol.messages import Attached, Done, Result, Submit
+from crnet.protocol.shm import SharedRegion
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
-from crnet.shm import SharedRegion
-from crnet.stats import Stats
+from crnet.tools.launch import MASTER
 
 from .conftest import gather_or_cancel, rel_error, rooms, wait_until
 from .fake_links import FakeLink

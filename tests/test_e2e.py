@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, Client, DaemonBusy, DaemonNotRunning, MismatchError, StepFailed
-from crnet.launch import MASTER
-from crnet.messages import Chunk, Hello
-from crnet.plan import Tree
-from crnet.wire import PREFIX, VERSION, MsgType
+from crnet.coding.plan import Tree
+from crnet.protocol.messages import Chunk, Hello
+from crnet.protocol.wire import PREFIX, VERSION, MsgType
+from crnet.tools.launch import MASTER
 
 from .conftest import KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log, workers
 
@@ -352,7 +352,7 @@ def test_full_parent_refuses_a_node_clearly(local_tree):
 
 def test_an_inner_node_without_listen_stops_and_the_master_says_why(tmp_path):
     """It joined and left every 1-2 s, forever, and the master logged no reason."""
-    from crnet.launch import free_port
+    from crnet.tools.launch import free_port
 
     port = free_port()
     with open(tmp_path / "master.log", "w") as log:

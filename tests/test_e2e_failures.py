@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, DaemonNotRunning, StepFailed, StepLost
-from crnet.launch import MASTER
-from crnet.messages import Hello, Joined
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.protocol.messages import Hello, Joined
+from crnet.tools.launch import MASTER
 
 from .conftest import KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log, wait_until, workers
 

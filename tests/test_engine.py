@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from crnet import defaults
+from crnet.coding.plan import Tree, plan
 from crnet.errors import ProtocolError
-from crnet.messages import Chunk, Fail, FailKind, Open, Result
+from crnet.measure.stats import Stats
 from crnet.node.neighbours import ChildSlot, Neighbours
 from crnet.node.steps import (
     EngineSettings,
@@ -22,10 +23,9 @@ from crnet.node.steps import (
     StepEngine,
 )
 from crnet.node.steps.settings import physical_memory
-from crnet.plan import Tree, plan
+from crnet.protocol.messages import Chunk, Fail, FailKind, Open, Result
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
-from crnet.stats import Stats
 
 from .conftest import not_held, wait_until
 from .fake_links import FakeLink

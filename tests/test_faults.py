@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, DaemonNotRunning, MismatchError, StepFailed, StepLost, StepRefused
-from crnet.launch import MASTER
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import MASTER
 
 from .conftest import KILL, gather_or_cancel, local_gradient, rel_error, wait_until, workers
 

@@ -7,10 +7,10 @@ import weakref
 
 import pytest
 
-from crnet.node.guard import HANDSHAKE_LIMITS, Doorway
-from crnet.plan import Tree
-from crnet.transport import Connection
-from crnet.wire import PREFIX, VERSION, FrameReader, MsgType
+from crnet.coding.plan import Tree
+from crnet.node.admission.guard import HANDSHAKE_LIMITS, Doorway
+from crnet.protocol.transport import Connection
+from crnet.protocol.wire import PREFIX, VERSION, FrameReader, MsgType
 
 from .conftest import wait_for_log
 

@@ -4,16 +4,16 @@ import subprocess
 
 import pytest
 
-from crnet.auth import mac
+from crnet.coding.plan import Tree
 from crnet.errors import ProtocolError
-from crnet.fields import check_host_id
-from crnet.handshake import claim
-from crnet.launch import MASTER
-from crnet.messages import Hello, parse
-from crnet.plan import Tree
+from crnet.protocol.auth import mac
+from crnet.protocol.fields import check_host_id
+from crnet.protocol.handshake import claim
+from crnet.protocol.messages import Hello, parse
+from crnet.protocol.wire import MsgType
 from crnet.schemes import Place
-from crnet.status import StatusClient, rows
-from crnet.wire import MsgType
+from crnet.tools.launch import MASTER
+from crnet.tools.status import StatusClient, rows
 
 from .conftest import KILL, wait_for_log, wait_until
 from .fake_links import FakeLink

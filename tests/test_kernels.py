@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crnet import kernels
+from crnet.coding import kernels
 
 DTYPES = [np.float32, np.float64]
 RTOL = {np.float32: 1e-6, np.float64: 1e-12}
@@ -325,13 +325,13 @@ def test_failed_call_leaves_out_untouched(impl):
 # --- fallback -----------------------------------------------------------------
 
 def test_fallback_without_extension_warns():
-    # In a fresh interpreter where crnet._core cannot be imported.
+    # In a fresh interpreter where crnet.coding._core cannot be imported.
     code = textwrap.dedent("""
         import sys, warnings
-        sys.modules["crnet._core"] = None
+        sys.modules["crnet.coding._core"] = None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            from crnet import kernels
+            from crnet.coding import kernels
         assert not kernels.HAVE_CYTHON
         assert kernels.coded_sum is kernels.reference_coded_sum
         assert any(w.category is RuntimeWarning and "slow" in str(w.message) for w in caught)

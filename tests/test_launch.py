@@ -1,4 +1,4 @@
-"""crnet/launch.py: daemons start the same crnet as their launcher, wherever it runs, and
+"""crnet/tools/launch.py: daemons start the same crnet as their launcher, wherever it runs, and
 stop with it."""
 
 import contextlib
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import crnet
-from crnet.launch import MASTER, LocalTree, crnet_argv
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import MASTER, LocalTree, crnet_argv
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -106,7 +106,7 @@ def test_a_start_abandoned_at_a_checkpoint_leaves_no_daemon(tmp_path, at):
 def test_free_ports_come_from_below_the_ephemeral_range():
     """A daemon's port is not one the kernel may give a connection as its source port
     in the meantime (that made a daemon fail with "address already in use")."""
-    from crnet.launch import _ephemeral_low, free_port
+    from crnet.tools.launch import _ephemeral_low, free_port
     low = _ephemeral_low()
     for _ in range(20):
         port = free_port()
@@ -118,7 +118,7 @@ def test_free_ports_come_from_below_the_ephemeral_range():
 def test_a_tree_never_gets_one_port_twice():
     """Ports are taken for every daemon before any binds: two picks of one free port
     made the second daemon fail with "address already in use" (CI, test_spread)."""
-    from crnet.launch import free_port
+    from crnet.tools.launch import free_port
     ports = [free_port() for _ in range(2000)]
     assert len(set(ports)) == len(ports)
 
@@ -126,8 +126,8 @@ def test_a_tree_never_gets_one_port_twice():
 LAUNCHER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[2])
-from crnet.launch import LocalTree
-from crnet.plan import Tree
+from crnet.tools.launch import LocalTree
+from crnet.coding.plan import Tree
 lt = LocalTree(Tree((2,), (1,)), 60, workdir=sys.argv[1], strict=True).start(wait=30)
 print(json.dumps([p.pid for p in lt.procs.values()]), flush=True)
 time.sleep(300)

@@ -7,7 +7,7 @@
   also runs the ``__init__`` of each package on the way that the importer is not inside.
 - No module uses another module's underscore names: ``from x import _y``, or ``x._y`` where
   ``x`` names an imported crnet module (attributes of other objects are not checked).
-  Dunder names are public. A private submodule (``crnet._core``, the Cython kernels) belongs
+  Dunder names are public. A private submodule (``crnet.coding._core``, the Cython kernels) belongs
   to its package: the modules inside that package may import it, no one else.
 - No module (``.py`` or Cython ``.pyx``) is longer than MAX_LINES lines.
 

@@ -10,10 +10,23 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from crnet.allocation import NodeShare, pack_allocation
+from crnet.coding.plan import Tree, plan
 from crnet.defaults import PROBE_FRAME
 from crnet.errors import DaemonBusy, ErrorKind, JoinRefused, ProtocolError, StepFailed
-from crnet.messages import (
+from crnet.node.links import (
+    ChildLink,
+    ChildState,
+    ClientLink,
+    ClientState,
+    DialedState,
+    ParentLink,
+    PeerLink,
+)
+from crnet.node.local import LocalProcesses
+from crnet.node.steps import EngineSettings, Failed, Refused
+from crnet.peer_text import SHOWN, Throttle, shown, tamed
+from crnet.protocol.allocation import NodeShare, pack_allocation
+from crnet.protocol.messages import (
     Assign,
     Attached,
     Chunk,
@@ -41,22 +54,9 @@ from crnet.messages import (
     Submit,
     Welcome,
 )
-from crnet.node.links import (
-    ChildLink,
-    ChildState,
-    ClientLink,
-    ClientState,
-    DialedState,
-    ParentLink,
-    PeerLink,
-)
-from crnet.node.local import LocalProcesses
-from crnet.node.steps import EngineSettings, Failed, Refused
-from crnet.peer_text import SHOWN, Throttle, shown, tamed
-from crnet.plan import Tree, plan
+from crnet.protocol.shm import SharedRegion
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
-from crnet.shm import SharedRegion
 
 from .conftest import not_held, rooms
 from .fake_links import FakeLink

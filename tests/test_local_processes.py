@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, StepFailed
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
 
 from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until
 

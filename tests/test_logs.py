@@ -1,4 +1,4 @@
-"""crnetd's log lines (crnet/logs.py): one event per line, key=value or JSON, read back."""
+"""crnetd's log lines (crnet/node/observe/logs.py): one event per line, key=value or JSON, read back."""
 
 import io
 import json
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from crnet import logs
+from crnet.node.observe import logs
 
 
 @pytest.fixture
@@ -88,8 +88,8 @@ def test_set_log_level_announces_the_change_where_it_is_seen(logger):
         logs.set_log_level("error", announce="now error")
         assert root.level == logging.ERROR
         assert out.getvalue().splitlines() == [
-            "level=info logger=crnet.logs msg=\"now debug\"",
-            "level=info logger=crnet.logs msg=\"now error\""]
+            "level=info logger=crnet.node.observe.logs msg=\"now debug\"",
+            "level=info logger=crnet.node.observe.logs msg=\"now error\""]
     finally:
         root.removeHandler(handler)
         root.setLevel(was)

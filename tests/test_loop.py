@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from crnet import Client, CrnetTimeout, DaemonBusy, StaleReplica
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
 
 pytestmark = pytest.mark.timeout(300)
 

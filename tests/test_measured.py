@@ -1,5 +1,5 @@
-"""What a daemon measures for crnet tune (crnet.measured): bounded windows, kept once per
-step; and the measured status section, checked field by field (crnet.status_measured)."""
+"""What a daemon measures for crnet tune (crnet.measure.windows): bounded windows, kept once per
+step; and the measured status section, checked field by field (crnet.protocol.status_measured)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import time
 import msgpack
 import pytest
 
+from crnet.coding.plan import Tree
 from crnet.errors import ProtocolError
-from crnet.measured import MAX_PROCESSES_SHOWN, Measured
-from crnet.messages import parse
-from crnet.node.measure import LINKS_LISTED_MAX, MEASURED_BUDGET, MeasuredView
+from crnet.measure.stats import Stats
+from crnet.measure.windows import MAX_PROCESSES_SHOWN, Measured
 from crnet.node.neighbours import ChildSlot, Neighbours
-from crnet.plan import Tree
+from crnet.node.observe.measure import LINKS_LISTED_MAX, MEASURED_BUDGET, MeasuredView
+from crnet.protocol.messages import parse
+from crnet.protocol.status_measured import measured_entry
+from crnet.protocol.wire import MsgType
 from crnet.schemes.base import Place
-from crnet.stats import Stats
-from crnet.status_measured import measured_entry
-from crnet.wire import MsgType
 
 
 def test_compute_time_runs_from_an_answer_to_the_next_submit():

@@ -7,9 +7,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from crnet.allocation import NodeShare, pack_allocation, parse_allocation
+from crnet.coding.plan import Tree, plan
 from crnet.errors import JoinRefused, ProtocolError
-from crnet.messages import (
+from crnet.node.join.dial import keep_connected
+from crnet.node.join.membership import JoinState, subtree_workers
+from crnet.node.steps import Failed, Lost, vouched
+from crnet.protocol.allocation import NodeShare, pack_allocation, parse_allocation
+from crnet.protocol.messages import (
     Assign,
     Chunk,
     Hello,
@@ -17,10 +21,6 @@ from crnet.messages import (
     RingPlace,
     Welcome,
 )
-from crnet.node.dial import keep_connected
-from crnet.node.membership import JoinState, subtree_workers
-from crnet.node.steps import Failed, Lost, vouched
-from crnet.plan import Tree, plan
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
 

@@ -5,7 +5,7 @@ import re
 import msgpack
 import pytest
 
-from crnet.allocation import NodeShare, pack_allocation, parse_allocation
+from crnet.coding.plan import Tree, plan
 from crnet.errors import (
     DaemonBusy,
     ErrorKind,
@@ -16,8 +16,9 @@ from crnet.errors import (
     StepLost,
     StepRefused,
 )
-from crnet.fields import MAX_REASON
-from crnet.messages import (
+from crnet.protocol.allocation import NodeShare, pack_allocation, parse_allocation
+from crnet.protocol.fields import MAX_REASON
+from crnet.protocol.messages import (
     CLASSES,
     Assign,
     Attach,
@@ -72,8 +73,7 @@ from crnet.messages import (
     parse,
     vote_key,
 )
-from crnet.plan import Tree, plan
-from crnet.wire import FrameReader, MsgType
+from crnet.protocol.wire import FrameReader, MsgType
 
 INT64_MAX = (1 << 63) - 1
 

@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from crnet import AsyncClient
 from crnet.cli import crnetd
-from crnet.launch import MASTER, free_port
-from crnet.node import metrics
-from crnet.node.metrics import MetricsServer
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.node.observe import metrics
+from crnet.node.observe.metrics import MetricsServer
+from crnet.tools.launch import MASTER, free_port
 
 from .conftest import KILL, local_gradient, rel_error, wait_until
 

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from crnet.cli import main
-from crnet.model import (
+from crnet.coding.plan import Tree
+from crnet.tune.model import (
     candidates,
     predict,
     rank,
@@ -22,8 +23,7 @@ from crnet.model import (
     tree_step_times,
     worker_loads,
 )
-from crnet.plan import Tree
-from crnet.workload import ComputeModel
+from crnet.tune.workload import ComputeModel
 
 A = 1e-3  # seconds per sample
 LAT = 1e-4  # one-way latency

@@ -1,4 +1,4 @@
-"""The run-time model of ``spread`` (crnet/model_spread.py), its place in ``crnet.model``'s
+"""The run-time model of ``spread`` (crnet/tune/model_spread.py), its place in ``crnet.tune.model``'s
 ranking, and ``crnet model`` / ``crnet plan --auto`` with it."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from crnet.cli import main
-from crnet.model import candidates, predict, rank, step_times, step_times_from_draws
-from crnet.model_spread import owner_ranks, spread_step_times
-from crnet.plan import Tree
-from crnet.schemes.owners import MIN_SHARE_BYTES
-from crnet.workload import ComputeModel
+from crnet.coding.plan import Tree
+from crnet.schemes.spread.owners import MIN_SHARE_BYTES
+from crnet.tune.model import candidates, predict, rank, step_times, step_times_from_draws
+from crnet.tune.model_spread import owner_ranks, spread_step_times
+from crnet.tune.workload import ComputeModel
 
 STRAGGLE = ComputeModel("straggle", 2e-5, prob=0.1, factor=10)
 SLOW_LINKS = dict(vector_bytes=4e6, bandwidth=12.5e6, latency=60e-6)   # the bandwidth preset

@@ -1,12 +1,12 @@
-"""Where hosts go when the master re-plans to another shape (``crnet/node/moves.py``):
+"""Where hosts go when the master re-plans to another shape (``crnet/node/join/moves.py``):
 pure, from names and addresses."""
 
 from __future__ import annotations
 
 import pytest
 
-from crnet.node.moves import move_table, placement
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.node.join.moves import move_table, placement
 
 OLD = Tree((2, 2), (1, 1))          # workers 0, 1, 0.0, 0.1, 1.0, 1.1
 STAR = Tree((6,), (1,))

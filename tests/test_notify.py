@@ -1,4 +1,4 @@
-"""systemd's notify protocol (crnet/node/notify.py): what real crnetd processes tell it.
+"""systemd's notify protocol (crnet/node/observe/notify.py): what real crnetd processes tell it.
 
 Each daemon under test gets ``NOTIFY_SOCKET`` pointing at a Unix datagram socket the test
 binds (a path, or an abstract ``@name``), as systemd does for a ``Type=notify`` unit.
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from crnet.client import Client
-from crnet.launch import MASTER, LocalTree
-from crnet.node.notify import Notifier
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.node.observe.notify import Notifier
+from crnet.tools.launch import MASTER, LocalTree
 
 
 class FakeSystemd:

@@ -1,13 +1,15 @@
 """A spread peer link's rank is confirmed by that rank's host, over the acceptor's own link
-there (``crnet/node/peer_check.py``), before anything on it counts: the link state machines
+there (``crnet/node/peers/check.py``), before anything on it counts: the link state machines
 of both sides over fake links. Against real daemons: ``tests/test_trust_fuzzed.py``."""
 
 import asyncio
 
 import pytest
 
+from crnet.coding.plan import Tree
 from crnet.errors import ProtocolError
-from crnet.messages import (
+from crnet.node.links import ChildLink, ChildState, DialedState, PeerLink
+from crnet.protocol.messages import (
     PeerCheck,
     PeerChecked,
     PeerConfirmed,
@@ -19,8 +21,6 @@ from crnet.messages import (
     RingPlace,
     Segment,
 )
-from crnet.node.links import ChildLink, ChildState, DialedState, PeerLink
-from crnet.plan import Tree
 from crnet.schemes import Place
 
 from .conftest import rooms

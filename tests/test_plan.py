@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crnet.plan import Tree, optimal_load, plan, plan_gc, plan_uncoded
+from crnet.coding.plan import Tree, optimal_load, plan, plan_gc, plan_uncoded
 
 
 def weighted_sum(ranges, grads):

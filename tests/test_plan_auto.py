@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient
+from crnet.coding.plan import Tree
 from crnet.errors import CrnetError
-from crnet.launch import MASTER
-from crnet.plan import Tree
-from crnet.tune import gather
+from crnet.tools.launch import MASTER
+from crnet.tune.tuning import gather
 
 from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until
 
@@ -148,10 +148,10 @@ def fake_place(name, tree=TREE, scheme="cr"):
 async def test_a_replan_reaches_each_child_as_welcome_then_assign_then_the_job(membership):
     """The master re-plans between jobs: each child link carries the new WELCOME, then the
     new ASSIGN, then the JOB; a node takes the new plan and passes both on the same way."""
-    from crnet.allocation import parse_allocation
-    from crnet.messages import Assign, Hello, Job, Joined, Welcome
-    from crnet.node.reshape import replan
-    from crnet.plan import plan
+    from crnet.coding.plan import plan
+    from crnet.node.join.reshape import replan
+    from crnet.protocol.allocation import parse_allocation
+    from crnet.protocol.messages import Assign, Hello, Job, Joined, Welcome
 
     from .fake_links import FakeLink
 
@@ -206,7 +206,7 @@ async def test_a_replan_reaches_each_child_as_welcome_then_assign_then_the_job(m
 
 
 def _pack(nodes):
-    from crnet.allocation import NodeShare, pack_allocation
+    from crnet.protocol.allocation import NodeShare, pack_allocation
 
     return pack_allocation({n: NodeShare(a.layer, tuple(a.local), tuple(a.responsibility))
                             for n, a in nodes.items()})
@@ -216,7 +216,7 @@ def test_a_node_takes_no_other_scheme_with_peers_in_its_place(membership):
     """rar's ring and spread's peers are made as hosts join: a WELCOME that moves a placed
     node to or from one is a ProtocolError (the link closes, the node dials again)."""
     from crnet.errors import ProtocolError
-    from crnet.messages import Welcome
+    from crnet.protocol.messages import Welcome
 
     node = membership()
     node.listen_address = "10.0.0.1:7000"
@@ -230,9 +230,9 @@ def test_a_node_takes_no_other_scheme_with_peers_in_its_place(membership):
 async def test_a_process_of_the_running_job_back_during_the_gathering_keeps_its_plan(membership):
     """The master gathers and ranks before a new job starts; a process of the running job
     that attaches meanwhile keeps that job running, on its plan: nothing is re-planned."""
-    from crnet.messages import Hello, Joined
-    from crnet.node.replan import AutoPlan
-    from crnet.tune import TuneError
+    from crnet.node.join.replan import AutoPlan
+    from crnet.protocol.messages import Hello, Joined
+    from crnet.tune.tuning import TuneError
 
     from .fake_links import FakeLink
 
@@ -268,8 +268,8 @@ async def test_a_move_reaches_every_host_then_each_joins_its_new_parent(membersh
     for the star's six children. A node of layer 1 passes MOVE on with the master's address
     filled in, drops its children and parent, and dials its new parent as its new name."""
     from crnet.errors import JoinRefused
-    from crnet.messages import Hello, Joined, Move
-    from crnet.node.reshape import move, moved
+    from crnet.node.join.reshape import move, moved
+    from crnet.protocol.messages import Hello, Joined, Move
 
     from .fake_links import FakeLink
 

@@ -1,4 +1,4 @@
-"""crnet.procs.stop_processes: SIGCONT, SIGTERM (or SIGKILL), grace, SIGKILL, reap."""
+"""crnet.tools.procs.stop_processes: SIGCONT, SIGTERM (or SIGKILL), grace, SIGKILL, reap."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from crnet.procs import stop_processes
+from crnet.tools.procs import stop_processes
 
 pytestmark = pytest.mark.timeout(60)
 

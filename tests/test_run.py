@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from crnet.plan import Tree
-from crnet.run import Run
+from crnet.coding.plan import Tree
+from crnet.tools.run import Run
 
 pytestmark = pytest.mark.timeout(120)
 

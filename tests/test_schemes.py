@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from crnet.codes import code_for
+from crnet.coding.codes import code_for
 from crnet.schemes.chunks import AUTO, ChunkLayout, chunk_bytes_for, largest_chunk
-from crnet.schemes.coded_step import ResultStep, UpStep
-from crnet.schemes.ring_allreduce import RingStep
+from crnet.schemes.coded_reduce.step import ResultStep, UpStep
+from crnet.schemes.ring_allreduce.driver import RingStep
 
 
 def test_each_chunk_decodes_from_its_own_fastest_children():
@@ -167,7 +167,7 @@ def test_ring_forwards_each_part_as_soon_as_it_is_reduced():
     (3, 20, 1),               # more ranks than elements: empty segments
 ])
 def test_ring_parts_rule(total, size, parts):
-    from crnet.schemes.ring_allreduce import ring_parts
+    from crnet.schemes.ring_allreduce.driver import ring_parts
 
     assert ring_parts(ChunkLayout.of(total, np.float32, 1 << 20), size) == parts
 

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from crnet.shm import PROGRESS_BYTES, SharedRegion
+from crnet.protocol.shm import PROGRESS_BYTES, SharedRegion
 
 
 def handed_over(client: SharedRegion, capacity: int) -> SharedRegion:

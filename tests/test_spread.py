@@ -16,13 +16,13 @@ from click.testing import CliRunner
 
 from benchmarks.certs import have_openssl, make_cluster_certs
 from crnet import AsyncClient
-from crnet.auth import mac, new_nonce
 from crnet.cli import main
-from crnet.launch import MASTER
-from crnet.messages import Challenge, Moot, PeerHello, PeerWelcome, Phase, Piece, Proof, Refuse
-from crnet.plan import Tree
-from crnet.schemes.owners import owners
-from crnet.status import rows
+from crnet.coding.plan import Tree
+from crnet.protocol.auth import mac, new_nonce
+from crnet.protocol.messages import Challenge, Moot, PeerHello, PeerWelcome, Phase, Piece, Proof, Refuse
+from crnet.schemes.spread.owners import owners
+from crnet.tools.launch import MASTER
+from crnet.tools.status import rows
 
 from .conftest import KILL, gather_or_cancel, local_gradient, rel_error, wait_for_log
 from .test_auth import RawPeer

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from crnet import StepFailed, StepLost
-from crnet.launch import MASTER
-from crnet.plan import Tree
-from crnet.schemes.owners import owner_count, owners
+from crnet.coding.plan import Tree
+from crnet.schemes.spread.owners import owner_count, owners
+from crnet.tools.launch import MASTER
 
 from .conftest import KILL, rel_error, wait_for_log, wait_until
 from .test_faults import (
@@ -53,7 +53,7 @@ def grads_for(seed):
 def spread_tree(local_tree, **options):
     assert owner_count(DIM * 8, len(NAMES)) == len(NAMES)   # every host an owner
     # With a cluster secret, as beyond loopback: every peer link (a restarted host's too)
-    # carries pieces only once its rank is confirmed (crnet/node/peer_check.py).
+    # carries pieces only once its rank is confirmed (crnet/node/peers/check.py).
     options.setdefault("secret", True)
     return local_tree(TREE, M, scheme="spread", chunk_bytes=CHUNK, timeout=TIMEOUT, **options)
 

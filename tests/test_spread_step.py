@@ -4,9 +4,9 @@
 import numpy as np
 import pytest
 
-from crnet.plan import Tree, plan
-from crnet.schemes.owners import MIN_SHARE_BYTES, OwnerMap, owner_count, owners
-from crnet.schemes.spread_step import Recursion, SpreadStep
+from crnet.coding.plan import Tree, plan
+from crnet.schemes.spread.owners import MIN_SHARE_BYTES, OwnerMap, owner_count, owners
+from crnet.schemes.spread.step import Recursion, SpreadStep
 
 
 def test_small_vectors_have_one_owner_the_master_and_large_ones_every_host():

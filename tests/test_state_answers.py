@@ -3,7 +3,7 @@ no loop: the clock is an argument)."""
 
 import numpy as np
 
-from crnet.node.state_answers import ASKED, KEPT, Answer, StateAnswers, digest_of
+from crnet.node.collectives.state_answers import ASKED, KEPT, Answer, StateAnswers, digest_of
 
 KEY = "state/5"
 

@@ -10,13 +10,13 @@ from click.testing import CliRunner
 
 from crnet import AsyncClient
 from crnet.cli import main
+from crnet.coding.plan import Tree
 from crnet.errors import CrnetError, ProtocolError
-from crnet.launch import MASTER
-from crnet.messages import StatusReply, parse
-from crnet.node.status import check_subtree
-from crnet.plan import Tree
-from crnet.status import StatusClient, missing, rows
-from crnet.wire import MsgType
+from crnet.node.observe.status import check_subtree
+from crnet.protocol.messages import StatusReply, parse
+from crnet.protocol.wire import MsgType
+from crnet.tools.launch import MASTER
+from crnet.tools.status import StatusClient, missing, rows
 
 from .conftest import KILL, local_gradient, wait_until
 

@@ -14,8 +14,8 @@ import pytest
 
 from crnet.cli import crnetd
 from crnet.client import Client
-from crnet.launch import LocalTree
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import LocalTree
 
 UNIT = Path(__file__).resolve().parent.parent / "scripts" / "systemd" / "crnetd.service"
 ENV_FILE = UNIT.with_name("crnetd.env")

@@ -1,4 +1,4 @@
-"""Mutual TLS on the tree's links (crnet/tls.py): exact steps through it, no entry without
+"""Mutual TLS on the tree's links (crnet/protocol/tls.py): exact steps through it, no entry without
 a certificate from the cluster's CA, and a byte changed on the path never reaches a sum."""
 
 import asyncio
@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.certs import have_openssl, make_cluster_certs
 from crnet import AsyncClient, CrnetError
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
 
 from .conftest import local_gradient, rel_error
 from .path_proxy import PathProxy

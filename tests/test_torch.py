@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from crnet import BatchSampler, Client, DaemonBusy, StepLost  # noqa: E402
-from crnet.plan import Tree  # noqa: E402
+from crnet.coding.plan import Tree  # noqa: E402
 from crnet.torch import (  # noqa: E402
     CodedSampler,
     DistributedOptimizer,

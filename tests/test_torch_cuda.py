@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from crnet import Client  # noqa: E402
-from crnet.plan import Tree  # noqa: E402
+from crnet.coding.plan import Tree  # noqa: E402
 from crnet.torch import (  # noqa: E402
     CodedSampler,
     CrnetProcessGroup,

@@ -30,8 +30,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from crnet import BatchSampler  # noqa: E402
-from crnet.launch import free_port  # noqa: E402
-from crnet.plan import Tree  # noqa: E402
+from crnet.coding.plan import Tree  # noqa: E402
+from crnet.tools.launch import free_port  # noqa: E402
 from crnet.torch import process_group  # noqa: E402
 
 from . import ddp_script  # noqa: E402
@@ -219,7 +219,7 @@ def test_importing_crnet_imports_no_torch():
             "            continue\n"
             "        walk(m.name) if m.ispkg else importlib.import_module(m.name)\n"
             "walk('crnet')\n"
-            "assert 'crnet.run' in sys.modules and 'crnet.node.broadcasts' in sys.modules\n"
+            "assert 'crnet.tools.run' in sys.modules and 'crnet.node.collectives.broadcasts' in sys.modules\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "print('ok')")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crnet.codes import GradientCode
+from crnet.coding.codes import GradientCode
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
@@ -173,9 +173,9 @@ def test_ddp_on_crnet_trains_like_one_process_under_stragglers(tmp_path):
 
 def test_straggle_groups_are_the_grouped_workload_law():
     """--straggle-groups G slows workers 0..G-1, G..2G-1, ... together, with the draw of
-    crnet.workload's grouped law (the benchmark's): per (seed, step, group); G = 1 is the
+    crnet.tune.workload's grouped law (the benchmark's): per (seed, step, group); G = 1 is the
     independent draw per (seed, step, worker)."""
-    from crnet.workload import ComputeModel
+    from crnet.tune.workload import ComputeModel
 
     ex = example()
     for groups in (1, 3):

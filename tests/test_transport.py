@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from crnet import defaults
-from crnet.messages import Chunk, Fail, Hello, Joined, Phase, Result, Segment
-from crnet.transport import LOWAT_MAX, Connection
-from crnet.wire import PREFIX, VERSION, MsgType, encode
+from crnet.protocol.messages import Chunk, Fail, Hello, Joined, Phase, Result, Segment
+from crnet.protocol.transport import LOWAT_MAX, Connection
+from crnet.protocol.wire import PREFIX, VERSION, MsgType, encode
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -159,7 +159,7 @@ def bad_version():
 async def test_a_malformed_frame_closes_only_its_connection(caplog, frame, problem):
     sick, sick_peer = await pair(Peer(), sick_handler := Peer())
     well, well_peer = await pair(Peer(), well_handler := Peer())
-    with loop_errors() as errors, caplog.at_level(logging.WARNING, logger="crnet.transport"):
+    with loop_errors() as errors, caplog.at_level(logging.WARNING, logger="crnet.protocol.transport"):
         try:
             sick.write(frame())
             assert await asyncio.wait_for(sick_peer.closed, 10) is None
@@ -197,7 +197,7 @@ class Broken(Peer):
 async def test_a_handler_bug_aborts_the_connection_and_reaches_the_loop(caplog, where):
     error = KeyError("no such step")
     a, b = await pair(Peer(), Broken(where, error))
-    with loop_errors() as errors, caplog.at_level(logging.WARNING, logger="crnet.transport"):
+    with loop_errors() as errors, caplog.at_level(logging.WARNING, logger="crnet.protocol.transport"):
         try:
             a.send(Chunk(0, 0, 4, "float32"), np.ones(4, np.float32))
             assert await asyncio.wait_for(b.closed, 10) is None
@@ -237,7 +237,7 @@ async def test_closing_resolves_closed_and_stops_sending():
 
 async def test_a_connection_lost_mid_frame_is_logged(caplog):
     a, b = await pair(Peer(), Peer(into(np.zeros(1000))))
-    with caplog.at_level(logging.WARNING, logger="crnet.transport"):
+    with caplog.at_level(logging.WARNING, logger="crnet.protocol.transport"):
         frame = Chunk(0, 0, 1000, "float64").frame(np.ones(1000))
         a.write([frame[0], frame[1][:100]])    # the header and a piece of the payload
         a.close()

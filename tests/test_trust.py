@@ -1,7 +1,7 @@
 """Issue 11, "Trust boundary": one test per row of its table of faults, as an attack.
 
 Each test is the row's attack against real crnetd processes on 127.0.0.1 (raw TCP or
-Unix sockets speaking the wire protocol with ``crnet.messages``), or against a module
+Unix sockets speaking the wire protocol with ``crnet.protocol.messages``), or against a module
 in-process where a live attack is impractical. It asserts the SAFE behaviour: a test
 marked ``xfail(strict=True, raises=FaultStillThere)`` is a fault that is still there (it
 turns into a failure the day the fault is fixed: remove the mark then; any other failure,
@@ -42,9 +42,9 @@ import pytest
 
 from benchmarks.hostile_peer import Peer
 from crnet import AsyncClient, CrnetTimeout, DaemonNotRunning, StepFailed
-from crnet.allocation import NodeShare, pack_allocation
-from crnet.launch import MASTER, LocalTree
-from crnet.messages import (
+from crnet.coding.plan import Tree
+from crnet.protocol.allocation import NodeShare, pack_allocation
+from crnet.protocol.messages import (
     Assign,
     Attach,
     Attached,
@@ -68,11 +68,11 @@ from crnet.messages import (
     Submit,
     Welcome,
 )
-from crnet.plan import Tree
-from crnet.procs import stop_processes
-from crnet.shm import PROGRESS_BYTES
-from crnet.transport import Connection
-from crnet.wire import MAGIC, PREFIX, VERSION, MsgType
+from crnet.protocol.shm import PROGRESS_BYTES
+from crnet.protocol.transport import Connection
+from crnet.protocol.wire import MAGIC, PREFIX, VERSION, MsgType
+from crnet.tools.launch import MASTER, LocalTree
+from crnet.tools.procs import stop_processes
 
 from .conftest import KILL, local_gradient, rel_error, wait_until
 from .path_proxy import PathProxy
@@ -876,7 +876,7 @@ class FakeParent:
 def lone_node(workdir: Path, parent_port: int, name: str = "0", listen: bool = False):
     """One crnetd (--role node, strict) whose parent is ``parent_port``; stopped after.
     Yields (process, client socket path, log path)."""
-    from crnet.launch import free_port
+    from crnet.tools.launch import free_port
 
     workdir.mkdir(parents=True, exist_ok=True)
     sock, log = workdir / "node.sock", workdir / "node.log"
@@ -1156,7 +1156,7 @@ async def test_info_client_socket_mode_peer_and_stale_path(tmp_path, aspect):
     import shutil
     import tempfile
 
-    from crnet.launch import free_port
+    from crnet.tools.launch import free_port
 
     if aspect == "peer_uid" and os.geteuid() != 0:
         pytest.skip("needs root to run a peer as another user")

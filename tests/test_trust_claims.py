@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 from benchmarks.hostile_mesh import InsiderMesh
-from crnet.allocation import NodeShare, pack_allocation
-from crnet.auth import load_secret, mac, new_nonce
+from crnet.coding.plan import Tree
 from crnet.defaults import PEER_CHECK_TIMEOUT
-from crnet.handshake import claim
-from crnet.launch import MASTER, free_port
-from crnet.messages import (
+from crnet.protocol.allocation import NodeShare, pack_allocation
+from crnet.protocol.auth import load_secret, mac, new_nonce
+from crnet.protocol.handshake import claim
+from crnet.protocol.messages import (
     Assign,
     Challenge,
     Chunk,
@@ -43,7 +43,7 @@ from crnet.messages import (
     RingPlace,
     Welcome,
 )
-from crnet.plan import Tree
+from crnet.tools.launch import MASTER, free_port
 
 from .conftest import KILL
 from .test_trust import (

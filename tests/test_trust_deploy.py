@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 from benchmarks.certs import have_openssl, make_cluster_certs
-from crnet.auth import load_secret, mac
 from crnet.client import Client
+from crnet.coding.plan import Tree
 from crnet.errors import CrnetError
-from crnet.launch import MASTER, LocalTree
-from crnet.messages import StatusReply
-from crnet.plan import Tree
-from crnet.status import StatusClient
-from crnet.tls import TlsFiles, channel_binding, contexts
+from crnet.protocol.auth import load_secret, mac
+from crnet.protocol.messages import StatusReply
+from crnet.protocol.tls import TlsFiles, channel_binding, contexts
+from crnet.tools.launch import MASTER, LocalTree
+from crnet.tools.status import StatusClient
 
 from .path_proxy import PathProxy
 

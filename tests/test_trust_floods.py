@@ -24,13 +24,13 @@ import pytest
 
 from benchmarks.certs import have_openssl, make_cluster_certs
 from crnet import AsyncClient
-from crnet.launch import MASTER, LocalTree, free_port
-from crnet.messages import ClientError, ClientHello, ClientWelcome, Decided, StatsRequest, Watch
-from crnet.node.guard import Doorway
+from crnet.coding.plan import Tree
+from crnet.node.admission.guard import Doorway
 from crnet.peer_text import Throttle
-from crnet.plan import Tree
-from crnet.tls import contexts
-from crnet.transport import log
+from crnet.protocol.messages import ClientError, ClientHello, ClientWelcome, Decided, StatsRequest, Watch
+from crnet.protocol.tls import contexts
+from crnet.protocol.transport import log
+from crnet.tools.launch import MASTER, LocalTree, free_port
 
 from .conftest import wait_until
 from .test_trust import Peer, open_fds, running
@@ -163,7 +163,7 @@ async def test_the_tls_door_times_the_handshake_and_hands_the_connection_over(ce
     connection that never starts its handshake within it; one that does is handed to the
     protocol with its TLS transport, the bytes sent right after the handshake included,
     and keeps the rest of its deadline (it never says anything more: closed too)."""
-    from crnet.node.tls_door import TlsDoor  # here: the file runs on crnet before it, too
+    from crnet.node.admission.tls_door import TlsDoor  # here: the file runs on crnet before it, too
 
     accept, dial = contexts(certs)
     doorway = Doorway(deadline=1.0)
@@ -281,7 +281,7 @@ async def test_the_doorway_makes_room_by_group_and_keeps_a_reserve():
     """The doorway's policy, in-process: per address a cap; when full, the oldest of the
     group holding the most is closed, unless the newcomer's holds as many; an IPv6 /64 is
     one group; addresses that proved the secret have a reserve of their own."""
-    from crnet.transport import address_group
+    from crnet.protocol.transport import address_group
 
     assert address_group("2001:db8::1") == address_group("2001:db8::ffff:1") == "2001:db8::/64"
     assert address_group("::ffff:10.0.0.1") == "10.0.0.1" == address_group("10.0.0.1")
@@ -401,10 +401,10 @@ def test_requests_held_while_a_result_is_lent_are_bounded(membership, monkeypatc
     its SUBMIT, FETCH and RECEIVE held until it is given back; past MAX_HELD of them it is
     told so (RequestRejected) and disconnected, and what it holds is let go."""
     from crnet.errors import ErrorKind
-    from crnet.messages import Fetch
     from crnet.node.links import ClientLink
     from crnet.node.links.client import MAX_HELD
     from crnet.node.local import LocalProcesses
+    from crnet.protocol.messages import Fetch
 
     from .conftest import rooms
     from .fake_links import FakeLink

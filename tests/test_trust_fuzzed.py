@@ -14,11 +14,11 @@ import pytest
 from benchmarks.hostile_mesh import InsiderMesh
 from benchmarks.hostile_peer import Peer, authenticate, dial
 from crnet import StepRefused
-from crnet.auth import load_secret
+from crnet.coding.plan import Tree
 from crnet.defaults import PEER_CHECK_TIMEOUT
-from crnet.fields import MAX_STEP
-from crnet.launch import MASTER, LocalTree
-from crnet.messages import (
+from crnet.protocol.auth import load_secret
+from crnet.protocol.fields import MAX_STEP
+from crnet.protocol.messages import (
     LINK_ID_BYTES,
     Bcast,
     Hello,
@@ -32,7 +32,7 @@ from crnet.messages import (
     Refuse,
     Welcome,
 )
-from crnet.plan import Tree
+from crnet.tools.launch import MASTER, LocalTree
 
 from .conftest import wait_for_log
 from .test_trust import SAMPLES, STAR, TIMEOUT, close_all, connect, exact, grads_for, processed, running, step
@@ -97,7 +97,7 @@ async def test_a_spread_peer_that_claims_the_owners_rank_does_not_replace_the_su
     [666 666 ...] as the result of both, and the master failed them (host 0, holding a
     "sum", sent no piece): the fuzzer's spread runs showed it as failed steps and processes
     left stale. Now host 0 takes nothing on a peer link before the master confirmed that it
-    is the master's (``crnet/node/peer_check.py``): the piece closes the link."""
+    is the master's (``crnet/node/peers/check.py``): the piece closes the link."""
     grads = grads_for(32)
     want = grads.sum(axis=0)
     with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], secret=True,

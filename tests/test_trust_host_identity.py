@@ -7,7 +7,7 @@ where a second process of host 0 (``tls_insider.TlsInsider``: the cluster secret
 own certificate and key) answers for 0.0's rank. Without ``--tls-names`` every host takes
 that process for 0.0: it gets 0.0's share of the decoding and its forged sums reach the
 other hosts' processes. With it, every host checks the certificate at the other end of a
-peer link against the host id the master gave that rank (``crnet/node/peer_identity.py``).
+peer link against the host id the master gave that rank (``crnet/node/peers/identity.py``).
 The unit tests below check the rules themselves.
 """
 
@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 
 from benchmarks.certs import have_openssl, make_host_certs
-from crnet.auth import load_secret
+from crnet.coding.plan import Tree
 from crnet.errors import CrnetError, NotThatHost, ProtocolError
-from crnet.launch import MASTER, crnet_argv, free_port
-from crnet.messages import Assign, Joined, PeerHello, parse
 from crnet.node.neighbours import ChildSlot
-from crnet.node.peer_identity import accepted_named, child_named, dialed_named, everyone
-from crnet.plan import Tree
-from crnet.tls import own_names
-from crnet.wire import MsgType
+from crnet.node.peers.identity import accepted_named, child_named, dialed_named, everyone
+from crnet.protocol.auth import load_secret
+from crnet.protocol.messages import Assign, Joined, PeerHello, parse
+from crnet.protocol.tls import own_names
+from crnet.protocol.wire import MsgType
+from crnet.tools.launch import MASTER, crnet_argv, free_port
 
 from .conftest import rel_error, wait_for_log, wait_until
 from .test_trust import close_all, connect, grads_for, running, step, write_secret
@@ -56,7 +56,7 @@ def certs(tmp_path_factory):
 # Host 0's daemon, broken: it says its child 0.0 listens where its own second process does
 # (and with LENT, that 0.0's host id is its own).
 LIE = """
-import crnet.node.mesh as _mesh
+import crnet.node.peers.mesh as _mesh
 _below = _mesh.Mesh.below
 def _lie(tree, name, slots):
     found = dict(_below(tree, name, slots))
@@ -66,7 +66,7 @@ def _lie(tree, name, slots):
 _mesh.Mesh.below = staticmethod(_lie)
 """
 LENT = """
-import crnet.node.peer_identity as _identity
+import crnet.node.peers.identity as _identity
 _hosts = _identity.below
 def _lend(tree, name, slots):
     return tuple((n, {liar!r} if n == {victim!r} else h) for n, h in _hosts(tree, name, slots))
@@ -165,7 +165,7 @@ async def test_an_interior_host_that_gives_its_own_address_for_its_child_answers
 # ------------------------------------------------------------------ the rules themselves
 
 class Transport:
-    """A TLS connection's transport as ``crnet.tls.names`` reads it: a peer certificate
+    """A TLS connection's transport as ``crnet.protocol.tls.names`` reads it: a peer certificate
     naming ``hosts`` (DNS subjectAltNames)."""
 
     def __init__(self, *hosts: str):

@@ -19,10 +19,9 @@ import numpy as np
 import pytest
 
 from crnet import AsyncClient, DaemonBusy, MismatchError
-from crnet.auth import load_secret, mac, new_nonce
-from crnet.handshake import claim
-from crnet.launch import MASTER, LocalTree
-from crnet.messages import (
+from crnet.protocol.auth import load_secret, mac, new_nonce
+from crnet.protocol.handshake import claim
+from crnet.protocol.messages import (
     Barrier,
     Bcast,
     Challenge,
@@ -34,7 +33,8 @@ from crnet.messages import (
     Welcome,
     vote_key,
 )
-from crnet.wire import MsgType, encode
+from crnet.protocol.wire import MsgType, encode
+from crnet.tools.launch import MASTER, LocalTree
 
 from . import test_trust
 from .test_trust import STAR, Peer, close_all, connect, exact, grads_for, processed, rss, running, step
@@ -69,7 +69,7 @@ async def insider(peers, lt: LocalTree, name: str | None = "2",
 
 def job_frame(name: str, attached: int) -> bytes:
     """JOB up: ``attached`` processes of job ``name`` in the sender's subtree. Raw, so that
-    the frame is the same whatever ``crnet.messages.Job`` holds."""
+    the frame is the same whatever ``crnet.protocol.messages.Job`` holds."""
     return b"".join(bytes(p) for p in encode(MsgType.JOB, {"name": name, "attached": attached}))
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from crnet import StepFailed
-from crnet.launch import MASTER
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.tools.launch import MASTER
 
 from .conftest import KILL
 from .test_faults import close_all, connect_all, grads_for, submit, timed

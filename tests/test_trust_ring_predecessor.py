@@ -1,5 +1,5 @@
 """rar: a link that claims to be a ring member's predecessor counts only once the
-predecessor confirms it (``crnet/node/mesh.py``, ``crnet/node/peer_check.py``).
+predecessor confirms it (``crnet/node/peers/mesh.py``, ``crnet/node/peers/check.py``).
 
 Real crnetd processes on 127.0.0.1 with a cluster secret. A secret holder dials ring
 member 1 claiming rank 0, its predecessor: the handshake proves the secret, not the rank.
@@ -16,9 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from crnet.launch import MASTER
-from crnet.messages import PeerConfirmed, Phase, Segment
-from crnet.plan import Tree
+from crnet.coding.plan import Tree
+from crnet.protocol.messages import PeerConfirmed, Phase, Segment
+from crnet.tools.launch import MASTER
 
 from .test_trust import close_all, connect, exact, grads_for, running, step
 from .test_trust_fuzzed import as_peer

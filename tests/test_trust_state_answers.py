@@ -8,7 +8,7 @@ attached below it, and answers the master's state request at once with a forged 
 The master is the root of trust: while a process on its own host can answer (one that is
 not itself asking), it waits for that process's answer; else it takes the state that the
 copies of two child slots agree on, or a lone one after the daemons' ``--timeout``
-(``crnet/node/state_answers.py``).
+(``crnet/node/collectives/state_answers.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from crnet import CrnetTimeout
-from crnet.launch import MASTER
-from crnet.messages import Bcast, WantState, state_key
+from crnet.protocol.messages import Bcast, WantState, state_key
+from crnet.tools.launch import MASTER
 
 from .test_trust import STAR, TIMEOUT, close_all, connect, exact, grads_for, running, step
 from .test_trust_keys import insider, job_frame, peers, tree

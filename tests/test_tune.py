@@ -15,13 +15,13 @@ from click.testing import CliRunner
 from benchmarks.certs import have_openssl, make_cluster_certs
 from crnet import AsyncClient
 from crnet.cli import main
+from crnet.coding.plan import Tree
 from crnet.errors import CrnetError
-from crnet.launch import MASTER
-from crnet.model import candidates
-from crnet.plan import Tree
-from crnet.status import rows
-from crnet.tune import gather, measurements, tune
-from crnet.wire import PREFIX, MsgType, encode
+from crnet.protocol.wire import PREFIX, MsgType, encode
+from crnet.tools.launch import MASTER
+from crnet.tools.status import rows
+from crnet.tune.model import candidates
+from crnet.tune.tuning import gather, measurements, tune
 
 from .conftest import local_gradient
 

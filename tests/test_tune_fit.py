@@ -1,4 +1,4 @@
-"""crnet tune's fit: compute laws drawn by crnet.workload are recovered, links from (bytes,
+"""crnet tune's fit: compute laws drawn by crnet.tune.workload are recovered, links from (bytes,
 seconds) pairs and rates; and what the daemons measure, read into per-host samples."""
 
 from __future__ import annotations
@@ -6,18 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crnet.model import candidates
-from crnet.plan import Tree
-from crnet.tune import HostMeasured, Measurements, Running, TuneError, measurements, tune
-from crnet.tune_fit import fit_compute, fit_links, host_throughput, ks_distance
-from crnet.workload import ComputeModel
+from crnet.coding.plan import Tree
+from crnet.tune.fit import fit_compute, fit_links, host_throughput, ks_distance
+from crnet.tune.model import candidates
+from crnet.tune.tuning import HostMeasured, Measurements, Running, TuneError, measurements, tune
+from crnet.tune.workload import ComputeModel
 
 LOAD = 50.0
 
 
 def draws(text: str, steps: int, workers: int = 8, seed: int = 1, jitter: float = 0.0) -> np.ndarray:
     """Per-sample times as the daemons would measure them: ``workers`` hosts of ``LOAD``
-    samples each, ``steps`` steps of the law (crnet.workload's own draw), times the load,
+    samples each, ``steps`` steps of the law (crnet.tune.workload's own draw), times the load,
     over the load; with multiplicative noise of up to ``jitter``."""
     rng = np.random.default_rng(seed)
     times = ComputeModel.parse(text).sample(np.full(workers, LOAD), rng, steps)
@@ -215,7 +215,7 @@ def test_a_hosts_throughput_counts_the_links_a_step_keeps_busy_together():
     """An interior parent of a 4,4 tree sends its four children their results together,
     and its own sum up to the master before: the four down-links' bytes over their busy
     time, not all five links' (which counts the up-link's bytes in the down-links' time)."""
-    from crnet.tune import link_throughput
+    from crnet.tune.tuning import link_throughput
 
     def link(kind, nbytes, busy):
         return {"link": kind, "peer": "x", "up": True, "rtt_us": 100, "min_rtt_us": 50,

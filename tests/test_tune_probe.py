@@ -13,16 +13,16 @@ from click.testing import CliRunner
 
 from crnet import AsyncClient
 from crnet.cli import main
+from crnet.coding.plan import Tree
 from crnet.defaults import PROBE_BYTES_MAX, PROBE_FRAME, PROBE_ROUNDS
 from crnet.errors import CrnetError, ProtocolError
-from crnet.launch import MASTER
-from crnet.messages import parse
-from crnet.node.probe import ProbeSink
-from crnet.plan import Tree
-from crnet.status import StatusClient, rows
-from crnet.tune import nodes, tune
-from crnet.tune_probe import gather_probe, probe_size, probed_measurements
-from crnet.wire import MsgType
+from crnet.node.observe.probe import ProbeSink
+from crnet.protocol.messages import parse
+from crnet.protocol.wire import MsgType
+from crnet.tools.launch import MASTER
+from crnet.tools.status import StatusClient, rows
+from crnet.tune.probe import gather_probe, probe_size, probed_measurements
+from crnet.tune.tuning import nodes, tune
 
 from .conftest import wait_until
 from .test_tune import FakeNode, reply

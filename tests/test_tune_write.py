@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from crnet.cli import crnetd
-from crnet.plan import Tree, scheme_tree
-from crnet.tree_options import tree_for_scheme
-from crnet.tune import HostMeasured, Measurements, Running, config_text, master_config, tune
-from crnet.workload import ComputeModel
+from crnet.coding.plan import Tree, scheme_tree
+from crnet.config.tree import tree_for_scheme
+from crnet.tune.tuning import HostMeasured, Measurements, Running, config_text, master_config, tune
+from crnet.tune.workload import ComputeModel
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -6,14 +6,14 @@ import msgpack
 import numpy as np
 import pytest
 
-from crnet import wire
 from crnet.errors import ProtocolError
-from crnet.wire import PREFIX, VERSION, FrameReader, Limits, MsgType, PyFrameReader, encode
+from crnet.protocol import wire
+from crnet.protocol.wire import PREFIX, VERSION, FrameReader, Limits, MsgType, PyFrameReader, encode
 
 
 @pytest.fixture(params=["compiled", "reference"], autouse=True)
 def reader_kind(request, monkeypatch):
-    """Every test runs against the compiled reader (crnet/_frames.pyx) and the Python one."""
+    """Every test runs against the compiled reader (crnet/protocol/_frames.pyx) and the Python one."""
     if request.param == "reference":
         monkeypatch.setattr(wire, "FrameReader", PyFrameReader)
         monkeypatch.setitem(globals(), "FrameReader", PyFrameReader)

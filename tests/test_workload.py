@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crnet.workload import ComputeModel
+from crnet.tune.workload import ComputeModel
 
 MODELS = [
     ComputeModel("fixed", 1e-4),

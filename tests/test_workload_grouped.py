@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from crnet import model
-from crnet.plan import Tree
-from crnet.workload import ComputeModel
+from crnet.coding.plan import Tree
+from crnet.tune import model
+from crnet.tune.workload import ComputeModel
 
 GROUPED = ComputeModel("grouped", 1e-4, prob=0.2, factor=10, group=3)
 

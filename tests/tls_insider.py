@@ -21,10 +21,10 @@ import ssl
 import msgpack
 import numpy as np
 
-from crnet.auth import mac, new_nonce
 from crnet.errors import CrnetError
-from crnet.handshake import claim
-from crnet.messages import (
+from crnet.protocol.auth import mac, new_nonce
+from crnet.protocol.handshake import claim
+from crnet.protocol.messages import (
     LINK_ID_BYTES,
     Challenge,
     Message,
@@ -39,8 +39,8 @@ from crnet.messages import (
     Refuse,
     parse,
 )
-from crnet.tls import TlsFiles, channel_binding, contexts
-from crnet.wire import PREFIX, MsgType
+from crnet.protocol.tls import TlsFiles, channel_binding, contexts
+from crnet.protocol.wire import PREFIX, MsgType
 
 __all__ = ["TlsInsider"]
 

@@ -1,19 +1,19 @@
 """``crnetd`` (and ``crnet daemon``): one host of the tree.
 
-Its options are the table in ``crnet.options``; this module adds the two that say where
+Its options are the table in ``crnet.config.options``; this module adds the two that say where
 they come from (--config, --check-config) and hands the merged values to
-``crnet.config``, which makes them the daemon's ``Settings``.
+``crnet.config.effective``, which makes them the daemon's ``Settings``.
 """
 
 from __future__ import annotations
 
 import click
 
-from ..options import DAEMON_OPTIONS, apply
+from ..config.options import DAEMON_OPTIONS, apply
 
 
 def _read_config(ctx, param, path):
-    from ..config import read_config
+    from ..config.effective import read_config
 
     read_config(ctx, path)
 
@@ -41,9 +41,9 @@ def crnetd(ctx, check_config, log_level, log_format, **options):
     Every option can also be set as CRNET_<OPTION>, e.g. CRNET_CLIENT_SOCKET, or in the
     --config file; a flag wins over CRNET_*, which wins over the file (docs/operations.md).
     """
-    from ..config import effective_config
-    from ..logs import setup_logging
+    from ..config.effective import effective_config
     from ..node import run_node
+    from ..node.observe.logs import setup_logging
 
     config = effective_config(ctx)
     if check_config:

@@ -7,8 +7,8 @@ import json
 
 import click
 
+from ..config.tree import tree_for_scheme
 from ..errors import CrnetError
-from ..tree_options import tree_for_scheme
 from ..units import plural
 from .shared import csv, scheme_options, tree_options
 
@@ -40,7 +40,7 @@ from .shared import csv, scheme_options, tree_options
 def demo(scheme, workers, fanout, layers, stragglers, steps, samples, features, straggle_prob,
          straggle_factor, compute_ms, timeout, seed, as_json, strict):
     """Train logistic regression on a local tree of real crnetd processes, with stragglers."""
-    from ..demo import DemoConfig, run_demo
+    from ..tools.demo import DemoConfig, run_demo
 
     tree = tree_for_scheme(scheme, workers, fanout, layers, stragglers)
     cfg = DemoConfig(fanout=tree.fanout, stragglers=tree.stragglers, scheme=scheme, steps=steps,

@@ -1,4 +1,4 @@
-"""``crnet model``: each scheme's predicted step time (the run-time model, ``crnet.model``),
+"""``crnet model``: each scheme's predicted step time (the run-time model, ``crnet.tune.model``),
 and the model's inputs and tables ``crnet plan --auto`` shares."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ import json
 
 import click
 
-from ..option_types import ComputeSpec, UnitValue
-from ..plan import SCHEMES
-from ..tree_options import resolve_layers, stragglers_in_effect, tree_from_options
+from ..coding.plan import SCHEMES
+from ..config.tree import resolve_layers, stragglers_in_effect, tree_from_options
+from ..config.types import ComputeSpec, UnitValue
 from ..units import parse_bandwidth, parse_bytes, parse_seconds
 from .shared import tree_options
 
 
 def model_options(f):
-    """The run-time model's inputs (``crnet.model``): ``crnet model`` and ``crnet plan --auto``."""
+    """The run-time model's inputs (``crnet.tune.model``): ``crnet model`` and ``crnet plan --auto``."""
     size = UnitValue("SIZE", parse_bytes)
     options = [
         click.option("--vector-bytes", type=size, default="4MB", show_default=True,
@@ -64,8 +64,8 @@ MODEL_OPTIONS = ("vector_bytes", "bandwidth", "latency", "compute", "chunk_bytes
 @model_options
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as one JSON object.")
 def model_command(scheme, workers, fanout, layers, stragglers, samples, as_json, **inputs):
-    """Predict the step time of each scheme with the run-time model (crnet.model)."""
-    from ..model import predict
+    """Predict the step time of each scheme with the run-time model (crnet.tune.model)."""
+    from ..tune.model import predict
 
     stragglers = stragglers_in_effect(fanout, stragglers)
     names = ["cr", "spread", "gc", "tree", "rar"] if scheme == "all" else [scheme]

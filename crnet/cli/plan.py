@@ -6,9 +6,9 @@ import json
 
 import click
 
-from ..plan import Tree
-from ..plan import plan as make_plan
-from ..tree_options import resolve_layers, tree_from_options
+from ..coding.plan import Tree
+from ..coding.plan import plan as make_plan
+from ..config.tree import resolve_layers, tree_from_options
 from ..units import plural
 from .model import (
     MODEL_OPTIONS,
@@ -106,7 +106,7 @@ def _ranges(ranges, limit: int = 4) -> str:
 
 def plan_auto(ctx, auto, hosts, samples, top, max_layers, as_json, inputs) -> None:
     """``crnet plan --auto``: the best schemes and shapes for ``hosts`` workers."""
-    from ..model import Prediction, candidates, rank
+    from ..tune.model import Prediction, candidates, rank
 
     if not auto:
         raise click.UsageError("--hosts is for --auto")

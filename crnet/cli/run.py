@@ -1,4 +1,4 @@
-"""``crnet run``: a local tree and a training process per host (``crnet.run.Run``)."""
+"""``crnet run``: a local tree and a training process per host (``crnet.tools.run.Run``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 import click
 
 from .. import defaults
+from ..config.tree import tree_for_scheme
 from ..errors import CrnetError
-from ..run import DEFAULT_SAMPLES, Run
-from ..tree_options import tree_for_scheme
+from ..tools.run import DEFAULT_SAMPLES, Run
 from .shared import scheme_options, tree_options
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import SCHEME_OPTIONS, TREE_OPTIONS, apply
+from ..config.options import SCHEME_OPTIONS, TREE_OPTIONS, apply
 
 tree_options = apply(TREE_OPTIONS)
 """--fanout/--layers/--stragglers, for every command that builds a tree."""
@@ -43,8 +43,8 @@ def credential_options(f):
 
 def credentials(secret_file, tls_cert, tls_key, tls_ca):
     """(secret, TlsFiles) from ``credential_options``' values; usage errors as click's."""
-    from ..auth import load_secret
-    from ..tls import TlsFiles
+    from ..protocol.auth import load_secret
+    from ..protocol.tls import TlsFiles
 
     secret = None
     if secret_file is not None:

@@ -6,8 +6,8 @@ import json
 
 import click
 
+from ..config.types import Address
 from ..errors import CrnetError
-from ..option_types import Address
 from ..peer_text import tamed
 from .shared import credential_options, credentials
 
@@ -27,7 +27,7 @@ def status_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, wat
     crnet status master-host:7070 --secret-file /etc/crnet/secret
     """
     from ..defaults import TUNE_WINDOW_MAX
-    from ..status import StatusClient
+    from ..tools.status import StatusClient
 
     secret, tls = credentials(secret_file, tls_cert, tls_key, tls_ca)
 
@@ -62,7 +62,7 @@ def _status_text(tree: dict) -> str:
     """The table. Every name, host and address is the nodes' own word (a node with the
     secret may say anything): each goes through ``tamed``, so an escape sequence or a
     newline is printed as ``\\x1b``, ``\\n``, never acted on or starting a line."""
-    from ..status import missing, rows
+    from ..tools.status import missing, rows
 
     lines = [f"{'NODE':<14} {'HOST':<20} {'ADDRESS':<22} {'STATE':<13} {'STEP':>7} "
              f"{'LAST STEP':>10} {'STRAGGLED':>10}"]

@@ -1,6 +1,6 @@
 """``crnet tune``: what the running tree measured (or, ``--probe``, a short probe of an idle
-tree), and every scheme and shape ranked by the model fitted to it (``crnet.tune`` and
-``crnet.tune_probe`` do the work; this parses and prints)."""
+tree), and every scheme and shape ranked by the model fitted to it (``crnet.tune.tuning`` and
+``crnet.tune.probe`` do the work; this parses and prints)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 
 import click
 
+from ..config.types import Address, UnitValue
 from ..defaults import PROBE_BYTES_MAX, PROBE_BYTES_MIN
 from ..errors import CrnetError
-from ..option_types import Address, UnitValue
 from ..peer_text import tamed
 from ..units import format_bytes, parse_bandwidth, parse_bytes, parse_seconds
 from .model import prediction_table
@@ -63,8 +63,8 @@ def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, 
     """
     import asyncio
 
-    from ..tune import config_text, gather, measurements, tune
-    from ..tune_probe import gather_probe, probed_measurements
+    from ..tune.probe import gather_probe, probed_measurements
+    from ..tune.tuning import config_text, gather, measurements, tune
 
     if not probe and (probe_bytes is not None or per_sample is not None):
         raise click.UsageError("--probe-bytes and --per-sample go with --probe")

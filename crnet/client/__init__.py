@@ -8,7 +8,7 @@
         for step in range(steps):
             g = c.allreduce(local_gradient(a.ranges), step=step)   # full gradient sum
 
-Vectors go through shared memory (``crnet.shm``); the socket carries only step
+Vectors go through shared memory (``crnet.protocol.shm``); the socket carries only step
 numbers. ``c.buffer(n, dtype)`` hands out the shared input itself, so a gradient
 computed into it is never copied on this side.
 

@@ -26,7 +26,7 @@ from ..errors import (
     StepLost,
     StepRefused,
 )
-from ..messages import (
+from ..protocol.messages import (
     Attach,
     Attached,
     Barrier,
@@ -46,9 +46,9 @@ from ..messages import (
     Watch,
     state_key,
 )
-from ..shm import Progress, SharedRegion
-from ..transport import Connection
-from ..wire import Limits
+from ..protocol.shm import Progress, SharedRegion
+from ..protocol.transport import Connection
+from ..protocol.wire import Limits
 from .assignment import Assignment
 from .replies import REPLY_MARGIN, M, Replies
 from .result_info import ResultInfo

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from .. import defaults
-from ..transport import new_loop
+from ..protocol.transport import new_loop
 from .aio import AsyncClient
 from .assignment import Assignment
 from .result_info import ResultInfo

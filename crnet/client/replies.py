@@ -17,7 +17,7 @@ from ..errors import (
     InternalError,
     ProtocolError,
 )
-from ..messages import ClientError, ClientWelcome, Decided, Message
+from ..protocol.messages import ClientError, ClientWelcome, Decided, Message
 
 __all__ = ["REPLY_MARGIN", "M", "Replies"]
 

@@ -13,7 +13,7 @@ class ResultInfo:
     ``--beyond-s approximate`` and a parent decoded from fewer than n - s children):
     ``coverage`` is the fraction of the global batch the result covers (the mean effective
     weight of its samples; dividing the result by it gives an unbiased estimate of the full
-    sum when the batch is shuffled every step: ``crnet.approximate``), ``residual`` the
+    sum when the batch is shuffled every step: ``crnet.coding.approximate``), ``residual`` the
     largest deviation of a part's weight from 1 in any decode that went into it. Every
     process of the tree gets the same info for a step."""
 

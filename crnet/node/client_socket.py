@@ -28,10 +28,10 @@ from collections.abc import Awaitable, Callable
 
 from .. import defaults
 from ..errors import ProtocolError
-from ..messages import Attach, Message, parse
 from ..peer_text import Throttle
-from ..shm import SharedRegion
-from ..wire import MAGIC, PREFIX, VERSION, FrameReader, Limits, MsgType
+from ..protocol.messages import Attach, Message, parse
+from ..protocol.shm import SharedRegion
+from ..protocol.wire import MAGIC, PREFIX, VERSION, FrameReader, Limits, MsgType
 
 log = logging.getLogger("crnet.node")
 

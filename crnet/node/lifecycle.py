@@ -29,37 +29,39 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, defaults, kernels, logs
+from .. import __version__, defaults
+from ..coding import kernels
+from ..coding.plan import Tree
+from ..config.options import defaults_of, engine_values
 from ..errors import NotThatHost, ProtocolError
-from ..fields import check_address, split_address
-from ..handshake import Dialing
-from ..measured import Measured
-from ..options import defaults_of, engine_values
+from ..measure.stats import Stats
+from ..measure.windows import Measured
 from ..peer_text import Throttle
-from ..plan import Tree
+from ..protocol.fields import check_address, split_address
+from ..protocol.handshake import Dialing
+from ..protocol.tls import TlsFiles, contexts
+from ..protocol.transport import Connection, Handler, loop_name, run
+from ..protocol.wire import Limits
 from ..schemes import Place
 from ..schemes.chunks import largest_chunk
-from ..stats import Stats
-from ..tls import TlsFiles, contexts
-from ..transport import Connection, Handler, loop_name, run
 from ..units import format_bytes, plural
-from ..wire import Limits
+from .admission.doorway import Doorway
+from .admission.guard import HANDSHAKE_LIMITS, Accepting
+from .admission.tls_door import TlsDoor
 from .client_socket import ClientSocket
-from .dial import moot
-from .doorway import Doorway
-from .guard import HANDSHAKE_LIMITS, Accepting
+from .join.dial import moot
+from .join.membership import Membership
+from .join.replan import AutoPlan
 from .links import ChildLink, ClientLink, ParentLink, PeerLink
 from .local import LocalProcesses, Seat
-from .membership import Membership
-from .metrics import MetricsServer, NodeView, registry_for, server_context
 from .neighbours import Neighbours
-from .notify import Notifier, Readiness
-from .peer_check import OutboundPeer
-from .peer_identity import dialed_named
-from .replan import AutoPlan
+from .observe import logs
+from .observe.metrics import MetricsServer, NodeView, registry_for, server_context
+from .observe.notify import Notifier, Readiness
+from .peers.check import OutboundPeer
+from .peers.identity import dialed_named
 from .rooms import Rooms
 from .steps import EngineSettings, StepEngine
-from .tls_door import TlsDoor
 
 log = logging.getLogger("crnet.node")
 
@@ -69,17 +71,17 @@ EXIT_BUG = 70   # EX_SOFTWARE: strict mode caught an internal error
 
 @dataclass
 class Settings:
-    """What one daemon runs with: every option of ``crnet.options.DAEMON_OPTIONS`` by its
+    """What one daemon runs with: every option of ``crnet.config.options.DAEMON_OPTIONS`` by its
     name (``settings.timeout``, ``settings.link_timeout``: read through to ``values``), and
-    what ``crnet/config.py`` made of several of them."""
+    what ``crnet/config/effective.py`` made of several of them."""
 
     values: dict[str, Any]                     # option name -> its value
     tree: Tree | None = None                   # master only: from scheme, fanout, layers, ...
     client_gid: int | None = None              # --client-group's gid: its members may connect
     secret: bytes | None = None                # the cluster secret: every tree link authenticated
-    tls: TlsFiles | None = None                # mutual TLS on every tree link (crnet/tls.py)
+    tls: TlsFiles | None = None                # mutual TLS on every tree link (crnet/protocol/tls.py)
     metrics_token: bytes | None = None         # scrapers of --metrics send this bearer token
-    reread_log_level: Callable[[], None] | None = None  # SIGHUP (crnet/config.py)
+    reread_log_level: Callable[[], None] | None = None  # SIGHUP (crnet/config/effective.py)
 
     @classmethod
     def of(cls, role: str, tree: Tree | None = None, **values: Any) -> Settings:
@@ -126,7 +128,8 @@ class Node:
         self._servers: list[asyncio.AbstractServer] = []
         self.doorway = Doorway()                 # accepted peers still in their handshake
         self.warnings = Throttle(log)            # what peers do: a line per peer now and then
-        self.closings = Throttle(logging.getLogger("crnet.transport"))   # connections closed on peers
+        # connections closed on peers
+        self.closings = Throttle(logging.getLogger("crnet.protocol.transport"))
         self.client_socket: ClientSocket | None = None
         self.metrics: MetricsServer | None = None
         self._tls_accept: ssl.SSLContext | None = None

@@ -11,9 +11,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..kernels import coded_sum
-from ..shm import SharedRegion
-from ..transport import Connection
+from ..coding.kernels import coded_sum
+from ..protocol.shm import SharedRegion
+from ..protocol.transport import Connection
 from .steps import Failed, Mismatched, Outcome, Refused, StepEngine
 
 

@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .. import defaults
-from ..messages import Message
-from ..transport import Connection
+from ..protocol.messages import Message
+from ..protocol.transport import Connection
 
 log = logging.getLogger("crnet.node")
 

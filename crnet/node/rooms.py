@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .barriers import Barriers
-from .broadcasts import Broadcasts
-from .measure import MeasuredView
-from .membership import JoinState, Membership
-from .probe import Prober
-from .status import StatusService, StatusView
+from .collectives.barriers import Barriers
+from .collectives.broadcasts import Broadcasts
+from .join.membership import JoinState, Membership
+from .observe.measure import MeasuredView
+from .observe.probe import Prober
+from .observe.status import StatusService, StatusView
 
 LIVENESS = 2.0    # seconds a child has to answer when another node asks for its slot
 

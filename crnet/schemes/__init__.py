@@ -8,11 +8,11 @@ engine drives. Adding a scheme: one file, one entry below, one name in
 
 from __future__ import annotations
 
-from ..plan import SCHEMES
+from ..coding.plan import SCHEMES
 from .base import Memory, Place, Ports, Scheme, Sends, Stall, Steps
-from .coded_reduce import CodedReduce
-from .ring_allreduce import RingAllreduce
-from .spread import Spread
+from .coded_reduce.driver import CodedReduce
+from .ring_allreduce.driver import RingAllreduce
+from .spread.driver import Spread
 
 __all__ = ["DRIVERS", "Memory", "Place", "Ports", "Scheme", "Sends", "Stall", "Steps", "driver"]
 

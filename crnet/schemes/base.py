@@ -20,11 +20,11 @@ from typing import Protocol
 
 import numpy as np
 
-from ..codes import GradientCode
+from ..coding.codes import GradientCode
+from ..coding.plan import Tree
 from ..errors import ProtocolError
-from ..messages import Chunk, Message, Moot, Owners, Piece, Result, RingPlace, Segment
-from ..plan import Tree
-from ..stats import Stats
+from ..measure.stats import Stats
+from ..protocol.messages import Chunk, Message, Moot, Owners, Piece, Result, RingPlace, Segment
 from .chunks import ChunkLayout
 
 __all__ = ["Memory", "Place", "Ports", "Scheme", "Sends", "Stall", "Steps"]
@@ -143,7 +143,7 @@ class Steps(Protocol):
     def resolved(self, step: int, layout: ChunkLayout, vector: np.ndarray,
                  approx: tuple[float, float] | None = None) -> None:
         """``vector`` is the step's full result at this node; it is never written again.
-        ``approx``: it is approximate, (coverage, residual) (``crnet.approximate``).
+        ``approx``: it is approximate, (coverage, residual) (``crnet.coding.approximate``).
         The scheme has dropped its own state of the step (``Scheme.forget`` is not called
         for it)."""
 

@@ -19,7 +19,7 @@
 The pieces, and why each is there:
 
 - ``CodedSampler``: CodedReduce gives every process *batch positions* with coding
-  weights (``Assignment.ranges``); ``crnet.batches.BatchSampler`` maps positions to
+  weights (``Assignment.ranges``); ``crnet.client.batches.BatchSampler`` maps positions to
   data set indices the same way on every host. The sampler hands out both.
 - ``weighted_loss``: the process must contribute ``sum_i w_i * grad(loss_i)`` (weights
   may be negative or above 1: the share is coded); the gradient of ``sum_i w_i loss_i``

@@ -11,7 +11,7 @@ is an allgather followed by the same reduction, in rank order, on every process,
 every process gets bit-identical results.
 
 Pacing: a daemon keeps only the last ``HELD`` (4) complete broadcasts for processes that
-ask for one later (``crnet.node.broadcasts``), and a broadcast's root returns as soon as
+ask for one later (``crnet.node.collectives.broadcasts``), and a broadcast's root returns as soon as
 its daemon has its vector. Left alone, a root that broadcasts a model tensor by tensor
 runs ahead, and a slow receiver finds the first tensors gone. So at most ``BUDGET``
 broadcasts go out between two barriers: before a collective that would exceed it,

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 
-from ..approximate import MIN_SCALED_COVERAGE
 from ..client import Client
+from ..coding.approximate import MIN_SCALED_COVERAGE
 from ..errors import (
     AssignmentChanged,
     CrnetError,
@@ -116,7 +116,7 @@ class ReplicaSteps:
     def samples_in(self) -> float:
         """What the last result sums over: the global batch m, or for an approximate result
         (``--beyond-s approximate``) m x its coverage, so the update is the mean over what
-        it covers (unbiased in expectation when batches are shuffled: crnet.approximate),
+        it covers (unbiased in expectation when batches are shuffled: crnet.coding.approximate),
         unless that is below ``MIN_SCALED_COVERAGE``; ``approximate`` counts them."""
         m = self.client.assignment.samples
         info = self.client.last_result_info

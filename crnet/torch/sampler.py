@@ -7,14 +7,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..batches import BatchSampler
 from ..client import Assignment, Client
+from ..client.batches import BatchSampler
 
 
 class CodedSampler:
     """This process's samples of each step, and their coding weights, for a torch data set.
 
-    Built on ``crnet.batches.BatchSampler`` (``seed`` shared by every process): step ``t``'s
+    Built on ``crnet.client.batches.BatchSampler`` (``seed`` shared by every process): step ``t``'s
     global batch is the same on every host, a fresh permutation each epoch. With a
     ``Client`` it follows ``client.assignment``, so a re-formed tree's new share
     (``AssignmentChanged``) is used from the next ``local`` on.

@@ -1,7 +1,7 @@
 """A node's links: what each kind of peer may send, in which state, and who handles it.
 
 Each link is a ``transport.Handler`` and a state machine (``machine.py``): the
-connection gives it typed, validated messages (``crnet.messages``); its state's table
+connection gives it typed, validated messages (``crnet.protocol.messages``); its state's table
 says which it may get now and which method hands each to membership (joining), the
 step engine (steps), broadcasts, barriers or status. Any other is a ``ProtocolError``:
 that connection closes.

@@ -27,7 +27,8 @@ import logging
 from typing import ClassVar
 
 from ...errors import JoinRefused
-from ...messages import (
+from ...peer_text import Throttle, tamed
+from ...protocol.messages import (
     Barrier,
     Bcast,
     Chunk,
@@ -50,12 +51,11 @@ from ...messages import (
     StatusRequest,
     WantState,
 )
-from ...peer_text import Throttle, tamed
-from ...transport import Connection
-from ..barriers import Barriers
-from ..broadcasts import Broadcasts
-from ..membership import Membership
-from ..status import StatusService
+from ...protocol.transport import Connection
+from ..collectives.barriers import Barriers
+from ..collectives.broadcasts import Broadcasts
+from ..join.membership import Membership
+from ..observe.status import StatusService
 from ..steps import StepEngine
 from .machine import Payloads, Receives, StateMachine, drop, ignore
 

@@ -24,7 +24,9 @@ from typing import ClassVar
 import numpy as np
 
 from ...errors import ErrorKind
-from ...messages import (
+from ...measure.stats import Stats
+from ...peer_text import shown
+from ...protocol.messages import (
     Attached,
     Barrier,
     ClientError,
@@ -40,15 +42,13 @@ from ...messages import (
     WantState,
     Watch,
 )
-from ...peer_text import shown
-from ...shm import SharedRegion
-from ...stats import Stats
-from ...transport import Connection
-from ..barriers import Barriers
-from ..broadcasts import Broadcasts
-from ..jobs import busy_reason
+from ...protocol.shm import SharedRegion
+from ...protocol.transport import Connection
+from ..collectives.barriers import Barriers
+from ..collectives.broadcasts import Broadcasts
+from ..collectives.jobs import busy_reason
+from ..join.membership import Membership
 from ..local import LocalProcesses
-from ..membership import Membership
 from ..steps import Outcome, StepEngine
 from .client_group import ClientGroup
 from .client_steps import ClientSteps

@@ -15,9 +15,9 @@ import numpy as np
 
 from ...dtypes import DTYPES
 from ...errors import ErrorKind
-from ...messages import Barrier, Delivered, Publish, Receive, WantState, vote_key
-from ..barriers import Barriers, Roots
-from ..broadcasts import STATE, Broadcasts, Held
+from ...protocol.messages import Barrier, Delivered, Publish, Receive, WantState, vote_key
+from ..collectives.barriers import Barriers, Roots
+from ..collectives.broadcasts import STATE, Broadcasts, Held
 from .process import Process
 
 

@@ -10,9 +10,9 @@ import numpy as np
 
 from ...dtypes import DTYPES
 from ...errors import ErrorKind
-from ...messages import Decided, Done, Fetch, Submit, Watch
+from ...measure.stats import Stats
+from ...protocol.messages import Decided, Done, Fetch, Submit, Watch
 from ...schemes.chunks import ChunkLayout
-from ...stats import Stats
 from ..local import LocalProcesses, Seat
 from ..steps import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
 from .process import Process

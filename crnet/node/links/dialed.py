@@ -6,8 +6,8 @@ import asyncio
 import enum
 
 from ...errors import JoinRefused, ProtocolError
-from ...messages import Refuse
-from ...transport import Connection
+from ...protocol.messages import Refuse
+from ...protocol.transport import Connection
 from .machine import StateMachine
 
 

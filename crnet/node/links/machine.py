@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NoReturn
 
 from ...errors import ProtocolError
-from ...messages import Message
-from ...transport import Connection
+from ...protocol.messages import Message
+from ...protocol.transport import Connection
 
 # A handler is a method of the link: (self, conn, msg, payload); a payload's
 # destination likewise (self, conn, msg, nbytes) -> a buffer, or None to drop it.

@@ -18,7 +18,8 @@ import dataclasses
 from typing import ClassVar
 
 from ...errors import JoinRefused, ProtocolError
-from ...messages import (
+from ...peer_text import tamed
+from ...protocol.messages import (
     Assign,
     Barrier,
     Bcast,
@@ -34,14 +35,13 @@ from ...messages import (
     WantState,
     Welcome,
 )
-from ...peer_text import tamed
-from ...transport import Connection
-from ..barriers import Barriers
-from ..broadcasts import Broadcasts
-from ..membership import Membership
-from ..probe import ProbeSink
-from ..reshape import moved
-from ..status import StatusService
+from ...protocol.transport import Connection
+from ..collectives.barriers import Barriers
+from ..collectives.broadcasts import Broadcasts
+from ..join.membership import Membership
+from ..join.reshape import moved
+from ..observe.probe import ProbeSink
+from ..observe.status import StatusService
 from ..steps import StepEngine
 from .dialed import DialedLink, DialedState
 from .machine import Payloads, Receives

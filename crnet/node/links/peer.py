@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ...messages import Message, PeerChecked, PeerConfirmed, PeerWelcome, Refuse
-from ...transport import Connection
-from ..peer_check import OutboundPeer
+from ...protocol.messages import Message, PeerChecked, PeerConfirmed, PeerWelcome, Refuse
+from ...protocol.transport import Connection
+from ..peers.check import OutboundPeer
 from .dialed import DialedLink, DialedState
 from .machine import Receives
 

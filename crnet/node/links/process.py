@@ -8,8 +8,8 @@ from typing import Protocol
 import numpy as np
 
 from ...errors import ErrorKind
-from ...shm import SharedRegion
-from ...transport import Connection
+from ...protocol.shm import SharedRegion
+from ...protocol.transport import Connection
 
 
 class Process(Protocol):

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from ... import defaults
-from ...messages import Fail, FailKind, Open
+from ...protocol.messages import Fail, FailKind, Open
 from ...schemes import Place, Stall
 from ..neighbours import Neighbours
 from .settings import EngineSettings

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...measure.stats import Stats
 from ...schemes.chunks import ChunkLayout
-from ...stats import Stats
 from ..neighbours import Neighbours
 from ..signal import Signal
 from .deadlines import Deadlines

@@ -40,10 +40,22 @@ import numpy as np
 
 from ...dtypes import DTYPES, dtype_name
 from ...errors import ProtocolError
-from ...messages import Chunk, Fail, FailKind, Message, Moot, Open, Owners, Phase, Piece, Result, Segment
+from ...measure.stats import Stats
 from ...peer_text import Throttle, shown
+from ...protocol.messages import (
+    Chunk,
+    Fail,
+    FailKind,
+    Message,
+    Moot,
+    Open,
+    Owners,
+    Phase,
+    Piece,
+    Result,
+    Segment,
+)
 from ...schemes import Place, Ports, Scheme, Stall, driver
-from ...stats import Stats
 from ..neighbours import Neighbours
 from ..signal import Signal
 from .deadlines import Deadlines

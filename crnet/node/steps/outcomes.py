@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...messages import Fail, FailKind
+from ...protocol.messages import Fail, FailKind
 from ...schemes.chunks import ChunkLayout
 from ..signal import Signal
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ... import defaults
-from ...messages import Chunk, Message, Result
+from ...protocol.messages import Chunk, Message, Result
 from ..neighbours import Neighbours
 
 __all__ = ["TreeSends"]

@@ -1,0 +1,1 @@
+"""Ring allreduce (``--scheme rar``): reduce-scatter, then all-gather, around the hosts."""
