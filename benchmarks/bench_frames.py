@@ -27,8 +27,9 @@ import time
 import numpy as np
 
 from crnet.coding.kernels import add_into
-from crnet.protocol.messages import Phase, Segment, parse
+from crnet.protocol.messages import parse
 from crnet.protocol.wire import FrameReader, PyFrameReader
+from crnet.schemes.ring_allreduce.messages import Phase, Segment
 
 
 def per_frame(fn, frames: int, repeat: int) -> float:

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import msgpack
 
 from crnet.protocol.fields import MAX_STEP
-from crnet.protocol.messages import CLASSES, VOTE, FailKind, Phase
+from crnet.protocol.messages import CLASSES, VOTE, FailKind
 from crnet.protocol.wire import MAGIC, PREFIX, VERSION, MsgType, encode
+from crnet.schemes.ring_allreduce.messages import Phase
 
 INTS = [0, 1, -1, 2, 255, 1 << 16, 1 << 31, (1 << 31) - 1, 1 << 40, (1 << 62), (1 << 63) - 1,
         -(1 << 63), 10 ** 30]

@@ -27,7 +27,7 @@ from crnet.node.neighbours import Neighbours
 from crnet.node.steps import EngineSettings, Lost, StepEngine
 from crnet.protocol.messages import Attached, Done, Result, Submit
 from crnet.protocol.shm import SharedRegion
-from crnet.schemes import Place
+from crnet.schemes import Origin, Place
 from crnet.schemes.chunks import ChunkLayout
 from crnet.tools.launch import MASTER
 
@@ -356,9 +356,9 @@ def result_chunks(engine, step: int, vector: np.ndarray, chunks) -> None:
     for c in chunks:
         a, b = layout.bounds(c)
         msg = Result(step, c, vector.size, vector.dtype.name)
-        dest = engine.parent_result_dest(msg, layout.nbytes(c))
+        dest = engine.piece_dest(Origin.PARENT, 0, msg, layout.nbytes(c))
         np.frombuffer(dest, vector.dtype)[:] = vector[a:b]
-        engine.parent_result(msg)
+        engine.piece(Origin.PARENT, 0, msg, dest)
 
 
 def ask(link: ClientLink, step: int) -> None:

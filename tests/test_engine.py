@@ -24,7 +24,7 @@ from crnet.node.steps import (
 )
 from crnet.node.steps.settings import physical_memory
 from crnet.protocol.messages import Chunk, Fail, FailKind, Open, Result
-from crnet.schemes import Place
+from crnet.schemes import Origin, Place
 from crnet.schemes.chunks import ChunkLayout
 
 from .conftest import not_held, wait_until
@@ -88,11 +88,11 @@ def send_chunk(engine, k, step, chunk, vector, chunk_bytes=32):
     layout = ChunkLayout.of(vector.size, vector.dtype, chunk_bytes)
     a, b = layout.bounds(chunk)
     msg = Chunk(step, chunk, vector.size, vector.dtype.name)
-    dest = engine.child_chunk_dest(k, msg, layout.nbytes(chunk))
+    dest = engine.piece_dest(Origin.CHILD, k, msg, layout.nbytes(chunk))
     if dest is None:
         return False
     np.frombuffer(dest, vector.dtype)[:] = vector[a:b]
-    engine.child_chunk(k, msg)
+    engine.piece(Origin.CHILD, k, msg, dest)
     return True
 
 
@@ -108,10 +108,10 @@ def send_result(engine, step, vector, chunk_bytes=32):
     for c in range(layout.chunks):
         a, b = layout.bounds(c)
         msg = Result(step, c, vector.size, vector.dtype.name)
-        dest = engine.parent_result_dest(msg, layout.nbytes(c))
+        dest = engine.piece_dest(Origin.PARENT, 0, msg, layout.nbytes(c))
         assert dest is not None, f"the engine dropped RESULT chunk {c} of step {step}"
         np.frombuffer(dest, vector.dtype)[:] = vector[a:b]
-        engine.parent_result(msg)
+        engine.piece(Origin.PARENT, 0, msg, dest)
 
 
 def coded(tree, dim=10, samples=24, seed=1):
@@ -591,9 +591,9 @@ async def test_a_piece_claiming_more_than_the_hosts_memory_closes_the_link(engin
     engine = engine_at(node("0"), links, parent, max_vector_bytes=1024)
     huge = Chunk(1, 0, 129, "float64")           # 1032 bytes
     with pytest.raises(ProtocolError, match=r"claims a vector of 129 x float64 \(1032 bytes\)"):
-        engine.child_chunk_dest(0, huge, 1032)
+        engine.piece_dest(Origin.CHILD, 0, huge, 1032)
     with pytest.raises(ProtocolError, match="RESULT for step 1"):
-        engine.parent_result_dest(Result(1, 0, 129, "float64"), 1032)
+        engine.piece_dest(Origin.PARENT, 0, Result(1, 0, 129, "float64"), 1032)
     assert engine.open_steps == [] and engine.scheme.ups == {}
     assert all(link.messages() == [] for link in links) and parent.messages() == []
     assert send_chunk(engine, 0, 1, 0, np.ones(128))   # 1024 bytes: taken

@@ -42,13 +42,11 @@ from crnet.protocol.messages import (
     Open,
     PeerHello,
     PeerWelcome,
-    Phase,
     Probe,
     ProbeEcho,
     Refuse,
     Result,
     RingPlace,
-    Segment,
     StatsReply,
     StatsRequest,
     Submit,
@@ -57,6 +55,7 @@ from crnet.protocol.messages import (
 from crnet.protocol.shm import SharedRegion
 from crnet.schemes import Place
 from crnet.schemes.chunks import ChunkLayout
+from crnet.schemes.ring_allreduce.messages import Phase, Segment
 
 from .conftest import not_held, rooms
 from .fake_links import FakeLink

@@ -21,7 +21,7 @@ from crnet.protocol.messages import (
     RingPlace,
     Welcome,
 )
-from crnet.schemes import Place
+from crnet.schemes import Origin, Place
 from crnet.schemes.chunks import ChunkLayout
 
 from .fake_links import FakeLink
@@ -264,7 +264,7 @@ async def test_losing_children_is_told_to_the_step_engine(master):
     outcomes = []
     master.engine.request(7, None, outcomes.append)
     # Child 1's chunk header arrived (the step is under way); then both children go.
-    assert master.engine.child_chunk_dest(1, Chunk(7, 0, 4, "float64"), 32) is not None
+    assert master.engine.piece_dest(Origin.CHILD, 1, Chunk(7, 0, 4, "float64"), 32) is not None
     master.child_lost(1, b)
     assert outcomes == []                   # s = 1: child 0 alone still decodes
     master.child_lost(0, a)

@@ -40,17 +40,13 @@ from crnet.protocol.messages import (
     Job,
     Joined,
     Message,
-    Moot,
     Move,
     Open,
-    Owners,
     PeerCheck,
     PeerChecked,
     PeerConfirmed,
     PeerHello,
     PeerWelcome,
-    Phase,
-    Piece,
     Probe,
     ProbeEcho,
     Proof,
@@ -59,7 +55,6 @@ from crnet.protocol.messages import (
     Refuse,
     Result,
     RingPlace,
-    Segment,
     StatsReply,
     StatsRequest,
     StatusHello,
@@ -74,6 +69,8 @@ from crnet.protocol.messages import (
     vote_key,
 )
 from crnet.protocol.wire import FrameReader, MsgType
+from crnet.schemes.ring_allreduce.messages import Phase, Segment
+from crnet.schemes.spread.messages import Moot, Owners, Piece
 
 INT64_MAX = (1 << 63) - 1
 

@@ -15,13 +15,12 @@ from crnet.protocol.messages import (
     PeerConfirmed,
     PeerHello,
     PeerWelcome,
-    Phase,
-    Piece,
     Refuse,
     RingPlace,
-    Segment,
 )
 from crnet.schemes import Place
+from crnet.schemes.ring_allreduce.messages import Phase, Segment
+from crnet.schemes.spread.messages import Piece
 
 from .conftest import rooms
 from .fake_links import FakeLink

@@ -19,7 +19,9 @@ from crnet import AsyncClient
 from crnet.cli import main
 from crnet.coding.plan import Tree
 from crnet.protocol.auth import mac, new_nonce
-from crnet.protocol.messages import Challenge, Moot, PeerHello, PeerWelcome, Phase, Piece, Proof, Refuse
+from crnet.protocol.messages import Challenge, PeerHello, PeerWelcome, Proof, Refuse
+from crnet.schemes.ring_allreduce.messages import Phase
+from crnet.schemes.spread.messages import Moot, Piece
 from crnet.schemes.spread.owners import owners
 from crnet.tools.launch import MASTER
 from crnet.tools.status import rows

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from crnet import defaults
-from crnet.protocol.messages import Chunk, Fail, Hello, Joined, Phase, Result, Segment
+from crnet.protocol.messages import Chunk, Fail, Hello, Joined, Result
 from crnet.protocol.transport import LOWAT_MAX, Connection
 from crnet.protocol.wire import PREFIX, VERSION, MsgType, encode
+from crnet.schemes.ring_allreduce.messages import Phase, Segment
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -60,9 +60,7 @@ from crnet.protocol.messages import (
     Open,
     PeerHello,
     PeerWelcome,
-    Phase,
     Refuse,
-    Segment,
     StatsReply,
     StatsRequest,
     Submit,
@@ -71,6 +69,7 @@ from crnet.protocol.messages import (
 from crnet.protocol.shm import PROGRESS_BYTES
 from crnet.protocol.transport import Connection
 from crnet.protocol.wire import MAGIC, PREFIX, VERSION, MsgType
+from crnet.schemes.ring_allreduce.messages import Phase, Segment
 from crnet.tools.launch import MASTER, LocalTree
 from crnet.tools.procs import stop_processes
 

@@ -36,13 +36,13 @@ from crnet.protocol.messages import (
     Open,
     PeerHello,
     PeerWelcome,
-    Phase,
-    Piece,
     Proof,
     Refuse,
     RingPlace,
     Welcome,
 )
+from crnet.schemes.ring_allreduce.messages import Phase
+from crnet.schemes.spread.messages import Piece
 from crnet.tools.launch import MASTER, free_port
 
 from .conftest import KILL

@@ -27,11 +27,11 @@ from crnet.protocol.messages import (
     PeerConfirmed,
     PeerHello,
     PeerWelcome,
-    Phase,
-    Piece,
     Refuse,
     Welcome,
 )
+from crnet.schemes.ring_allreduce.messages import Phase
+from crnet.schemes.spread.messages import Piece
 from crnet.tools.launch import MASTER, LocalTree
 
 from .conftest import wait_for_log

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from crnet.coding.plan import Tree
-from crnet.protocol.messages import PeerConfirmed, Phase, Segment
+from crnet.protocol.messages import PeerConfirmed
+from crnet.schemes.ring_allreduce.messages import Phase, Segment
 from crnet.tools.launch import MASTER
 
 from .test_trust import close_all, connect, exact, grads_for, running, step

@@ -33,14 +33,14 @@ from crnet.protocol.messages import (
     PeerConfirmed,
     PeerHello,
     PeerWelcome,
-    Phase,
-    Piece,
     Proof,
     Refuse,
     parse,
 )
 from crnet.protocol.tls import TlsFiles, channel_binding, contexts
 from crnet.protocol.wire import PREFIX, MsgType
+from crnet.schemes.ring_allreduce.messages import Phase
+from crnet.schemes.spread.messages import Piece
 
 __all__ = ["TlsInsider"]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import click
 
-from .bench import bench
 from .daemon import crnetd
 from .demo import demo
 from .model import model_command
@@ -26,6 +25,6 @@ def main():
     """crnet: straggler-tolerant gradient aggregation (CodedReduce)."""
 
 
-for command in (plan, demo, run, bench, model_command, status_command, tune_command):
+for command in (plan, demo, run, model_command, status_command, tune_command):
     main.add_command(command)
 main.add_command(crnetd, name="daemon")

@@ -1,20 +1,25 @@
 """Aggregation schemes: what a node does with a step's vectors, free of sockets.
 
-One file per algorithm (``coded_reduce.py``, ``ring_allreduce.py``), each with its
-pure step state and its driver, a ``Scheme`` (``base.py``) that the node's step
-engine drives. Adding a scheme: one file, one entry below, one name in
-``plan.SCHEMES`` with its tree shape in ``plan.scheme_tree``.
+One folder per algorithm (``coded_reduce/``, ``ring_allreduce/``, ``spread/``), each with
+its pure step state, its messages and its driver, a ``Scheme`` (``base.py``) that the
+node's step engine drives and whose ``TAKES`` says which messages it takes from which
+kind of link. Adding a scheme: its folder, one entry in ``DRIVERS`` below, and its name
+in ``plan.SCHEMES`` (with its tree shape in ``plan.scheme_tree``). A message of its own
+also takes a wire number (``wire.MsgType``): the one table of frame types every peer
+must agree on.
 """
 
 from __future__ import annotations
 
 from ..coding.plan import SCHEMES
-from .base import Memory, Place, Ports, Scheme, Sends, Stall, Steps
+from ..protocol.messages import Message
+from .base import Memory, Origin, PeerSends, Place, Ports, Scheme, Sends, Stall, Steps, Takes
 from .coded_reduce.driver import CodedReduce
 from .ring_allreduce.driver import RingAllreduce
 from .spread.driver import Spread
 
-__all__ = ["DRIVERS", "Memory", "Place", "Ports", "Scheme", "Sends", "Stall", "Steps", "driver"]
+__all__ = ["DRIVERS", "TAKEN", "WITH_PAYLOAD", "Memory", "Origin", "PeerSends", "Place", "Ports", "Scheme",
+           "Sends", "Stall", "Steps", "Takes", "driver"]
 
 DRIVERS: dict[str, type[Scheme]] = {
     "cr": CodedReduce,
@@ -24,6 +29,15 @@ DRIVERS: dict[str, type[Scheme]] = {
     "spread": Spread,      # CodedReduce decoded at the chunks' owners
 }
 assert set(DRIVERS) == set(SCHEMES), "every scheme crnetd accepts needs a driver"
+
+# What the links hand the step engine, per kind of link: every message some scheme takes
+# from it; WITH_PAYLOAD those of them that carry bytes. The engine checks the running
+# scheme's own.
+TAKEN: dict[Origin, tuple[type[Message], ...]] = {
+    origin: tuple(dict.fromkeys(t.message for d in DRIVERS.values() for t in d.TAKES if t.origin is origin))
+    for origin in Origin}
+WITH_PAYLOAD: dict[Origin, tuple[type[Message], ...]] = {
+    origin: tuple(m for m in TAKEN[origin] if m.PAYLOAD) for origin in Origin}
 
 
 def driver(place: Place, ports: Ports) -> Scheme:

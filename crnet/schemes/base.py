@@ -1,33 +1,38 @@
 """What an aggregation scheme is to the node that runs it, and what the node offers it.
 
-A scheme (one file each: ``coded_reduce.py``, ``ring_allreduce.py``) moves one
+A scheme (a folder each: ``coded_reduce/``, ``ring_allreduce/``, ``spread/``) moves one
 step's vectors at one node: it says where each incoming piece lands, combines
-them, and sends pieces on through ``Ports`` (sends, its steps, memory, stats). It
-never touches a socket. The step engine (``crnet.node.steps``) drives it: it opens
-a step before handing the scheme its first piece, hands it only pieces of steps not
-decided, and owns what every scheme shares: per-step deadlines, the result cache,
-failures, and the training processes waiting for results.
+them, and sends pieces on through ``Ports`` (sends, its steps, memory, stats; a scheme
+with peers also gets ``peers``). It never touches a socket. The step engine
+(``crnet.node.steps``) drives it: it opens a step before handing the scheme its first
+piece, hands it only pieces of steps not decided, and owns what every scheme shares:
+per-step deadlines, the result cache, failures, and the training processes waiting for
+results.
 
-A scheme that does not expect a message leaves the default, which rejects it as a
-protocol error (the connection it came on is closed).
+A scheme brings its own messages: ``TAKES`` lists each kind of piece it takes, from which
+kind of link (``Origin``), and the methods that take it, as a link's table lists its
+handlers. The links hand the engine every message some scheme takes from their kind of
+link (``crnet.schemes.TAKEN``); the engine admits it (the window, the size, the step
+opened) through one entry point and calls the scheme's method. A message the running
+scheme does not list is a protocol error (the connection it came on is closed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from ..coding.codes import GradientCode
 from ..coding.plan import Tree
-from ..errors import ProtocolError
 from ..measure.stats import Stats
-from ..protocol.messages import Chunk, Message, Moot, Owners, Piece, Result, RingPlace, Segment
+from ..protocol.messages import Message, Result, RingPlace
 from .chunks import ChunkLayout
 
-__all__ = ["Memory", "Place", "Ports", "Scheme", "Sends", "Stall", "Steps"]
+__all__ = ["Memory", "Origin", "PeerSends", "Place", "Ports", "Scheme", "Sends", "Stall", "Steps", "Takes"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,14 @@ class Sends(Protocol):
     def to_children(self, msg: Result, payload) -> None:
         """One encoding to every connected child; one that stopped reading is cut off."""
 
+    def absent_children(self) -> dict[int, str]:
+        """Children without a live link, with why."""
+
+
+class PeerSends(Protocol):
+    """Where a scheme with peers (rar, spread: ``plan.PEER_SCHEMES``) sends beside the tree;
+    never blocks."""
+
     def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
         """To peer ``rank`` (the ring successor, another spread host); queued while its link
         is (re)connecting, until ``step`` is decided."""
@@ -113,9 +126,6 @@ class Sends(Protocol):
     def announce(self, msg: Message) -> None:
         """To every peer now, and first to each peer whose link comes up later (the
         latest announcement only): spread's map of owners."""
-
-    def absent_children(self) -> dict[int, str]:
-        """Children without a live link, with why."""
 
 
 class Steps(Protocol):
@@ -177,10 +187,44 @@ class Ports:
     steps: Steps
     memory: Memory
     stats: Stats
+    peers: PeerSends | None = None   # only for a scheme with peers (``plan.PEER_SCHEMES``)
+
+
+class Origin(enum.Enum):
+    """The kind of link a step's piece came on; with it comes ``who``: the child's slot, the
+    peer's rank, 0 for the parent."""
+
+    CHILD = "children"
+    PARENT = "its parent"
+    PEER = "peers"
+
+
+@dataclass(frozen=True)
+class Takes:
+    """One kind of piece a scheme takes: ``message`` from links of kind ``origin``. ``take``
+    names the method told of it, once whole, as ``take(who, msg)``; ``dest``, for a message
+    with a payload, the one that says where its bytes land, ``dest(who, msg, nbytes)``
+    (None: drop them unread).
+
+    The engine admits it first: its step in the window and not decided, a vector no larger
+    than the host's memory, the step opened (a piece from the parent is of a step the tree
+    decided: it is taken beyond the window and opens nothing). ``stepped=False``: a piece
+    of no step (spread's map of owners): only the node's share is needed. ``beyond``: a
+    peer's piece of the tree's decided sum (spread's sum chunks): taken beyond the window,
+    as a parent's is, except at the master, which is where the tree is."""
+
+    message: type[Message]
+    origin: Origin
+    take: str
+    dest: str | None = None
+    stepped: bool = True
+    beyond: Callable[[Any], bool] | None = None
 
 
 class Scheme:
     """One aggregation algorithm at one node, driven by the step engine."""
+
+    TAKES: ClassVar[tuple[Takes, ...]] = ()   # the pieces it takes, from which links
 
     def __init__(self, place: Place, ports: Ports):
         self.place = place
@@ -190,37 +234,6 @@ class Scheme:
     def local(self, step: int, vector: np.ndarray) -> str | None:
         """This node's local vector for ``step``; returns why it does not fit, or None."""
         raise NotImplementedError
-
-    # -- pieces from children, the parent and the ring predecessor
-    def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
-        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no CHUNK from children")
-
-    def child_chunk(self, k: int, msg: Chunk) -> None:
-        pass
-
-    def result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
-        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no RESULT from its parent")
-
-    def result(self, msg: Result) -> None:
-        pass
-
-    def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
-        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) is not in a ring")
-
-    def segment(self, msg: Segment) -> None:
-        pass
-
-    def piece_dest(self, rank: int, msg: Piece, nbytes: int) -> memoryview | None:
-        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no PIECE from peers")
-
-    def piece(self, rank: int, msg: Piece) -> None:
-        pass
-
-    def owners(self, rank: int, msg: Owners) -> None:
-        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no OWNERS from peers")
-
-    def moot(self, rank: int, msg: Moot) -> None:
-        raise ProtocolError(f"{self.place.label} ({self.place.scheme}) takes no MOOT from peers")
 
     # -- what the engine tells the scheme
     def opened(self, step: int) -> None:

@@ -31,27 +31,23 @@ from ...peer_text import Throttle, tamed
 from ...protocol.messages import (
     Barrier,
     Bcast,
-    Chunk,
     Fail,
     Hello,
     Job,
     Joined,
     Message,
-    Moot,
     Open,
-    Owners,
     PeerCheck,
     PeerHello,
-    Piece,
     ProbeEcho,
     Refuse,
-    Segment,
     StatusHello,
     StatusReply,
     StatusRequest,
     WantState,
 )
 from ...protocol.transport import Connection
+from ...schemes import TAKEN, WITH_PAYLOAD, Origin
 from ..collectives.barriers import Barriers
 from ..collectives.broadcasts import Broadcasts
 from ..join.membership import Membership
@@ -136,17 +132,17 @@ class ChildLink(StateMachine):
         conn.close()
 
     # ---------------------------------------------------------------- CHILD
-    def _chunk_dest(self, conn: Connection, msg: Chunk, nbytes: int):
+    def _piece_dest(self, conn: Connection, msg: Message, nbytes: int):
         assert self.slot is not None
-        return self.engine.child_chunk_dest(self.slot, msg, nbytes)
+        return self.engine.piece_dest(Origin.CHILD, self.slot, msg, nbytes)
 
     def _bcast_dest(self, conn: Connection, msg: Bcast, nbytes: int):
         assert self.slot is not None
         return self.broadcasts.child_dest(self.slot, msg, nbytes)
 
-    def _chunk(self, conn: Connection, msg: Chunk, payload) -> None:
+    def _piece(self, conn: Connection, msg: Message, payload) -> None:
         assert self.slot is not None
-        self.engine.child_chunk(self.slot, msg)
+        self.engine.piece(Origin.CHILD, self.slot, msg, payload)
 
     def _joined(self, conn: Connection, msg: Joined, payload) -> None:
         assert self.slot is not None
@@ -208,30 +204,13 @@ class ChildLink(StateMachine):
         conn.close()
 
     # ---------------------------------------------------------------- PEER, STATUS
-    def _segment_dest(self, conn: Connection, msg: Segment, nbytes: int):
-        return self.engine.segment_dest(msg, nbytes)
-
-    def _segment(self, conn: Connection, msg: Segment, payload) -> None:
-        if payload is None and self.engine.segment_dest(msg, 0) is None:
-            return    # an empty segment (checked like any other): nothing was received
-        self.engine.segment(msg)
-
-    def _piece_dest(self, conn: Connection, msg: Piece, nbytes: int):
+    def _peer_piece_dest(self, conn: Connection, msg: Message, nbytes: int):
         assert self.rank is not None
-        return self.engine.piece_dest(self.rank, msg, nbytes)
+        return self.engine.piece_dest(Origin.PEER, self.rank, msg, nbytes)
 
-    def _owners(self, conn: Connection, msg: Owners, payload) -> None:
+    def _peer_piece(self, conn: Connection, msg: Message, payload) -> None:
         assert self.rank is not None
-        self.engine.owners(self.rank, msg)
-
-    def _moot(self, conn: Connection, msg: Moot, payload) -> None:
-        assert self.rank is not None
-        self.engine.moot(self.rank, msg)
-
-    def _piece(self, conn: Connection, msg: Piece, payload) -> None:
-        assert self.rank is not None
-        if payload is not None:   # (else it was dropped unread: moot, or another layout)
-            self.engine.piece(self.rank, msg)
+        self.engine.piece(Origin.PEER, self.rank, msg, payload)
 
     def _peer_check(self, conn: Connection, msg: PeerCheck, payload) -> None:
         assert self.rank is not None
@@ -242,17 +221,18 @@ class ChildLink(StateMachine):
 
     RECEIVE: ClassVar[Receives] = {
         ChildState.NEW: {Hello: _hello, PeerHello: _peer_hello, StatusHello: _status_hello},
-        ChildState.CHILD: {Chunk: _chunk, Joined: _joined, Fail: _fail, Open: _open, Job: _job,
+        ChildState.CHILD: {**dict.fromkeys(TAKEN[Origin.CHILD], _piece), Joined: _joined, Fail: _fail,
+                           Open: _open, Job: _job,
                            Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
                            StatusReply: _status_reply, Refuse: _leaving, ProbeEcho: _probe_echo},
         ChildState.UNCONFIRMED: {PeerCheck: _peer_check},
-        ChildState.PEER: {Segment: _segment, Piece: _piece, Owners: _owners, Moot: _moot,
-                          PeerCheck: _peer_check},
+        ChildState.PEER: {**dict.fromkeys(TAKEN[Origin.PEER], _peer_piece), PeerCheck: _peer_check},
         ChildState.STATUS: {StatusRequest: _status_request},
         ChildState.REFUSED: {Message: ignore},
     }
     PAYLOAD: ClassVar[Payloads] = {
-        ChildState.CHILD: {Chunk: _chunk_dest, Bcast: _bcast_dest},
-        ChildState.PEER: {Segment: _segment_dest, Piece: _piece_dest},
+        ChildState.CHILD: {**dict.fromkeys(WITH_PAYLOAD[Origin.CHILD], _piece_dest),
+                           Bcast: _bcast_dest},
+        ChildState.PEER: dict.fromkeys(WITH_PAYLOAD[Origin.PEER], _peer_piece_dest),
         ChildState.REFUSED: {Message: drop},
     }

@@ -30,12 +30,12 @@ from ...protocol.messages import (
     Probe,
     ProbeEcho,
     Refuse,
-    Result,
     StatusRequest,
     WantState,
     Welcome,
 )
 from ...protocol.transport import Connection
+from ...schemes import TAKEN, WITH_PAYLOAD, Origin
 from ..collectives.barriers import Barriers
 from ..collectives.broadcasts import Broadcasts
 from ..join.membership import Membership
@@ -90,8 +90,8 @@ class ParentLink(DialedLink):
         except JoinRefused as e:
             self.cannot_take(conn, e)
 
-    def _result_dest(self, conn: Connection, msg: Result, nbytes: int):
-        return self.engine.parent_result_dest(msg, nbytes)
+    def _piece_dest(self, conn: Connection, msg: Message, nbytes: int):
+        return self.engine.piece_dest(Origin.PARENT, 0, msg, nbytes)
 
     def _bcast_dest(self, conn: Connection, msg: Bcast, nbytes: int):
         return self.broadcasts.parent_dest(msg, nbytes)
@@ -99,8 +99,8 @@ class ParentLink(DialedLink):
     def _assign_dest(self, conn: Connection, msg: Assign, nbytes: int):
         return memoryview(bytearray(nbytes))  # Limits capped it at MAX_CONTROL_PAYLOAD
 
-    def _result(self, conn: Connection, msg: Result, payload) -> None:
-        self.engine.parent_result(msg)
+    def _piece(self, conn: Connection, msg: Message, payload) -> None:
+        self.engine.piece(Origin.PARENT, 0, msg, payload)
 
     def _fail(self, conn: Connection, msg: Fail, payload) -> None:
         # Its reason goes on to this subtree's processes.
@@ -136,13 +136,15 @@ class ParentLink(DialedLink):
 
     RECEIVE: ClassVar[Receives] = {
         DialedState.WAITING: {Welcome: _welcome, Refuse: DialedLink.refused},
-        DialedState.WELCOMED: {Result: _result, Fail: _fail, Assign: _assign, Job: _job,
+        DialedState.WELCOMED: {**dict.fromkeys(TAKEN[Origin.PARENT], _piece), Fail: _fail, Assign: _assign,
+                               Job: _job,
                                Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
                                StatusRequest: _status_request, Welcome: _welcome_again,
                                Probe: _probe, Move: _move},
         DialedState.REFUSED: {},
     }
     PAYLOAD: ClassVar[Payloads] = {
-        DialedState.WELCOMED: {Result: _result_dest, Bcast: _bcast_dest, Assign: _assign_dest,
+        DialedState.WELCOMED: {**dict.fromkeys(WITH_PAYLOAD[Origin.PARENT], _piece_dest),
+                               Bcast: _bcast_dest, Assign: _assign_dest,
                                Probe: _probe_dest},
     }

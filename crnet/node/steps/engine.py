@@ -1,18 +1,19 @@
 """The step engine: the gate every piece of a step passes at one node.
 
-The links hand it each step's pieces (the local vector, children's chunks, the
-parent's result chunks, ring segments) as typed messages. It admits a piece only if
-its step is in the window and not decided, opens the step (its deadline runs:
+The links hand it each step's pieces as typed messages, through one entry point
+(``piece_dest`` for where a payload lands, ``piece`` once it is whole), with the kind
+of link it came on and who sent it; the local vector comes through ``request``. Which
+messages are pieces is the scheme's word (``Scheme.TAKES``). The engine admits a piece
+only if its step is in the window and not decided, opens the step (its deadline runs:
 ``deadlines.py``) before the scheme (``crnet.schemes``) sees its first piece, and
 passes it on; the scheme combines pieces, sends them on and gives its verdict
-through narrow ports (``sends.py``, ``decisions.py``, ``lending.py``). The rooms:
+through narrow ports (``Sends`` below, ``decisions.py``, ``lending.py``). The rooms:
 
 - ``window.py``     which steps are decided, and which may take part (``tree_step``);
 - ``deadlines.py``  a deadline for every step under way (the stall inspector);
 - ``decisions.py``  a step resolves or fails; whoever waits is answered;
 - ``outcomes.py``   what a step came to, and the outcomes kept (the result cache);
-- ``lending.py``    memory, and results straight into a training process's output;
-- ``sends.py``      the scheme's sends over the node's links.
+- ``lending.py``    memory, and results straight into a training process's output.
 
 What the gate itself decides:
 
@@ -27,48 +28,38 @@ What the gate itself decides:
 - **One vector per host and step.** A second SUBMIT of a step (a restarted process, a
   retry) waits for the result and adds nothing.
 - **No vector larger than this host's memory** (``max_vector_bytes``): a peer whose
-  CHUNK, RESULT or segment claims one has its connection closed before anything is
-  allocated (no host could hold it: it is not a gradient, it is an attack or a bug).
+  piece (CHUNK, RESULT, SEGMENT, PIECE, ...) claims one has its connection closed before
+  anything is allocated (no host could hold it: it is not a gradient, it is an attack or
+  a bug).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from ... import defaults
+from ...coding.plan import PEER_SCHEMES
 from ...dtypes import DTYPES, dtype_name
 from ...errors import ProtocolError
 from ...measure.stats import Stats
 from ...peer_text import Throttle, shown
-from ...protocol.messages import (
-    Chunk,
-    Fail,
-    FailKind,
-    Message,
-    Moot,
-    Open,
-    Owners,
-    Phase,
-    Piece,
-    Result,
-    Segment,
-)
-from ...schemes import Place, Ports, Scheme, Stall, driver
+from ...protocol.messages import Chunk, Fail, FailKind, Message, Open, Result
+from ...schemes import Origin, Place, Ports, Scheme, Stall, Takes, driver
 from ..neighbours import Neighbours
 from ..signal import Signal
 from .deadlines import Deadlines
 from .decisions import Answer, Decisions
 from .lending import Lend, Lender, Lending
 from .outcomes import Failed, Kept, Lost, Mismatched, Outcome, Refused, Resolved, fail_of
-from .sends import TreeSends
 from .settings import EngineSettings
 from .window import StepWindow
 
 log = logging.getLogger("crnet.node")
-
-RING_PREDECESSOR = -1    # rar: the one peer that sends this host segments, as a peer rank
 
 __all__ = ["StepEngine"]
 
@@ -91,7 +82,8 @@ class StepEngine:
             settings, stats, self.window, self.deadlines,
             Kept(settings.keep_results, settings.result_memory),
             self.lending, neighbours, self._forget)
-        self.sends = TreeSends(neighbours, settings.send_queue_bytes, self.deadlines.sent_up)
+        self.sends = Sends(neighbours, settings.send_queue_bytes, self.deadlines.sent_up)
+        self._takes: dict[tuple[Origin, type[Message]], Taking] = {}   # the scheme's TAKES, bound
         self._peer_lines = Throttle(log)        # lines about what children sent
         self._disowned: set[int] = set()        # peers this assignment will not reach (--tls-names)
 
@@ -155,12 +147,15 @@ class StepEngine:
         self._new_scheme(place)
 
     def _new_scheme(self, place: Place) -> None:
-        self.scheme = driver(place, self._ports())
+        self.scheme = scheme = driver(place, self._ports(place))
+        self._takes = {(t.origin, t.message): Taking.of(t, scheme) for t in scheme.TAKES}
         for rank in self._disowned:
             self.scheme.peer_disowned(rank)
 
-    def _ports(self) -> Ports:
-        return Ports(send=self.sends, steps=self.decisions, memory=self.lending, stats=self.stats)
+    def _ports(self, place: Place) -> Ports:
+        peers = self.sends if place.scheme in PEER_SCHEMES else None
+        return Ports(send=self.sends, steps=self.decisions, memory=self.lending, stats=self.stats,
+                     peers=peers)
 
     def learn(self, tree_step: int, vector: tuple[int, str] | None = None) -> None:
         """What a peer knows of the tree (a parent's WELCOME, a child's JOINED): a node that
@@ -264,18 +259,69 @@ class StepEngine:
             return
         self.decisions.waiters.setdefault(step, []).append(answer)
 
-    # -- children
-    def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
+    # -- a step's pieces, from any link
+    def piece_dest(self, origin: Origin, who: int, msg: Any, nbytes: int) -> memoryview | None:
+        """Where the payload of ``msg`` (a piece the scheme takes from ``origin``'s kind of
+        link, sent by ``who``) lands; None: it is read and dropped (its step is decided, or
+        refused)."""
+        taking = self._taking(origin, msg)
+        if taking is None or not self._admit(taking, origin, who, msg):
+            return None
+        assert taking.dest is not None
+        return taking.dest(who, msg, nbytes)
+
+    def piece(self, origin: Origin, who: int, msg: Any, payload: memoryview | None) -> None:
+        """``msg`` is whole (its payload landed where ``piece_dest`` said)."""
+        taking = self._taking(origin, msg)
+        if taking is None:
+            return
+        if taking.dest is None:                # no payload: admitted only now
+            if not self._admit(taking, origin, who, msg):
+                return
+        elif payload is None:                  # an empty payload: no destination was asked
+            if self.piece_dest(origin, who, msg, 0) is None:
+                return
+        elif self.is_decided(msg.step):        # decided while its bytes came
+            return
+        taking.take(who, msg)
+
+    def _taking(self, origin: Origin, msg: Message) -> Taking | None:
+        """The running scheme's method for ``msg`` from ``origin``; None before this node has
+        its share; a ProtocolError (the connection closes) if the scheme takes no such piece."""
+        if self.scheme is None:
+            if origin is Origin.PEER and not _stepped(msg):
+                raise ProtocolError(f"{msg.TYPE.name} before this node has its share")
+            return None
+        taking = self._takes.get((origin, type(msg)))
+        if taking is None:
+            raise ProtocolError(f"{self.label} ({self.place.scheme if self.place else '?'}) "
+                                f"takes no {msg.TYPE.name} from {origin.value}")
+        return taking
+
+    def _admit(self, taking: Taking, origin: Origin, who: int, msg: Any) -> bool:
+        """May ``msg`` take part in its step here (the module's docstring)? The step opens."""
+        if not taking.stepped:
+            return True
         self._check_size(msg)
-        if (not self._admit_child(k, msg.step) or self.scheme is None
-                or not self._open(msg.step, announce=True, child=k)):
-            return None  # decided (a straggler's late chunk: dropped unread), or refused
-        return self.scheme.child_chunk_dest(k, msg, nbytes)
+        step = msg.step
+        if origin is Origin.CHILD:
+            return self._admit_child(who, step) and self._open(step, announce=True, child=who)
+        if self.is_decided(step):
+            return False
+        if origin is Origin.PARENT:
+            self.window.seen(step)   # results of a step this node took no part in
+            return True
+        # A peer's piece of the tree's decided sum is taken beyond the window, as a parent's
+        # RESULT is: a host that fell behind (restarted while the others ran on) learns so
+        # where the tree is, instead of failing its steps one deadline at a time. Not at the
+        # master, which is where the tree is: there a sum's chunk far ahead is a peer's word,
+        # and the step it opened would fail for the whole tree at its deadline.
+        decided_sum = taking.beyond is not None and taking.beyond(msg) and not self.is_master
+        if not decided_sum and self.refusal(step) is not None:
+            return False
+        return self._open(step, self._announces, peer=who)
 
-    def child_chunk(self, k: int, msg: Chunk) -> None:
-        if self.scheme is not None and not self.is_decided(msg.step):
-            self.scheme.child_chunk(k, msg)
-
+    # -- children
     def child_opened(self, k: int, msg: Open) -> None:
         if self._admit_child(k, msg.step):
             self._open(msg.step, announce=True, child=k)
@@ -312,7 +358,7 @@ class StepEngine:
             return False
         return True
 
-    def _check_size(self, msg: Chunk | Result | Segment | Piece | Moot) -> None:
+    def _check_size(self, msg: Any) -> None:
         """A piece claiming a vector no host could hold closes its connection (ProtocolError)
         before anything is allocated for it."""
         nbytes = msg.total * DTYPES[msg.dtype].itemsize   # (a dtype the message checked)
@@ -350,17 +396,6 @@ class StepEngine:
             slot.link.send(msg)
 
     # -- the parent
-    def parent_result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
-        self._check_size(msg)
-        if self.is_decided(msg.step) or self.scheme is None:
-            return None
-        self.window.seen(msg.step)   # results of a step this node took no part in
-        return self.scheme.result_dest(msg, nbytes)
-
-    def parent_result(self, msg: Result) -> None:
-        if self.scheme is not None and not self.is_decided(msg.step):
-            self.scheme.result(msg)
-
     def parent_failed(self, msg: Fail) -> None:
         decisions = self.decisions
         if msg.kind is FailKind.MISMATCH:
@@ -383,36 +418,6 @@ class StepEngine:
             self.decisions.fail(step, f"{self.label} {reason}", tree_wide=False)
 
     # -- peers: the ring predecessor (rar), the other hosts (spread)
-    def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
-        if not self._admit_peer(RING_PREDECESSOR, msg):
-            return None
-        assert self.scheme is not None
-        return self.scheme.segment_dest(msg, nbytes)
-
-    def segment(self, msg: Segment) -> None:
-        if self.scheme is not None and not self.is_decided(msg.step):
-            self.scheme.segment(msg)
-
-    def piece_dest(self, rank: int, msg: Piece, nbytes: int) -> memoryview | None:
-        if not self._admit_peer(rank, msg):
-            return None
-        assert self.scheme is not None
-        return self.scheme.piece_dest(rank, msg, nbytes)
-
-    def piece(self, rank: int, msg: Piece) -> None:
-        if self.scheme is not None and not self.is_decided(msg.step):
-            self.scheme.piece(rank, msg)
-
-    def owners(self, rank: int, msg: Owners) -> None:
-        if self.scheme is None:
-            raise ProtocolError("OWNERS before this node has its share")
-        self.scheme.owners(rank, msg)
-
-    def moot(self, rank: int, msg: Moot) -> None:
-        if self._admit_peer(rank, msg):
-            assert self.scheme is not None
-            self.scheme.moot(rank, msg)
-
     def peer_unreachable(self, rank: int) -> None:
         if self.scheme is not None:
             self.scheme.peer_unreachable(rank)
@@ -432,16 +437,70 @@ class StepEngine:
         if self.scheme is not None:
             self.scheme.peer_silent(rank)
 
-    def _admit_peer(self, rank: int, msg: Segment | Piece | Moot) -> bool:
-        """Peer ``rank``'s piece of a step in the window and not decided: the step opens
-        here (its clock starts once another peer's piece came too: ``deadlines.py``). A
-        chunk of spread's sum is taken beyond the window, as a parent's RESULT is: the tree
-        decoded it, and a host that fell behind (restarted while the others ran on) learns
-        so where the tree is, instead of failing its steps one deadline at a time. Not at
-        the master, which is where the tree is: there a sum's chunk far ahead is a peer's
-        word, and the step it opened would fail for the whole tree at its deadline."""
-        self._check_size(msg)
-        sum_piece = isinstance(msg, Piece) and msg.phase is Phase.GATHER
-        ahead = not (sum_piece and not self.is_master) and self.refusal(msg.step)
-        return not (self.is_decided(msg.step) or ahead or self.scheme is None
-                    or not self._open(msg.step, self._announces, peer=rank))
+
+def _stepped(msg: Message) -> bool:
+    return hasattr(msg, "step")
+
+
+class Taking(NamedTuple):
+    """A scheme's ``Takes``, its methods bound: what ``piece_dest`` and ``piece`` call."""
+
+    take: Callable[[int, Any], None]
+    dest: Callable[[int, Any, int], memoryview | None] | None
+    stepped: bool
+    beyond: Callable[[Any], bool] | None
+
+    @classmethod
+    def of(cls, takes: Takes, scheme: Scheme) -> Taking:
+        dest = None if takes.dest is None else getattr(scheme, takes.dest)
+        return cls(getattr(scheme, takes.take), dest, takes.stepped, takes.beyond)
+
+
+class Sends:
+    """The scheme's sends (``schemes.Sends``, and ``schemes.PeerSends`` for a scheme with
+    peers) over the node's links (``neighbours.py``): each message encoded once; a chunk
+    sent up starts the step's clock here; a result's queue bound is the node's."""
+
+    def __init__(self, neighbours: Neighbours, send_queue_bytes: int | None,
+                 sent_up: Callable[[int], None]):
+        self.neighbours = neighbours
+        self.send_queue_bytes = send_queue_bytes   # None: max(SEND_QUEUE_BYTES, 4 vectors)
+        self._sent_up = sent_up                     # the step's clock hears a chunk went up
+
+    def to_parent(self, msg: Message, payload=None) -> bool:
+        if isinstance(msg, Chunk):
+            self._sent_up(msg.step)
+        return self.neighbours.to_parent(msg, payload)
+
+    def to_child(self, k: int, msg: Message, payload=None) -> bool:
+        link = self.neighbours.child(k)
+        return link is not None and link.send(msg, payload)
+
+    def to_children(self, msg: Result, payload) -> None:
+        limit = self.send_queue_bytes
+        if limit is None:
+            vector = msg.total * np.dtype(msg.dtype).itemsize
+            limit = max(defaults.SEND_QUEUE_BYTES, defaults.SEND_QUEUE_VECTORS * vector)
+        self.neighbours.to_children(msg.frame(payload), limit)
+
+    def absent_children(self) -> dict[int, str]:
+        return self.neighbours.absent_children()
+
+    # -- peers (rar, spread)
+    def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
+        self.neighbours.to_peer(rank, step, msg.frame(payload))
+
+    def in_turn(self, ranks: Sequence[int], step: int, msg: Message, payload,
+                keep: bool = False, tag: int | None = None) -> None:
+        frame = msg.frame(payload)   # one encoding for every peer
+        for rank in ranks:
+            self.neighbours.in_turn(rank, step, frame, keep, tag)
+
+    def withdraw(self, rank: int, step: int, tag: int) -> bool:
+        return self.neighbours.withdraw(rank, step, tag)
+
+    def reachable(self, rank: int) -> bool:
+        return self.neighbours.reachable(rank)
+
+    def announce(self, msg: Message) -> None:
+        self.neighbours.announce(msg.frame())

@@ -33,6 +33,6 @@ from __future__ import annotations
 from .base import *  # noqa: F403
 from .broadcasts import *  # noqa: F403
 from .local import *  # noqa: F403
-from .ring import *  # noqa: F403
+from .peers import *  # noqa: F403
 from .status import *  # noqa: F403
 from .tree import *  # noqa: F403

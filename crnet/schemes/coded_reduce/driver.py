@@ -46,7 +46,7 @@ from ...coding.approximate import decode_from
 from ...dtypes import dtype_name
 from ...errors import ProtocolError
 from ...protocol.messages import Chunk, Fail, FailKind, Result
-from ..base import Place, Ports, Scheme, Stall
+from ..base import Origin, Place, Ports, Scheme, Stall, Takes
 from ..buffers import fresh
 from ..chunks import ChunkLayout
 from .beyond import message_approx, patience
@@ -58,6 +58,9 @@ log = logging.getLogger("crnet.schemes")
 
 class CodedReduce(Scheme):
     """cr, gc and tree at one node: each open step up, results down as they come."""
+
+    TAKES = (Takes(Chunk, Origin.CHILD, "child_chunk", dest="child_chunk_dest"),
+             Takes(Result, Origin.PARENT, "result", dest="result_dest"))
 
     def __init__(self, place: Place, ports: Ports):
         super().__init__(place, ports)
@@ -427,7 +430,7 @@ class CodedReduce(Scheme):
         return Stall(f"{self.code.n - self.code.s} of {self.code.n} children (got 0)")
 
     # -- down: the full gradient ------------------------------------------------------
-    def result_dest(self, msg: Result, nbytes: int) -> memoryview | None:
+    def result_dest(self, parent: int, msg: Result, nbytes: int) -> memoryview | None:
         result = self.down.get(msg.step)
         if result is None:
             result = self.down[msg.step] = ResultStep(
@@ -449,7 +452,7 @@ class CodedReduce(Scheme):
             return self.ports.memory.alloc
         return lambda total, dtype: self.ports.memory.alloc_result(step, total, dtype)
 
-    def result(self, msg: Result) -> None:
+    def result(self, parent: int, msg: Result) -> None:
         result = self.down.get(msg.step)
         if result is not None:
             self.ports.stats.bytes_down += result.layout.nbytes(msg.chunk)

@@ -39,10 +39,10 @@ import numpy as np
 
 from ...coding.kernels import add_into
 from ...errors import ProtocolError
-from ...protocol.messages import Phase, Segment
-from ..base import Place, Ports, Scheme, Stall
+from ..base import Origin, Place, Ports, Scheme, Stall, Takes
 from ..buffers import fresh
 from ..chunks import ChunkLayout, byte_view
+from .messages import Phase, Segment
 
 log = logging.getLogger("crnet.schemes")
 
@@ -220,12 +220,16 @@ class RingStep:
 class RingAllreduce(Scheme):
     """rar: every member, the master included, runs one RingStep per step."""
 
+    TAKES = (Takes(Segment, Origin.PEER, "segment", dest="segment_dest"),)   # from the predecessor
+
     def __init__(self, place: Place, ports: Ports):
         super().__init__(place, ports)
         if place.ring is None:
             raise ValueError(f"{place.label}: a ring member needs its ring place (rank, successor)")
         self.ring = place.ring
         self._successor = (place.ring.rank + 1) % place.ring.size
+        assert ports.peers is not None, "a ring member sends to its successor"
+        self.peers = ports.peers
         self.steps: dict[int, RingStep] = {}
 
     def local(self, step: int, vector: np.ndarray) -> str | None:
@@ -239,7 +243,7 @@ class RingAllreduce(Scheme):
             self._send(ring, ring.local_arrived(vector))
         return problem
 
-    def segment_dest(self, msg: Segment, nbytes: int) -> memoryview | None:
+    def segment_dest(self, rank: int, msg: Segment, nbytes: int) -> memoryview | None:
         ring = self._step(msg.step, msg.total, msg.dtype)
         if ring is None:
             return None
@@ -249,7 +253,7 @@ class RingAllreduce(Scheme):
         self.ports.stats.bytes_up += nbytes
         return ring.dest(msg.phase, msg.segment, msg.part)
 
-    def segment(self, msg: Segment) -> None:
+    def segment(self, rank: int, msg: Segment) -> None:
         ring = self.steps.get(msg.step)
         if ring is not None:
             self._send(ring, ring.received(msg.phase, msg.round, msg.segment, msg.part))
@@ -274,7 +278,7 @@ class RingAllreduce(Scheme):
     def _send(self, ring: RingStep, sends: list[Send]) -> None:
         layout = ring.layout
         for send in sends:
-            self.ports.send.to_peer(self._successor, ring.step, Segment(ring.step, send.phase, send.round,
+            self.peers.to_peer(self._successor, ring.step, Segment(ring.step, send.phase, send.round,
                                                        send.segment, layout.total,
                                                        layout.dtype_name, send.part),
                                     send.payload)

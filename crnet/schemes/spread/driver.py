@@ -36,8 +36,9 @@ from ... import defaults
 from ...dtypes import dtype_name
 from ...errors import ProtocolError
 from ...peer_text import Throttle
-from ...protocol.messages import Moot, Owners, Phase, Piece
-from ..base import Place, Ports, Scheme, Stall
+from ..base import Origin, Place, Ports, Scheme, Stall, Takes
+from ..ring_allreduce.messages import Phase
+from .messages import Moot, Owners, Piece
 from .owners import OwnerMap, owners
 from .step import Recursion, SpreadStep
 
@@ -55,8 +56,15 @@ RELAYED_SHARE = defaults.PACED_UNSENT
 class Spread(Scheme):
     """spread: one SpreadStep per step at every host."""
 
+    TAKES = (Takes(Piece, Origin.PEER, "piece", dest="piece_dest",
+                   beyond=lambda msg: msg.phase is Phase.GATHER),   # a chunk of the tree's sum
+             Takes(Moot, Origin.PEER, "moot"),
+             Takes(Owners, Origin.PEER, "owners", stepped=False))
+
     def __init__(self, place: Place, ports: Ports):
         super().__init__(place, ports)
+        assert ports.peers is not None, "spread's hosts send to each other"
+        self.peers = ports.peers
         self.recursion = Recursion.of(place.tree, place.code_kind)
         self.rank = place.tree.rank(place.name)
         self.hosts = self.recursion.hosts
@@ -75,7 +83,7 @@ class Spread(Scheme):
         self._receiving: dict[int, SpreadStep] = {}   # a peer's piece being received: into which
         self._lines = Throttle(log)
         if place.is_master:   # every host hears the master's map first (again after a restart)
-            ports.send.announce(Owners(0, 0, ()))
+            self.peers.announce(Owners(0, 0, ()))
 
     # -- this host's vector
     def local(self, step: int, vector: np.ndarray) -> str | None:
@@ -111,7 +119,7 @@ class Spread(Scheme):
                         self.ports.stats.pieces_withdrawn += 1
                         continue
                     a, b = layout.bounds(c)
-                    self.ports.send.in_turn((owner,), st.step, Piece(st.step, REDUCE, c, layout.total,
+                    self.peers.in_turn((owner,), st.step, Piece(st.step, REDUCE, c, layout.total,
                                                                   layout.dtype_name), st.mine[a:b], tag=c)
 
     # -- pieces from peers
@@ -194,7 +202,7 @@ class Spread(Scheme):
                 if self.place.is_master and rank in self.map.latest:
                     continue
                 msg = Moot(st.step, c, layout.total, layout.dtype_name)
-                self.ports.send.to_peer(rank, st.step, msg, None)
+                self.peers.to_peer(rank, st.step, msg, None)
 
     def moot(self, rank: int, msg: Moot) -> None:
         """Owner ``rank`` needs not this host's piece of ``msg.chunk``: withdrawn if not sent."""
@@ -207,7 +215,7 @@ class Spread(Scheme):
                                 msg.step, rank, msg.chunk, self.map.epoch)
             return
         st.not_needed.add(msg.chunk)
-        if self.ports.send.withdraw(rank, msg.step, msg.chunk):
+        if self.peers.withdraw(rank, msg.step, msg.chunk):
             self.ports.stats.pieces_withdrawn += 1
 
     # -- decoding and the sum
@@ -223,7 +231,7 @@ class Spread(Scheme):
                 self._relay(st, c, out)
             else:   # every host needs it, also once this host has the whole sum: in rotation
                 msg = Piece(st.step, GATHER, c, layout.total, layout.dtype_name)
-                self.ports.send.in_turn(self.after, st.step, msg, out, keep=True)
+                self.peers.in_turn(self.after, st.step, msg, out, keep=True)
         if chunks and st.decoded == len(st.owned):
             stats.children_skipped += self.hosts - 1 - len(st.used - {self.rank})
         self._check_complete(st)
@@ -249,16 +257,16 @@ class Spread(Scheme):
             r = (self.rank + d) % hosts
             if (r - owner) % hosts <= here:
                 break   # round to the owner: none left to tell
-            if not self.ports.send.reachable(r):
+            if not self.peers.reachable(r):
                 continue
             if r in excluded:
                 passed.append(r)
                 continue
-            self.ports.send.in_turn((r,), st.step, msg, data, keep=True)
+            self.peers.in_turn((r,), st.step, msg, data, keep=True)
             st.relayed[chunk] = r
             break
         if passed:
-            self.ports.send.in_turn(passed, st.step, msg, data, keep=True)
+            self.peers.in_turn(passed, st.step, msg, data, keep=True)
 
     def _relay_copy(self, st: SpreadStep, chunk: int) -> None:
         a, b = st.layout.bounds(chunk)
@@ -326,7 +334,7 @@ class Spread(Scheme):
         self._announce(self.map.epoch + 1, start, excluded)
 
     def _announce(self, epoch: int, start: int, excluded: frozenset[int]) -> None:
-        self.ports.send.announce(Owners(epoch, start, tuple(sorted(excluded))))
+        self.peers.announce(Owners(epoch, start, tuple(sorted(excluded))))
         self._new_map(epoch, start, excluded)
 
     def _count_on_time(self, st: SpreadStep) -> None:
