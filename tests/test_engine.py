@@ -627,7 +627,7 @@ async def test_a_lone_childs_layout_loses_to_the_n_minus_s_that_agree(engine_at,
     [refused] = links[2].messages(Fail)
     assert refused.kind is FailKind.MISMATCH and "10 x float32" in refused.reason
     assert links[0].messages(Fail) == links[1].messages(Fail) == []
-    assert engine.scheme._rivals == {}
+    assert engine.scheme.vote.rivals == {}
 
 
 @pytest.mark.parametrize("tree, gone", [
@@ -647,7 +647,7 @@ async def test_with_no_majority_possible_the_first_layout_stays(engine_at, tree,
         1, "vector is 12 x float64 but the step's is 10 x float64", FailKind.MISMATCH)
     [outcome] = answer.got
     assert isinstance(outcome, Failed) and "child 1: its vector does not fit" in outcome.reason
-    assert engine.scheme._rivals == {}
+    assert engine.scheme.vote.rivals == {}
 
 
 async def test_a_nodes_own_vector_settles_the_layout_against_its_children(engine_at):

@@ -9,29 +9,8 @@ leaf receives them straight into its training process's shared output (``Memory.
 one-layer tree and tree is CodedReduce with s = 0 (``plan.scheme_tree``).
 (``../shared/codedreduce.md``, "One step, end to end".)
 
-A step's layout (its vectors' length and dtype) is never set by the first child's
-chunk. A node takes it from, in this order:
-
-1. the tree's: the last result's (``Steps.tree_vector``). A vector of another layout
-   is refused to whoever sent it (FAIL MISMATCH; a child is then out of the step), and
-   a step that began with one begins again when a vector of the tree's layout comes;
-2. this node's training process's vector, once it is in;
-3. the layout that n - s children agree on, which is what a decode needs anyway.
-
-Until one of these settles a step's layout here (at the tree's first step, or when
-a new model's vectors come), the first chunk's layout is the step's only for now:
-children's chunks of another layout are held apart, one ``UpStep`` per layout, as
-long as n - s children could still agree on it, and the first layout that the
-process's vector or a decode settles is the step's. The senders of every other
-layout are told MISMATCH (and are out of the step), as is a child whose layout can
-no longer win (with no majority possible the first layout stays: s = 0, or too many
-children out). So a lone hostile child cannot impose its dtype or length on the
-honest majority (unless n - s = 1, where any one child decides the step anyway);
-when all vectors change together (a new model), the new layout decodes and becomes
-the tree's. A child keeps to the layout of its first chunk within a step. A child's
-receive buffer is allocated at its first chunk of the step, and no vector larger
-than this host's memory is taken at all (the engine closes that connection first,
-``EngineSettings``).
+A step's layout (its vectors' length and dtype) is the layout vote's (``layouts.py``): the
+driver asks it where each piece goes, and it never lets the first child's chunk set it.
 """
 
 from __future__ import annotations
@@ -47,9 +26,9 @@ from ...dtypes import dtype_name
 from ...errors import ProtocolError
 from ...protocol.messages import Chunk, Fail, FailKind, Result
 from ..base import Origin, Place, Ports, Scheme, Stall, Takes
-from ..buffers import fresh
 from ..chunks import ChunkLayout
 from .beyond import message_approx, patience
+from .layouts import LayoutVote, fits
 from .step import ResultStep, UpStep
 
 log = logging.getLogger("crnet.schemes")
@@ -70,9 +49,9 @@ class CodedReduce(Scheme):
         # Steps known here before any piece of them came (the master's training process
         # asked, or a child gave up early), with the children already out of each.
         self._ahead: dict[int, dict[int, str]] = {}
-        # Children's vectors of other layouts than the step's, held apart while nothing
-        # settled the step's layout (see the module docstring): step -> layout -> UpStep.
-        self._rivals: dict[int, dict[tuple[int, str], UpStep]] = {}
+        # Which layout each step's vectors have, and where a child's piece goes (layouts.py).
+        self.vote = LayoutVote(place, ports, self.code, self.ups, self._new_up, self._up_for,
+                               self._check_quorum)
         # Beyond s (--beyond-s approximate): a parent short of n - s children when its
         # patience runs out decodes from those there (approximate.py); step -> its timer.
         self.approximate = place.beyond_s == "approximate" and self.code is not None
@@ -89,19 +68,19 @@ class CodedReduce(Scheme):
                 self._check_ahead(step)
             return None
         name = dtype_name(vector.dtype)
-        up = self._accept(step, vector.size, name)
+        up = self.vote.accept(step, vector.size, name)
         if up is None:
             return None
-        if not _fits(up.layout, vector.size, name):
-            if self._settled(up):
+        if not fits(up.layout, vector.size, name):
+            if self.vote.settled(up):
                 return up.layout.mismatch(self.place.layout(vector.size, vector.dtype), step)
             # Only children's vectors came, and nothing settled their layout: this
             # process's vector does.
-            up = self._switch(up, vector.size, name, "this node's training process's vector")
+            up = self.vote.switch(up, vector.size, name, "this node's training process's vector")
             if up is None:
                 return None
         ready = up.local_arrived(vector)
-        self._settle(up)
+        self.vote.settle(up)
         if self.ups.get(step) is up:
             self._emit(up, ready)
         if step in self._impatient:
@@ -109,12 +88,12 @@ class CodedReduce(Scheme):
         return None
 
     def child_chunk_dest(self, k: int, msg: Chunk, nbytes: int) -> memoryview | None:
-        up = self._accept(msg.step, msg.total, msg.dtype)
+        up = self.vote.accept(msg.step, msg.total, msg.dtype)
         if up is None or k in up.silent:
             return None
         main = up
-        if msg.step in self._rivals or not _fits(up.layout, msg.total, msg.dtype):
-            up = self._held(up, k, msg.total, msg.dtype)
+        if msg.step in self.vote.rivals or not fits(up.layout, msg.total, msg.dtype):
+            up = self.vote.held(up, k, msg.total, msg.dtype)
         problem = up.layout.check(msg.total, msg.dtype, msg.chunk, nbytes)
         if problem:
             log.warning("step %d: child %d: %s; ignoring it this step", msg.step, k, problem)
@@ -125,9 +104,9 @@ class CodedReduce(Scheme):
             up.arrived_at[k] = time.perf_counter()
             if up.first_byte is None:
                 up.first_byte = up.arrived_at[k]
-        if k not in up.senders and msg.step in self._rivals:
+        if k not in up.senders and msg.step in self.vote.rivals:
             up.senders.add(k)         # one child fewer to side with another layout
-            self._drop_hopeless(main)
+            self.vote.drop_hopeless(main)
             if self.ups.get(msg.step) is not main:
                 return None           # (that decided the step)
         up.senders.add(k)
@@ -139,17 +118,17 @@ class CodedReduce(Scheme):
         up = self.ups.get(msg.step)
         if up is None:
             return
-        if not _fits(up.layout, msg.total, msg.dtype):
-            held = self._rivals.get(msg.step, {}).get((msg.total, msg.dtype))
+        if not fits(up.layout, msg.total, msg.dtype):
+            held = self.vote.rivals.get(msg.step, {}).get((msg.total, msg.dtype))
             # (A chunk received into a step that began again since is not this step's.)
             if held is None or k not in held.senders:
                 return
             self.ports.stats.bytes_up += held.layout.nbytes(msg.chunk)
             ready = held.child_arrived(k, msg.chunk)
-            if ready and self._settled(up):   # (the tree's layout, since: it stays)
-                self._settle(up)
+            if ready and self.vote.settled(up):   # (the tree's layout, since: it stays)
+                self.vote.settle(up)
             elif ready:   # n - s children agree on this layout: the step's is theirs
-                switched = self._switch(up, msg.total, msg.dtype,
+                switched = self.vote.switch(up, msg.total, msg.dtype,
                                         f"the vector of {len(held.senders)} children")
                 if switched is not None:
                     self._emit(switched, ready)
@@ -168,7 +147,7 @@ class CodedReduce(Scheme):
             for open_up in list(self.ups.values()):
                 if open_up.step in self.ups and k not in open_up.silent:
                     open_up.silent[k] = why
-                    self._drop_hopeless(open_up)
+                    self.vote.drop_hopeless(open_up)
             return
         up = self.ups.get(step)
         if up is None:
@@ -184,7 +163,7 @@ class CodedReduce(Scheme):
                 self._check_ahead(step)
         elif k not in up.silent:
             up.silent[k] = why
-            self._drop_hopeless(up)
+            self.vote.drop_hopeless(up)
 
     def opened(self, step: int) -> None:
         if self.approximate and step not in self._patience:
@@ -201,126 +180,6 @@ class CodedReduce(Scheme):
         out = {**self.ports.send.absent_children(), **self._ahead[step]}
         if len(out) > self.code.s and not (self.approximate and len(out) < self.code.n):
             self._stall(step, out)
-
-    def _accept(self, step: int, total: int, dtype: str) -> UpStep | None:
-        """The UpStep a vector of this layout joins. A step that began with vectors that
-        do not fit the tree's (the last result's) begins again when one that does arrives:
-        those were wrong, and their senders are told, not this one. If every vector of a
-        step has a new layout, the tree's changes with it (a new model)."""
-        up = self._up_for(step, total, dtype)
-        if up is None or _fits(up.layout, total, dtype) or self.ports.steps.tree_vector != (total, dtype):
-            return up
-        wrong = f"{up.layout.describe()}, but the tree's is {total} x {dtype}"
-        log.warning("step %d began here with vectors of %s: beginning it again", step, wrong)
-        for k in up.senders:
-            self.ports.send.to_child(k, Fail(step, f"this subtree's vector is {wrong}", FailKind.MISMATCH))
-        if up.local is not None:
-            self.ports.steps.refuse_local(step, f"this process's vector is {wrong}")
-        silent = {**up.silent, **{k: f"its vector is {up.layout.describe()}" for k in up.senders}}
-        del self.ups[step]
-        again = self._up_for(step, total, dtype)
-        if again is not None:
-            again.silent.update(silent)
-            self._settle(again)   # the tree's layout: any held apart are refused
-            if self.ups.get(step) is again:
-                self._check_quorum(again)
-        return self.ups.get(step)
-
-    def _settled(self, up: UpStep) -> bool:
-        """Is ``up``'s layout the step's for sure: the tree's, this node's process's, or one
-        decoded from already?"""
-        return (up.local is not None or up.decoded
-                or self.ports.steps.tree_vector == (up.layout.total, up.layout.dtype_name))
-
-    def _held(self, up: UpStep, k: int, total: int, dtype: str) -> UpStep:
-        """Where child ``k``'s chunk of a ``total`` x ``dtype`` vector goes: into the step's
-        UpStep ``up``, or, while nothing settled the step's layout, into one held apart for
-        its layout. A child keeps to the layout of its first chunk of the step: a chunk of
-        another goes where it does not fit (and is refused)."""
-        rivals = self._rivals.get(up.step, {})
-        for sent in (up, *rivals.values()):
-            if k in sent.senders:
-                return sent
-        if _fits(up.layout, total, dtype) or self._settled(up):
-            return up
-        held = rivals.get((total, dtype))
-        if held is None:
-            held = self._new_up(up.step, self.place.layout(total, dtype), fresh)
-        if not self._may_win(up, held, k):
-            return up   # no majority for it: the step's layout stays, and k is refused
-        if (total, dtype) not in rivals:
-            log.warning("step %d: child %d's vector is %d x %s, but the step began here with "
-                        "%s: holding it apart until the step's layout is settled",
-                        up.step, k, total, dtype, up.layout.describe())
-            self._rivals.setdefault(up.step, {})[(total, dtype)] = held
-        return held
-
-    def _may_win(self, up: UpStep, held: UpStep, k: int | None = None) -> bool:
-        """Could n - s children still agree on ``held``'s layout (with child ``k``)? The
-        others are out of the step here (``up.silent``) or sent another layout."""
-        assert self.code is not None
-        committed = set(up.silent) | up.senders
-        for rival in self._rivals.get(up.step, {}).values():
-            committed |= rival.senders
-        if k is not None:
-            committed.add(k)
-        backers = held.senders - up.silent.keys()
-        if k is not None:
-            backers = backers | {k}
-        return len(backers) + self.code.n - len(committed) >= held.needed
-
-    def _drop_hopeless(self, up: UpStep) -> None:
-        """Children dropped out of the step or chose a layout: one held apart that can no
-        longer be decoded is refused (its senders are out of the step)."""
-        for key, held in list(self._rivals.get(up.step, {}).items()):
-            if self._may_win(up, held):
-                continue
-            del self._rivals[up.step][key]
-            self._refuse(up, held)
-        if not self._rivals.get(up.step, True):
-            del self._rivals[up.step]
-        self._check_quorum(up)
-
-    def _refuse(self, up: UpStep, other: UpStep) -> None:
-        """``other``'s senders are told their vector does not fit the step's (``up``'s), and
-        are out of the step."""
-        wrong = f"{other.layout.describe()}, but the step's is {up.layout.describe()}"
-        for k in sorted(other.senders):
-            if k not in up.silent:
-                self.ports.send.to_child(k, Fail(up.step, f"this subtree's vector is {wrong}",
-                                            FailKind.MISMATCH))
-                up.silent[k] = f"its vector is {other.layout.describe()}"
-
-    def _switch(self, up: UpStep, total: int, dtype: str, whose: str) -> UpStep | None:
-        """The step began here with ``up``'s layout, which nothing settled; ``whose`` is
-        ``total`` x ``dtype``, which settles it: the step goes on with the children's chunks
-        of that layout held apart so far, and ``up``'s senders are told theirs does not fit.
-        Returns the step's UpStep (None if that decided the step)."""
-        step = up.step
-        assert up.local is None
-        held = self._rivals.get(step, {}).pop((total, dtype), None)
-        if held is None:
-            held = self._new_up(step, self.place.layout(total, dtype), self.ports.memory.alloc)
-        log.warning("step %d began here with vectors of %s, but the step's is %s (%s)",
-                    step, up.layout.describe(), held.layout.describe(), whose)
-        held.silent.update(up.silent)
-        self._refuse(held, up)
-        held.silent.update(self.ports.send.absent_children())
-        self.ups[step] = held
-        self._settle(held)
-        if self.ups.get(step) is held:
-            self._check_quorum(held)
-        return self.ups.get(step)
-
-    def _settle(self, up: UpStep) -> None:
-        """``up``'s layout is the step's: children's vectors of other layouts held apart are
-        refused, and their senders are out of the step."""
-        rivals = self._rivals.pop(up.step, None)
-        if not rivals:
-            return
-        for held in rivals.values():
-            self._refuse(up, held)
-        self._check_quorum(up)
 
     def _new_up(self, step: int, layout: ChunkLayout, alloc) -> UpStep:
         buffers: list[np.ndarray | None] | None = (
@@ -387,8 +246,8 @@ class CodedReduce(Scheme):
 
     def _emit(self, up: UpStep, chunks: list[int]) -> None:
         """Decode the chunks that are ready; each goes up, or down from the master."""
-        if chunks and up.step in self._rivals:
-            self._settle(up)   # decoded from: the step's layout is this one
+        if chunks and up.step in self.vote.rivals:
+            self.vote.settle(up)   # decoded from: the step's layout is this one
             if self.ups.get(up.step) is not up:
                 return
         stats = self.ports.stats
@@ -480,7 +339,7 @@ class CodedReduce(Scheme):
         self._impatient.discard(step)
         self.down.pop(step, None)
         self._ahead.pop(step, None)
-        self._rivals.pop(step, None)
+        self.vote.rivals.pop(step, None)
         up = self.ups.pop(step, None)
         if up is not None and up.first_byte is not None:   # each child's lag, once per step
             self.ports.stats.measured.arrived(step, up.arrived_at)
@@ -491,7 +350,3 @@ class CodedReduce(Scheme):
             log.info("step %d finished without this node, %s", step,
                      "before anything of it came here" if up is None
                      else f"which still waited for {up.waiting_for()}")
-
-
-def _fits(layout: ChunkLayout, total: int, dtype: str) -> bool:
-    return layout.total == total and layout.dtype_name == dtype
