@@ -9,7 +9,8 @@
   ``x`` names an imported crnet module (attributes of other objects are not checked).
   Dunder names are public. A private submodule (``crnet.coding._core``, the Cython kernels) belongs
   to its package: the modules inside that package may import it, no one else.
-- docs/development.md names every module (a new one is described where maintainers look).
+- docs/development.md's layout names every module, where ``tree`` would draw it (a new one is
+  described where maintainers look), and no module that is gone.
 
 Modules are split by concept, not by length: no line cap.
 
@@ -269,25 +270,49 @@ def test_no_module_uses_another_modules_underscore_names():
         f"{use.at(modules)}: {use.target}" for use in uses)
 
 
+def layout_paths(text: str) -> set[str]:
+    """The paths docs/development.md's layout block names, read as ``tree`` draws them: a
+    line's first words (``a.py``, ``b.py`` or a folder ``x/``) are entries of the folder the
+    nearest less indented folder line names; the rest of the line, and lines that start
+    with anything else, are descriptions."""
+    block = text[text.index("```\ncrnet/"):]
+    block = block[4:block.index("\n```", 4)]
+    paths: set[str] = set()
+    folders: list[tuple[int, str]] = []      # (indent, path) of the enclosing folders
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        head = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        names = [n for n in re.split(r",\s*", head) if n]
+        if not names or not all(n.endswith((".py", ".pyx", "/")) for n in names):
+            continue
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        base = folders[-1][1] if folders else ""
+        for name in names:
+            paths.add(base + name)
+        if len(names) == 1 and names[0].endswith("/"):
+            folders.append((indent, base + names[0]))
+    return paths
+
+
 def test_development_md_names_every_module():
-    """Each module by its path from ``crnet/`` (``node/steps/engine.py``), or, for a package's
-    ``__init__``, its folder (``node/steps/``), somewhere in the layout's text."""
-    text = DEVELOPMENT.read_text()
-    missing = []
-    for m in find_modules(SRC).values():
-        rel = Path(m.file).relative_to("crnet")
-        names = [f"{rel.parent}/" if m.is_package else str(rel)]
-        if m.is_package and str(rel.parent) == ".":
-            continue   # crnet/__init__.py: the package itself
-        if not m.is_package and len(rel.parts) > 1:
-            names.append(rel.name)   # under its folder's line, by its own name
-        if not any(_named(text, n) for n in names):
-            missing.append(m.file)
-    assert not missing, "modules docs/development.md does not name:\n" + "\n".join(sorted(missing))
+    """Every module of crnet/ is in docs/development.md's layout, where ``tree`` would draw
+    it (a package's ``__init__.py`` by its folder's line or its own), and nothing more."""
+    named = layout_paths(DEVELOPMENT.read_text())
+    modules = {m.file for m in find_modules(SRC).values()}
+    folders = {str(Path(f).parent) + "/" for f in modules if f.endswith("/__init__.py")}
+    missing = sorted(f for f in modules if f not in named
+                     and not (f.endswith("/__init__.py") and str(Path(f).parent) + "/" in named))
+    gone = sorted(p for p in named if p.startswith("crnet/") and p not in modules and p not in folders)
+    assert not missing, "modules docs/development.md does not name:\n" + "\n".join(missing)
+    assert not gone, "docs/development.md names what crnet/ does not have:\n" + "\n".join(gone)
 
 
-def _named(text: str, name: str) -> bool:
-    return re.search(r"(?<![\w./])" + re.escape(name) + r"(?![\w])", text) is not None
+def test_the_layout_is_read_as_tree_draws_it():
+    text = ("```\ncrnet/   the package\n  a.py   one\n  sub/   a folder\n    b.py, c.py  two\n"
+            "           a description that wraps\n  d.pyx  three\nother/\n  e.py\n```\n")
+    assert layout_paths(text) == {"crnet/", "crnet/a.py", "crnet/sub/", "crnet/sub/b.py", "crnet/sub/c.py",
+                                  "crnet/d.pyx", "other/", "other/e.py"}
 
 
 # ------------------------------------------------------------------ the checks themselves
