@@ -35,7 +35,7 @@ tbf parameters (see ``tbf_args``):
   (``qdisc_pkt_len``), about 68.5 KB. A packet bigger than the bucket is
   software-segmented by tbf, which costs CPU on every link: with a 64 KiB bucket
   the 100 Mbit/s bandwidth preset kept both cores busy in softirqs and ran crnet's
-  ring and Gloo at 0.74-1.1 s a step, 0.64-0.66 s with 96 KiB (docs/benchmarks.md,
+  ring and Gloo at 0.74-1.1 s a step, 0.64-0.66 s with 96 KiB (docs/lab/ring.md,
   "The emulator's bucket"). The price of a large bucket at low rates is that the
   first ``burst`` bytes after an idle period go out unshaped (at 100 Mbit/s, 96 KiB
   is ~8 ms of line rate), so small messages see less than their serialization time.

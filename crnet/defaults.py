@@ -6,7 +6,7 @@ in ``--help``.
 
 from __future__ import annotations
 
-CHUNK_AUTO = 0                     # --chunk-bytes auto: grows with the vector (schemes/chunks.py)
+CHUNK_AUTO = 0                     # --chunk-bytes auto: grows with the vector (crnet/schemes/chunks.py)
 CHUNK_BYTES = CHUNK_AUTO           # the pipelining unit; the whole tree uses the master's
 TIMEOUT = 30.0                     # seconds a step may wait for its quorum at one node
 KEEP_RESULTS = 4                   # finished steps' results a daemon keeps for its children
@@ -14,7 +14,7 @@ RESULT_MEMORY = 1 << 30            # bytes of results kept for training processe
 LOCAL_PROCESSES_MAX = 1024         # --local-processes: training processes one daemon may seat
 TUNE_WINDOW = 64                   # --tune-window: steps whose times a daemon keeps for crnet tune
 TUNE_WINDOW_MAX = 256
-# crnet tune --probe (node/probe.py): what each node sends to each child, in frames of at most
+# crnet tune --probe (crnet/node/observe/probe.py): what each node sends to each child, in frames of at most
 # PROBE_FRAME bytes, PROBE_ROUNDS times; the tree's answer within PROBE_DEADLINE seconds.
 PROBE_BYTES = 4 << 20              # when the tree's vector size is not known yet
 PROBE_BYTES_MIN, PROBE_BYTES_MAX = 64 << 10, 64 << 20
@@ -41,7 +41,7 @@ RECONNECT_BACKOFF = (0.1, 2.0)     # first and longest pause between attempts to
 LINK_TIMEOUT = 8.0
 CONNECT_TIMEOUT = 4.0
 # spread, with a cluster secret: a peer link is taken as the rank it claims once that rank's
-# host confirms it, over this host's own link there (node/peer_check.py). The check waits at
+# host confirms it, over this host's own link there (crnet/node/peers/check.py). The check waits at
 # most this long (for that link too, if it is still being dialed); then the link is closed
 # and its dialer dials again.
 PEER_CHECK_TIMEOUT = LINK_TIMEOUT
@@ -55,7 +55,7 @@ SEND_QUEUE_VECTORS = 4
 # A peer that connected has this long to get through HELLO (and the authentication; TLS
 # first, with --tls-*); at most this many strangers in there at once, this many more from
 # addresses that proved the secret here before (up to MAX_KNOWN_ADDRESSES of them are
-# remembered), and this many from one address (node/doorway.py).
+# remembered), and this many from one address (crnet/node/admission/doorway.py).
 HANDSHAKE_DEADLINE = 10.0
 MAX_HANDSHAKES = 64
 MAX_HANDSHAKES_KNOWN = 64

@@ -261,7 +261,7 @@ class Node:
 
     def _accepted(self) -> asyncio.BaseProtocol:
         """The protocol of a TCP connection accepted on --listen: a tree link behind the
-        handshake (``guard.py``), admitted by the doorway; with TLS, a ``TlsDoor`` admits
+        handshake (``node/admission/guard.py``), admitted by the doorway; with TLS, a ``TlsDoor`` admits
         it and runs the TLS handshake first."""
         def link() -> Connection:
             s = self.settings

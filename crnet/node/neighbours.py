@@ -1,7 +1,7 @@
 """A node's links to its neighbours: the parent, the children by slot, its peers (the
 ring successor and predecessor, rar; every other host, spread).
 
-Membership (``membership.py``) fills these in as peers join and leave; the step
+Membership (``node/join/membership.py``) fills these in as peers join and leave; the step
 engine (``steps/``) only sends through them. Nothing here decides anything.
 """
 

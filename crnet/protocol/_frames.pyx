@@ -6,7 +6,7 @@ and the pure-Python reference otherwise. Both behave the same to the byte (the t
 run each): the prefix is parsed and every limit checked here in C, the header is
 decoded by msgpack, and the callbacks are the same. What is saved is the Python of a
 handful of method calls per frame and per read, which on a ring of small parts was a
-good share of a daemon's CPU (docs/benchmarks.md, "Cheaper frames").
+good share of a daemon's CPU (docs/lab/ring.md, "Cheaper frames").
 """
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from libc.stdint cimport uint8_t, uint32_t, uint64_t

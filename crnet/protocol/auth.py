@@ -16,7 +16,7 @@ be reflected back as the other's. Over TLS the transcript also binds the TLS
 connection itself (``crnet.protocol.tls.channel_binding``): a relay that holds a stolen
 certificate and passes the handshake between two TLS connections of its own makes
 both MACs wrong. MACs are compared in constant time. Nothing else a dialer sends is
-read until its proof checks out (``node/guard.py``).
+read until its proof checks out (``node/admission/guard.py``).
 
 This module is pure: no sockets, no state.
 """

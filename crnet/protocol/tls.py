@@ -15,7 +15,7 @@ read). crnetd checks at startup that its own certificate names its host id
 parent takes a child's host id (HELLO) only from a child whose certificate names it,
 and spread's peer links check every rank's host id, as the master gives it (ASSIGN),
 against the certificate at the other end: the dialer the acceptor's, the acceptor the
-dialer's (``node/peer_identity.py``). So where a parent says its child listens is no
+dialer's (``node/peers/identity.py``). So where a parent says its child listens is no
 longer enough to answer for the child's rank: that takes the child's key.
 
 The secret handshake still runs inside TLS, bound to the TLS connection it runs on

@@ -13,7 +13,7 @@ from ..dtypes import dtype_name
 # --chunk-bytes auto (0 on the wire): a chunk size that grows with the vector. Each chunk is a
 # frame at every hop (~0.1 ms of Python per end), so large vectors want large chunks: the
 # hop measured 1.31 GB/s with 1 MiB chunks of a 64 MiB vector and 1.84 GB/s with 4 MiB
-# (docs/benchmarks-daemon.md). Yet a vector must still cut into enough chunks for the
+# (docs/lab/daemon.md). Yet a vector must still cut into enough chunks for the
 # layers to work at once: AUTO_CHUNKS of them, so up to 16 MiB the chunk stays 1 MiB.
 AUTO = CHUNK_AUTO
 AUTO_CHUNKS = 16

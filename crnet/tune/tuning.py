@@ -42,7 +42,7 @@ __all__ = ["REPLANNED", "HostMeasured", "Measurements", "Probed", "Running", "Tu
 # The schemes a tree re-plans among between jobs without moving its hosts (``crnetd
 # --plan auto``): the ones whose hosts sit in the tree the same way (a parent's children
 # send it their pieces); rar's ring and spread's peers are links of their own, made when
-# the hosts join (they, and another fanout, need MOVE: ``node/moves.py``).
+# the hosts join (they, and another fanout, need MOVE: ``node/join/moves.py``).
 REPLANNED = ("cr", "gc", "tree")
 
 
@@ -297,7 +297,7 @@ def replan_choice(t: Tuning, margin: float = 0.05, move: bool = False) -> Predic
 
     Without ``move``, the best that keeps every host in its place: the running fanout, a
     scheme of ``REPLANNED``, from one of them. With ``move`` (every host can take any
-    place: ``crnetd --plan auto``, ``moves.py``), the best of all, but one that moves
+    place: ``crnetd --plan auto``, ``node/join/moves.py``), the best of all, but one that moves
     hosts only if it is also more than ``margin`` below the best that keeps them: the
     model ranks many shapes within a few percent of each other, and a move for less
     than its noise would only cost the join."""

@@ -5,7 +5,7 @@ stranger does, the tree's own hosts must still get in (joins, reconnects, ``crne
 status``), and so must scrapers on the metrics port. So every accepted connection
 enters the ``Doorway`` before anything else (under TLS, before its handshake too:
 ``tls_door.py``) and leaves it once through its handshake (``guard.Accepting``) or its
-request (``metrics.py``); until then:
+request (``node/observe/metrics.py``); until then:
 
 - it has ``deadline`` seconds from its TCP accept to get through;
 - at most ``per_address`` are in from one address: a newcomer beyond that is refused

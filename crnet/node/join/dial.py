@@ -7,7 +7,7 @@ peer marks temporary is retried the same way, and so is a link that is no good (
 holds the cluster secret, anything out of place before the welcome): whoever
 answers at the peer's address must not be able to stop this node for good. Only a
 refusal for good (``JoinRefused`` without ``retry``, which with a cluster secret
-only an authenticated peer can send: ``guard.py``) ends the loop.
+only an authenticated peer can send: ``node/admission/guard.py``) ends the loop.
 """
 
 from __future__ import annotations

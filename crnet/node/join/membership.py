@@ -12,7 +12,7 @@ Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
 with backoff (``dial.py``) until the parent is back. A ring member (``--scheme
 rar``: the workers and the master) also keeps a link to its ring successor the same way, and a
-spread host one to every other host (``mesh.py``).
+spread host one to every other host (``node/peers/mesh.py``).
 
 The state is explicit (``JoinState``); the step engine is told when the node has
 its share (``engine.start``) and when children or the parent come and go. Everyone
@@ -78,8 +78,8 @@ class Membership:
         ``dial_peer(address, peer)`` dials a ring successor or spread host (``None``: the
         master, at the parent's address). A node whose parent's host name does not resolve
         for ``resolve_timeout`` s exits 2. ``local_processes``: every host's (the master's),
-        which bounds what a child may say of the processes below it (``jobs.py``).
-        ``names``: --tls-names (a child's certificate names its host id: ``peer_identity.py``)."""
+        which bounds what a child may say of the processes below it (``node/collectives/jobs.py``).
+        ``names``: --tls-names (a child's certificate names its host id: ``node/peers/identity.py``)."""
         self.resolve_timeout = resolve_timeout
         self.engine = engine
         self.neighbours = neighbours
@@ -314,7 +314,7 @@ class Membership:
             self._report_joined()
 
     def peer_hello(self, conn: Connection, hello: PeerHello, confirmed: Callable[[], None]) -> None:
-        """A ring predecessor or spread host: accepted (``mesh.py``), ``confirmed()`` later."""
+        """A ring predecessor or spread host: accepted (``node/peers/mesh.py``), ``confirmed()`` later."""
         self.mesh.accept(conn, hello, self.place, self.label, confirmed)
 
     def _report_joined(self) -> None:

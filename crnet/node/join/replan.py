@@ -1,7 +1,7 @@
 """``crnetd --role master --plan auto``: between jobs, the master re-plans the tree from what
 the last job measured.
 
-When a new job is to start (``jobs.py``: no process of the running one is attached
+When a new job is to start (``node/collectives/jobs.py``: no process of the running one is attached
 anywhere), the master asks its tree for every node's measured windows (the status request
 ``crnet tune`` makes, answered in-process: ``StatusService.subtree``), fits and ranks them
 (``crnet.tune.tuning``: the same functions, I/O-free) and takes the best choice

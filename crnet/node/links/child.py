@@ -3,7 +3,7 @@
 It starts with HELLO (a child joining), PEER_HELLO (a peer: the ring predecessor, rar; another
 host, spread) or STATUS_HELLO (``crnet status``), and what it may send from then on follows
 from which. A peer's rank is confirmed before anything it sends counts as that rank's (spread
-with a cluster secret: by that rank's host, ``node/peer_check.py``; else at once):
+with a cluster secret: by that rank's host, ``node/peers/check.py``; else at once):
 
 ==============  ==============================================================
 state           may send

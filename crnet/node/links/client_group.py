@@ -3,7 +3,7 @@ WANT_STATE and the state requests it is told of) and barriers. ``ClientLink`` ha
 it those messages; ``close`` takes back all it waits for when the process leaves.
 
 A broadcast whose processes do not name the root's rank (``root=True``/``False``) waits
-for their vote (``barriers.py``): the receivers, and the root once its copy is on its way,
+for their vote (``node/collectives/barriers.py``): the receivers, and the root once its copy is on its way,
 arrive at ``vote_key(key)``, and each receiver then takes the copy of the host the vote
 names, never merely the first copy to reach the master."""
 

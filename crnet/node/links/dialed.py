@@ -19,7 +19,7 @@ class DialedState(enum.Enum):
 
 class DialedLink(StateMachine):
     """A link this node dialed (to its parent, or its ring successor): ``welcome``
-    resolves when the peer welcomes this node, or fails with why not. ``dial.py``
+    resolves when the peer welcomes this node, or fails with why not. ``node/join/dial.py``
     dials again after a ``ProtocolError`` or a ``JoinRefused`` with ``retry``; any
     other ``JoinRefused`` is the tree saying this node's configuration is wrong."""
 

@@ -5,7 +5,7 @@ As asyncpg's ``CoreProtocol``: a link's ``state`` says what the peer may send no
 handles it, ``PAYLOAD[state]`` each one that carries a payload to the method that says
 where its bytes go. Anything else is out of place, and takes one path for every link:
 a ``ProtocolError`` worded by the link (``unexpected``), which the connection logs
-and closes on (``transport.py``). A table may map ``Message`` itself: any message,
+and closes on (``protocol/transport.py``). A table may map ``Message`` itself: any message,
 e.g. a refused peer's, read and dropped.
 """
 

@@ -1,7 +1,7 @@
 """``PeerLink``: a link this node dialed to a peer: the ring successor (rar), another host
 (spread). Pieces go out on it; in come the welcome, the confirmation of this node's rank
 and, in spread, the answers to this node's checks of links that claim the peer's rank
-(``node/peer_check.py``). With a cluster secret the link is up (``welcome`` resolves,
+(``node/peers/check.py``). With a cluster secret the link is up (``welcome`` resolves,
 and pieces go out on it) only once the peer confirmed this node's rank; without one, once
 it welcomed this node.
 

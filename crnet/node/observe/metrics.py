@@ -20,7 +20,8 @@ a bearer token (``--metrics-token-file``; Prometheus' ``authorization:
 the cluster CA). A request without the right token gets 401 and nothing else. The
 server reads at most ``MAX_REQUEST`` bytes of a request and serves only ``GET
 /metrics``. Until its request is in, a scraper is in a ``Doorway`` as the tree's
-handshakes are (``doorway.py``; under TLS from before its handshake, ``tls_door.py``):
+handshakes are (``node/admission/doorway.py``; under TLS from before its handshake,
+``node/admission/tls_door.py``):
 at most ``MAX_CONNECTIONS`` at once, ``MAX_PER_ADDRESS`` from one address, dropped after
 ``REQUEST_DEADLINE`` seconds, and a newcomer closes an idle one rather than being kept
 out by them. At most ``MAX_CONNECTIONS`` more are taking their answers, each for at

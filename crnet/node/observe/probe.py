@@ -4,14 +4,14 @@ fixed compute kernel, for a tree that has not trained yet.
 Asked with the status request (``StatusRequest.probe``: the bytes per round), answered in
 the node's ``measured`` status section (``probe``), so it travels, is bounded and is
 checked as every status answer is (``crnet.protocol.status_measured``). Each node, before it asks
-its children (``node/status.py``):
+its children (``status.py``):
 
 - **links**: to each child in turn, ``PROBE_ROUNDS`` rounds of the asked bytes (PROBE
   frames of at most ``PROBE_FRAME`` bytes, which the child reads into one buffer and
   forgets: ``ProbeSink``), each timed
   from its first byte queued to the child's PROBE_ECHO of its last frame. The kernel's
   account of the link (``TCP_INFO``: the delivery rate of those full flights, the
-  round-trip times) is read afterwards, as for every status answer (``node/measure.py``);
+  round-trip times) is read afterwards, as for every status answer (``measure.py``);
 - **compute**: ``PROBE_ROUNDS`` runs of ``kernel_seconds``' kernel, ``KERNEL_REPEAT``
   products of two 64 x 64 float32 matrices (a few ms), in a worker thread. Small enough
   that OpenBLAS runs each on one thread (larger ones use every core, and on a host whose
@@ -20,7 +20,7 @@ its children (``node/status.py``):
 Who may start one (the threat model of docs/operations.md: a host that holds the secret
 must not make others exhaust memory or stop): only the master, for an authenticated
 status client (``claim``), only while no process of any job is attached anywhere (the
-master's counts, ``jobs.py``), one at a time; a node below runs the one its parent asks
+master's counts, ``node/collectives/jobs.py``), one at a time; a node below runs the one its parent asks
 for. The bytes are bounded by ``PROBE_BYTES_MAX`` (the request is refused at parsing
 otherwise), sent from one zeroed buffer (the same for every child), and every wait has the request's deadline.
 """

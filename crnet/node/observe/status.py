@@ -1,7 +1,7 @@
 """``crnet status``, the daemon's side: this node's subtree, as it stands now.
 
 Asked on ``--listen`` by ``crnet status`` (a STATUS_HELLO, through the same handshake
-as every tree link: ``guard.py``, role "status"), or by its parent down the tree link
+as every tree link: ``node/admission/guard.py``, role "status"), or by its parent down the tree link
 (STATUS). The node answers with its own entry and, for each child slot, that child's
 answer to the same question, asked down the existing tree links with a shorter
 deadline: nothing is sent while nobody asks, and a child that does not answer in time
@@ -15,7 +15,7 @@ nodes than that subtree holds (``check_subtree``). An empty slot is "missing"; t
 nodes under it are "unreachable" from here (they are reconnecting to it).
 
 A request with ``probe`` (``crnet tune --probe``) has each node time its links and a
-compute kernel first (``node/probe.py``, which says who may start one), taking at most
+compute kernel first (``probe.py``, which says who may start one), taking at most
 ``PROBE_SHARE`` of its deadline, and then ask its children with what is left.
 """
 

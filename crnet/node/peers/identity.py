@@ -23,7 +23,7 @@ cannot lend:
   that the link is meant for the acceptor's own rank (``accepted_named``).
 
 A link that fails a check is closed and logged, and its rank counts as unreachable there,
-as a peer whose rank is not confirmed (``peer_check.py``, which still runs beside it). A
+as a peer whose rank is not confirmed (``check.py``, which still runs beside it). A
 rank left out, or one where the dialer found another host (``NotThatHost``), is disowned
 (``mesh.py``): at the master it owns no chunks of the sum from the next step on (spread's
 ``peer_disowned``), rather than fail the first step it owns.

@@ -2,8 +2,9 @@
 
 A peer is a host this node sends a step's pieces to directly, off the tree. Each peer
 link is one-way: this node dials every peer it sends to (``PEER_HELLO`` with its rank,
-authenticated and encrypted like a tree link: ``guard.py``, ``tls.py``) and accepts the
-links of those that send to it. Where peers listen comes with the assignment:
+authenticated and encrypted like a tree link: ``node/admission/guard.py``,
+``protocol/tls.py``) and accepts the links of those that send to it. Where peers listen
+comes with the assignment:
 
 - rar: the master gives each worker its successor's address (``RingPlace``);
 - spread: every node reports where its subtree listens (JOINED's ``peers``, from the
@@ -11,16 +12,16 @@ links of those that send to it. Where peers listen comes with the assignment:
   address; ASSIGN carries them by rank (``Tree.names()`` order) down the tree, and a
   child of the master fills in the master's, which it dials as its parent.
 
-A host that restarts at the same address is dialed again (``dial.py`` reconnects);
+A host that restarts at the same address is dialed again (``node/join/dial.py`` reconnects);
 one that moved needs the tree to assign anew (a restart of the master). When the tree
-takes another shape between jobs (MOVE: ``reshape.py``), every host's links go
+takes another shape between jobs (MOVE: ``node/join/reshape.py``), every host's links go
 (``leave``) and a new ``Mesh`` makes the new place's.
 
 With ``--tls-names`` ASSIGN carries every rank's host id too, and spread's peer links
-are taken only between the hosts whose certificates name them (``peer_identity.py``).
+are taken only between the hosts whose certificates name them (``identity.py``).
 
 With a cluster secret, a peer link's rank is not the dialer's word: the rank's own host
-confirms it over this node's link there (``peer_check.py``) before anything that comes on
+confirms it over this node's link there (``check.py``) before anything that comes on
 it counts, and only then (PEER_CONFIRMED) does its dialer send on it. A rar successor does
 not dial its predecessor for the ring: to ask, it dials the address the master gave for
 the predecessor's rank (``RingPlace.predecessor``) as that predecessor's successor, once
@@ -51,7 +52,7 @@ log = logging.getLogger("crnet.node")
 __all__ = ["Mesh", "PeerDialer"]
 
 # Dials a peer at an address (None: the parent's, the master's); its link reports to the
-# ``OutboundPeer`` (welcomed, gone, the answers to this node's checks: ``peer_check.py``).
+# ``OutboundPeer`` (welcomed, gone, the answers to this node's checks: ``check.py``).
 # The host id: what the peer's certificate must name (--tls-names; None: not checked).
 PeerDialer = Callable[[str | None, OutboundPeer, str | None], Dialer]
 
@@ -274,7 +275,7 @@ class Mesh:
 
     def answer(self, conn: Connection, rank: int, msg: PeerCheck) -> None:
         """The host that dialed ``conn`` as ``rank`` asks about a link that claims this
-        node's rank (``peer_check.py``)."""
+        node's rank (``check.py``)."""
         self.checks.answer(conn, rank, msg)
 
     def dropped(self, conn: Connection) -> None:

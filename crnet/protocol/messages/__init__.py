@@ -21,7 +21,7 @@ are ``crnet.protocol.fields``; ASSIGN's payload is ``crnet.protocol.allocation``
 Adding a message: its type in ``wire.MsgType``; its class in the module of its link,
 a frozen dataclass with ``TYPE`` and ``from_header`` (defining it registers it for
 ``parse``, and it is importable from here), ``BEFORE_AUTH = True`` if a peer may send it
-before it has authenticated (``node/guard.py`` derives its limits from that); then the
+before it has authenticated (``node/admission/guard.py`` derives its limits from that); then the
 code that sends and handles it (a link in ``crnet/node/``, or ``crnet/client/aio.py``).
 """
 

@@ -19,9 +19,9 @@ LINK_ID_BYTES = 16   # a peer link's id (PEER_HELLO's ``link_id``): fresh and ra
 class PeerHello(Message):
     """A peer's first frame (ring predecessor -> successor; spread, host -> host): I am rank
     ``rank`` (``nonce``: as HELLO's). ``link_id``: this link's, which the acceptor may ask
-    that rank about over its own link there (PEER_CHECK, ``node/peer_check.py``). ``to``:
+    that rank about over its own link there (PEER_CHECK, ``node/peers/check.py``). ``to``:
     the rank the dialer means to reach (spread; an acceptor with --tls-names refuses a link
-    meant for another rank: ``node/peer_identity.py``)."""
+    meant for another rank: ``node/peers/identity.py``)."""
 
     TYPE = MsgType.PEER_HELLO
     BEFORE_AUTH = True

@@ -27,7 +27,7 @@ class Hello(Message):
     and where it listens for its own children and ring predecessor (``listen``);
     ``nonce``: its half of the authentication (``crnet.protocol.auth``), with a cluster secret;
     ``host``: its host's stable identity: a node without ``name`` gets the slot that
-    host had before (``membership.py``)."""
+    host had before (``node/join/membership.py``)."""
 
     TYPE = MsgType.HELLO
     BEFORE_AUTH = True
@@ -138,7 +138,7 @@ class Refuse(Message):
 
 @dataclass(frozen=True, slots=True)
 class Move(Message):
-    """parent -> child, down the whole tree, between jobs (``--plan auto``, ``replan.py``):
+    """parent -> child, down the whole tree, between jobs (``--plan auto``, ``node/join/replan.py``):
     the tree takes another shape. Each entry is a host: its name now, its name in the new
     tree, where it joins (its new parent's address; None: the master's, which a child of
     the master fills in: it dials the master) and where it listens (how a host that
@@ -229,7 +229,7 @@ class Job(Message):
 @dataclass(frozen=True, slots=True)
 class RingPlace:
     """Part of ASSIGN (rar): a worker's rank, the ring's size, where its successor and its
-    predecessor listen (the predecessor's, to confirm its link: ``node/mesh.py``). The ring
+    predecessor listen (the predecessor's, to confirm its link: ``node/peers/mesh.py``). The ring
     is the N workers (ranks 0..N-1) and the master (rank N); the last worker's successor and
     worker 0's predecessor are None: the master, at the address it dials as its parent."""
 
@@ -264,7 +264,7 @@ class Assign(Message):
     # master does not know (itself: a child of the master puts its parent's address there).
     peers: tuple[str | None, ...] = ()
     # spread with --tls-names: every node's host id, by rank as ``peers`` (None: a rank the
-    # master left out, ``node/peer_identity.py``); empty otherwise.
+    # master left out, ``node/peers/identity.py``); empty otherwise.
     hosts: tuple[str | None, ...] = ()
 
     @classmethod

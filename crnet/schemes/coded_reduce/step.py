@@ -1,6 +1,6 @@
 """One CodedReduce step at one node, as pure state: the upward decode (``UpStep``) and
 the result on its way down (``ResultStep``). No sockets, no clocks: the driver
-(``coded_reduce.py``) feeds them pieces and sends what they give back.
+(``driver.py``) feeds them pieces and sends what they give back.
 """
 
 from __future__ import annotations

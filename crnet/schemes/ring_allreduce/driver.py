@@ -62,7 +62,7 @@ def ring_parts(layout: ChunkLayout, size: int) -> int:
     at 100 Mbit/s, 0.26 ms at 1 Gbit/s) so the per-frame cost stays small next to the
     bytes, which leaves small vectors, whose steps are latency-bound, in one part per
     segment. (With 64 KiB, that ring's segments went in 3 parts of 63.5 kB, which an
-    emulator's tbf with a 64 KiB bucket segmented in software: docs/benchmarks.md.) The
+    emulator's tbf with a 64 KiB bucket segmented in software: docs/lab/ring.md.) The
     tree's chunk size (``--chunk-bytes``) caps a part: smaller chunks, more parts. Every
     rank computes the same count from the step's layout.
     """

@@ -6,9 +6,9 @@ CodedReduce's tree, codes, allocation and straggler tolerance, and moves the dec
 ``owners.py`` gives each host (the master included) a share of the vector's chunks, and
 
 1. every worker sends each owner its piece of its local vector (PIECE, REDUCE) over a
-   direct peer link (``node/mesh.py``);
+   direct peer link (``node/peers/mesh.py``);
 2. an owner decodes each of its chunks the moment the tree's recursion is satisfied on
-   the pieces in (``spread_step.py``), and sends the chunk of the sum to every host
+   the pieces in (``step.py``), and sends the chunk of the sum to every host
    (PIECE, GATHER);
 3. a host's step resolves when it has every chunk of the sum.
 
@@ -387,7 +387,7 @@ class Spread(Scheme):
     def peer_disowned(self, rank: int) -> None:
         """At the master: ``rank`` owns no chunks from the next step on, rather than fail
         the first step it owns. Its pieces cannot reach the master either (its links are
-        not confirmed: ``node/peer_identity.py``), so it does not own again."""
+        not confirmed: ``node/peers/identity.py``), so it does not own again."""
         if self.place.is_master:
             self._exclude({rank}, self.newest + 1, f"rank {rank} is not at the address the "
                           "tree gave for it, or was left out (--tls-names)")

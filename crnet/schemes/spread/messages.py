@@ -43,7 +43,7 @@ class Piece(Message):
 @dataclass(frozen=True, slots=True)
 class Owners(Message):
     """spread, master -> every host: from step ``start`` on, the hosts ``excluded`` own no
-    chunks (``schemes/owners.py``). Each replaces the last for the steps from ``start``;
+    chunks (``owners.py``). Each replaces the last for the steps from ``start``;
     the master sends its map first on every peer link, so a host that (re)connects has it.
     ``epoch`` counts the master's maps (for the logs)."""
 

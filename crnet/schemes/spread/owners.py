@@ -13,7 +13,7 @@ least ``MIN_SHARE_BYTES``, which leaves small vectors (latency-bound: 20 kB) wit
 vector each way.
 
 Which ranks: ``k`` owners spread evenly over the hosts that are not excluded (the master
-excludes a host that failed as an owner, ``spread.py``), the master first; owner i takes
+excludes a host that failed as an owner, ``driver.py``), the master first; owner i takes
 the i-th k-th of the chunks, contiguous. The chunk size is the tree's (``--chunk-bytes``),
 cut down so that every owner has at least one chunk.
 """

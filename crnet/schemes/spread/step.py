@@ -1,5 +1,5 @@
 """One step of ``spread`` at one host: its pieces for the owners, the owned chunks' decoding,
-the sum's chunks as they come. Free of sockets (``spread.py`` drives it).
+the sum's chunks as they come. Free of sockets (``driver.py`` drives it).
 
 CodedReduce's decoding is linear and per coordinate, so the whole tree's decode of one
 chunk can run at one host, the chunk's owner, from every host's piece of that chunk:
