@@ -149,7 +149,6 @@ async def test_a_replan_reaches_each_child_as_welcome_then_assign_then_the_job(m
     """The master re-plans between jobs: each child link carries the new WELCOME, then the
     new ASSIGN, then the JOB; a node takes the new plan and passes both on the same way."""
     from crnet.coding.plan import plan
-    from crnet.node.join.reshape import replan
     from crnet.protocol.allocation import parse_allocation
     from crnet.protocol.messages import Assign, Hello, Job, Joined, Welcome
 
@@ -165,7 +164,7 @@ async def test_a_replan_reaches_each_child_as_welcome_then_assign_then_the_job(m
     for link in links:
         link.sent.clear()
     flat = Tree((2, 2), (0, 0))
-    replan(master, fake_place("", flat, "tree"))
+    master.replan(fake_place("", flat, "tree"))
     master.run_job("b")
     for k, link in enumerate(links):
         kinds = [type(m) for m, _ in link.sent]
@@ -268,7 +267,6 @@ async def test_a_move_reaches_every_host_then_each_joins_its_new_parent(membersh
     for the star's six children. A node of layer 1 passes MOVE on with the master's address
     filled in, drops its children and parent, and dials its new parent as its new name."""
     from crnet.errors import JoinRefused
-    from crnet.node.join.reshape import move, moved
     from crnet.protocol.messages import Hello, Joined, Move
 
     from .fake_links import FakeLink
@@ -283,7 +281,7 @@ async def test_a_move_reaches_every_host_then_each_joins_its_new_parent(membersh
                                                 (f"{k}.1", f"10.0.{k}.11:7070"))))
     master.run_job("a")
     star = fake_place("", Tree((6,), (1,)), "spread")
-    assert move(master, star)
+    assert master.move(star)
     for link in links:
         assert [type(m) for m, _ in link.sent][-1] is Move and link.closed
     table = {e[0]: e[1:] for e in links[0].sent[-1][0].moves}
@@ -304,7 +302,7 @@ async def test_a_move_reaches_every_host_then_each_joins_its_new_parent(membersh
         node.child_hello(kid, Hello())
     parent = FakeLink()
     node.neighbours.parent = parent
-    moved(node, links[0].sent[-1][0])
+    node.moved(links[0].sent[-1][0])
     passed = {e[0]: e[1:] for e in kids[0].sent[-1][0].moves}
     assert {to for _, to, _ in passed.values()} == {"10.9.9.9:7070"}   # the master, as it dials it
     assert all(kid.closed for kid in kids) and parent.closed

@@ -6,7 +6,7 @@ host gets its share back without ``--name``: ``host_slots.py``) and WELCOME
 with the tree; it reports how many workers of its subtree have JOINED. Once all N
 have, the master computes ``crnet.coding.plan`` and ASSIGNs every subtree its allocation,
 down the tree (``shares.py``: who gets which part). Between jobs the master may re-plan
-(``--plan auto``: ``reshape.py``): WELCOME and ASSIGN again, or MOVE to another shape.
+(``--plan auto``: ``replan``, ``move``): WELCOME and ASSIGN again, or MOVE to another shape.
 
 Join, as the child sees it (``start``): connect, HELLO, WELCOME, then ASSIGN;
 when the parent goes away, the steps under way here fail and the node reconnects
@@ -29,6 +29,7 @@ import enum
 import logging
 from collections.abc import Callable
 
+from ...coding.plan import PEER_SCHEMES
 from ...errors import JoinRefused, ProtocolError
 from ...peer_text import shown
 from ...protocol.allocation import NodeShare, pack_allocation, parse_allocation
@@ -44,7 +45,7 @@ from ..signal import Signal
 from ..steps import StepEngine, vouched
 from .dial import Dialer, keep_connected, supervised
 from .host_slots import claim_slot, reached_at, slot_for
-from .moves import Whereabouts
+from .moves import Whereabouts, move_table, placement, with_master
 from .shares import (
     child_ring,
     plan_allocation,
@@ -173,14 +174,14 @@ class Membership:
     def parent_address(self) -> str | None:   # host:port where it dials its parent (MOVE may move it)
         return self.whereabouts.address
 
-    def plan_and_assign(self, why: str) -> None:
+    def _plan_and_assign(self, why: str) -> None:
         """The master, every worker joined (``why``): the plan; every subtree's share down."""
         assert self.place is not None and self.samples is not None
         self.allocation, said = plan_allocation(self.place.tree, self.samples, self.place.code_kind)
         log.info("%s: %s", why, said)
         self._assigned()
 
-    def take_place(self, place: Place | None, state: JoinState) -> None:
+    def _take_place(self, place: Place | None, state: JoinState) -> None:
         """MOVE: the place is ``place`` (None: it joins anew); share, peers, windows go."""
         self.mesh.leave()
         self.mesh = self._new_mesh()
@@ -191,7 +192,7 @@ class Membership:
         self._joined_reported = -1
         self.engine.stats.measured.clear()
 
-    def drop_children(self, move: Move | None = None) -> None:
+    def _drop_children(self, move: Move | None = None) -> None:
         """Close every child link (after ``move``, if given: the children move too) and
         forget the slots: the children join again, where MOVE says or as they can."""
         for k, slot in enumerate(self.neighbours.slots):
@@ -208,7 +209,7 @@ class Membership:
         return Mesh(self.neighbours, self._dial_peer, self.engine.peer_lost,
                     self.engine.peer_unreachable, self._names, self.engine.peer_disowned)
 
-    def welcome_children(self) -> None:
+    def _welcome_children(self) -> None:
         for k, slot in enumerate(self.neighbours.slots):
             slot.assigned = False
             if slot.link is not None:
@@ -232,6 +233,66 @@ class Membership:
 
     async def wait_closed(self) -> None:
         await asyncio.gather(*self._tasks, *self.mesh.tasks, return_exceptions=True)
+
+    # ---------------------------------------------------------------- re-plans (--plan auto)
+    # Between jobs the tree may change its plan (``replan.py`` decides which):
+    # - ``replan``: the same hosts in the same places run another scheme among cr, gc and
+    #   tree, or other stragglers: every child gets its WELCOME of the new plan, then its
+    #   ASSIGN, before the JOB that starts the job (one link: in that order), and passes both
+    #   down the same way (``welcomed``).
+    # - ``move``: another fanout or depth, or rar or spread (their rings and meshes are made
+    #   as hosts join): MOVE goes down the tree with every host's new place (``moves.py``),
+    #   every host leaves its parent and joins its new one as a host that just started would
+    #   (``moved``), and the plan is made once all have joined, as at the start.
+    def replan(self, place: Place) -> None:
+        """The master: the tree runs ``place`` (its hosts where they are) from the next job on."""
+        assert self.place is not None and place.tree.fanout == self.place.tree.fanout
+        self.place = place
+        self.engine.stats.measured.clear()
+        self._welcome_children()
+        if self.allocation is not None:   # (else not every worker joined yet: they get it as they do)
+            self._plan_and_assign("re-planned")
+
+
+    def move(self, place: Place) -> bool:
+        """The master: every host moves to its place in ``place``'s tree. False (nothing
+        changes) if not every worker has joined, or too few hosts listen for the places that
+        must accept links (parents; every host with peers)."""
+        assert self.place is not None and self.place.is_master
+        if self.allocation is None:
+            return False
+        addresses = dict(Mesh.below(self.place.tree, "", self.neighbours.slots))
+        where = placement(self.place.tree, place.tree, addresses, place.scheme in PEER_SCHEMES)
+        if where is None:
+            log.info("plan auto: %s needs every host that must accept links to listen "
+                     "(--listen): not moved", place.scheme)
+            return False
+        table = move_table(where, place.tree, addresses)
+        self.whereabouts.remember(table)
+        self._drop_children(Move(table))
+        self._take_place(place, JoinState.WELCOMED)
+        log.info("the tree takes another shape: %s, fanout %s, stragglers %s; every host joins "
+                 "its new place", place.scheme, ",".join(map(str, place.tree.fanout)),
+                 ",".join(map(str, place.tree.stragglers)))
+        return True
+
+
+    def moved(self, msg: Move) -> None:
+        """A node, told MOVE by its parent: its children get it first; then it leaves its
+        parent and children and joins its new parent."""
+        assert self.place is not None
+        table = msg.moves
+        if self.place.layer == 1:   # the master: where this node dials it
+            table = with_master(table, self.parent_address)
+        self.whereabouts.remember(table)
+        mine = next(((to, name) for old, name, to, _ in table if old == self.place.name), None)
+        self._drop_children(Move(table))
+        if mine is None or mine[0] is None:
+            log.error("MOVE has no place for %s: it joins its configured parent again", self.label)
+            self.rejoin()
+            return
+        log.info("the tree takes another shape: %s joins %s as %s", self.label, mine[0], mine[1])
+        self.rejoin((mine[0], mine[1]))
 
     # ---------------------------------------------------------------- parent side
     def child_hello(self, conn: Connection, hello: Hello) -> int:
@@ -335,7 +396,7 @@ class Membership:
         log.info("%d/%d workers %s", count, place.tree.workers,   # (fewer: links lost, none joined)
                  f"connected ({before - count} left)" if count < before else "joined")
         if count == place.tree.workers and self.allocation is None:
-            self.plan_and_assign("all workers joined")
+            self._plan_and_assign("all workers joined")
 
     def _children_claim(self) -> int:
         """Where the tree is, as this node's children vouch for it (-1: they do not know)."""
@@ -440,8 +501,8 @@ class Membership:
             self.whereabouts.go_home()
         else:
             self.whereabouts.go(*to)
-        self.drop_children()
-        self.take_place(None, JoinState.JOINING)
+        self._drop_children()
+        self._take_place(None, JoinState.JOINING)
         if self.neighbours.parent is not None:
             self.neighbours.parent.close()
         self._changed()
@@ -468,7 +529,7 @@ class Membership:
             log.info("the tree runs %s, stragglers %s from now on", place.scheme,
                      ",".join(map(str, tree.stragglers)))
             self.engine.stats.measured.clear()
-            self.welcome_children()
+            self._welcome_children()
         if msg.job and msg.job != self.job:
             self.run_job(msg.job)          # the tree moved to another job while it was away
         vector = None if msg.total is None or msg.dtype is None else (msg.total, msg.dtype)

@@ -3,7 +3,7 @@
 ``--plan auto`` (``replan.py``) may choose another fanout or depth, or rar or spread, whose
 links are made as hosts join. Then the master sends MOVE down the running tree between
 jobs: every host leaves its parent and joins its new one, as a host that just started
-would (``reshape.moved``). Which host goes where is decided here, from names and
+would (``Membership.moved``). Which host goes where is decided here, from names and
 addresses only (no I/O), and so is where a node joins (``Whereabouts``).
 """
 

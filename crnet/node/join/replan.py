@@ -7,9 +7,9 @@ anywhere), the master asks its tree for every node's measured windows (the statu
 (``crnet.tune.tuning``: the same functions, I/O-free) and takes the best choice
 (``tune.replan_choice``) if it is predicted more than 5% faster:
 
-- cr, gc or tree on the running fanout, with any stragglers per layer (``reshape.replan``);
+- cr, gc or tree on the running fanout, with any stragglers per layer (``Membership.replan``);
 - any other shape, or rar or spread, if it is also more than 5% faster than the best of
-  those (``reshape.move``: every host moves to its place in the new tree). If the hosts
+  those (``Membership.move``: every host moves to its place in the new tree). If the hosts
   cannot move (too few listen), the best on the running fanout is taken instead.
 
 Either way the new job's processes get their assignment the normal way. A job under way
@@ -32,7 +32,6 @@ from ...units import format_rate, format_seconds
 from ..observe.status import StatusService
 from .dial import supervised
 from .membership import Membership
-from .reshape import move, replan
 from .welcome import not_in_place
 
 log = logging.getLogger("crnet.node")
@@ -76,9 +75,9 @@ class AutoPlan:
         for place in places:
             assert m.place is not None
             if not not_in_place(m.place, place.tree, place.scheme):
-                replan(m, place)
+                m.replan(place)
                 break
-            if move(m, place):
+            if m.move(place):
                 break
         m.run_job(name)
 

@@ -21,7 +21,7 @@ def welcome_for(place: Place, k: int, engine: StepEngine, job: str, local_proces
 
 def not_in_place(held: Place, tree: Tree, scheme: str) -> str | None:
     """Why a node at ``held`` cannot run ``scheme`` on ``tree`` where it is (the hosts must
-    move: MOVE, ``reshape.py``), or None: another fanout, or to or from rar or spread,
+    move: MOVE, ``Membership.move``), or None: another fanout, or to or from rar or spread,
     whose ring and peers are links made as the hosts join."""
     if tree.fanout != held.tree.fanout:
         return f"the parent's tree {tree} differs from the one this node joined"

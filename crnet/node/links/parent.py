@@ -39,7 +39,6 @@ from ...schemes import TAKEN, WITH_PAYLOAD, Origin
 from ..collectives.barriers import Barriers
 from ..collectives.broadcasts import Broadcasts
 from ..join.membership import Membership
-from ..join.reshape import moved
 from ..observe.probe import ProbeSink
 from ..observe.status import StatusService
 from ..steps import StepEngine
@@ -116,7 +115,7 @@ class ParentLink(DialedLink):
         self.broadcasts.from_parent(msg, payload)
 
     def _move(self, conn: Connection, msg: Move, payload) -> None:
-        moved(self.membership, msg)
+        self.membership.moved(msg)
 
     def _want_state(self, conn: Connection, msg: WantState, payload) -> None:
         self.broadcasts.states.state_requested(msg.nonce)

@@ -14,7 +14,7 @@ comes with the assignment:
 
 A host that restarts at the same address is dialed again (``node/join/dial.py`` reconnects);
 one that moved needs the tree to assign anew (a restart of the master). When the tree
-takes another shape between jobs (MOVE: ``node/join/reshape.py``), every host's links go
+takes another shape between jobs (MOVE: ``Membership.move``), every host's links go
 (``leave``) and a new ``Mesh`` makes the new place's.
 
 With ``--tls-names`` ASSIGN carries every rank's host id too, and spread's peer links
