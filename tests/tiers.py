@@ -29,6 +29,7 @@ QUICK_FILES = frozenset({
     "test_moves.py",         # where hosts go when --plan auto moves them to another shape
     "test_peer_check.py",     # a spread peer's rank, confirmed by its host (fake links)
     "test_plan.py",
+    "test_scheme_registration.py",   # a scheme is its module and its DRIVERS entry
     "test_schemes.py",
     "test_sends_in_turn.py",
     "test_spread_step.py",
