@@ -289,8 +289,9 @@ class StepEngine:
         """The running scheme's method for ``msg`` from ``origin``; None before this node has
         its share; a ProtocolError (the connection closes) if the scheme takes no such piece."""
         if self.scheme is None:
-            if origin is Origin.PEER and not _stepped(msg):
+            if not _stepped(msg):
                 raise ProtocolError(f"{msg.TYPE.name} before this node has its share")
+            self._check_size(msg)   # (a vector no host could hold closes the link, share or not)
             return None
         taking = self._takes.get((origin, type(msg)))
         if taking is None:
