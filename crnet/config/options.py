@@ -8,11 +8,13 @@ kind of value, default, help, the roles that take it). Everything else is derive
 - the ``--config`` file's keys and their checks, and ``--check-config``'s lines
   (``crnet/config/effective.py``: ``Option.key``, the same click conversion as a flag's);
 - the refusals: an option only the master takes, given to a node, and the reverse;
-- the daemon's ``Settings`` (``crnet/node/lifecycle.py``: every value by ``name``) and the
-  engine's (``engine_values``: the records with an ``engine`` field);
+- the daemon's ``Settings`` (``crnet/node/lifecycle.py``: a typed field per ``name``, in
+  this order; ``tests/test_config.py`` fails when they differ) and the engine's
+  (``engine_values``: the records with an ``engine`` field);
 - a launcher's command line (``crnet.tools.launch.LocalTree``: ``argv``).
 
-Adding an option is one record here plus the code that reads ``settings.<name>``.
+Adding an option is one record here, its field in ``Settings``, and the code that reads
+``settings.<name>``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class Rooms:
         m = membership
         nb, engine = m.neighbours, m.engine
         broadcasts = Broadcasts(nb, lambda: m.place, engine.settings.max_vector_bytes,
-                                m.jobs.below, m.jobs.here, window=engine.settings.timeout)
+                                m.jobs.below, m.jobs.here, window=engine.settings.broadcast_window)
         barriers = Barriers(nb, lambda: m.place, m.jobs.below)
         status = StatusService(StatusView(
             place=lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,
