@@ -276,7 +276,7 @@ class Node:
         return NodeView(
             role=s.role, host_id=s.host_id, parent=s.parent, stats=self.stats,
             neighbours=self.neighbours, place=lambda: m.place, join_state=lambda: m.state,
-            tree_step=lambda: engine.window.tree_step,
+            tree_step=lambda: engine.tree_step,
             kept_bytes=lambda: engine.bookkeeping()["kept_bytes"],
             clients=lambda: [None if seat is None else seat.conn for seat in self.local.seats])
 

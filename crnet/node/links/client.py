@@ -182,7 +182,7 @@ class ClientLink(StateMachine):
             log.warning("this host's share of the data changed; telling training process %s",
                         self.pid)
         self.assignment = assignment
-        self.conn.send(ClientWelcome(assignment, self.engine.window.tree_step,
+        self.conn.send(ClientWelcome(assignment, self.engine.tree_step,
                                      self.engine.settings.answer_within, self.token))
 
     # ---------------------------------------------------------------- ATTACHED
@@ -208,7 +208,7 @@ class ClientLink(StateMachine):
         m = self.membership
         stats = {**self.stats.as_dict(), **self.engine.bookkeeping()}
         conn.send(StatsReply(stats, None if m.place is None else m.place.name, m.state.value,
-                             self.engine.window.tree_step, tuple(self.engine.open_steps),
+                             self.engine.tree_step, tuple(self.engine.open_steps),
                              m.neighbours.summary()))
 
     RECEIVE: ClassVar[Receives] = {
@@ -275,7 +275,7 @@ class ClientLink(StateMachine):
               tree_wide: bool = True) -> None:
         self.steps.waiting = None
         if self.conn is not None:
-            self.conn.send(ClientError(reason, kind, step, self.engine.window.tree_step, tree_wide))
+            self.conn.send(ClientError(reason, kind, step, self.engine.tree_step, tree_wide))
 
     def lost(self, conn, exc):
         self.held.clear()

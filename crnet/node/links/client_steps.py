@@ -38,14 +38,14 @@ class ClientSteps:
 
     def start(self) -> list[Callable[[], None]]:
         """The process is attached: it hears of decisions from now on. The disconnects."""
-        self.taken = self.engine.window.tree_step
+        self.taken = self.engine.tree_step
         self.stats.measured.attached(self.seat.index)
         return [self.engine.decided.connect(self.progress),
                 self.engine.consumers.connect(lambda _: self.next_step())]
 
     def caught_up(self) -> None:
         """It was told where the tree is: it asks for nothing older."""
-        self.taken = max(self.taken, self.engine.window.tree_step)
+        self.taken = max(self.taken, self.engine.tree_step)
 
     # ---------------------------------------------------------------- requests
     def submit(self, msg: Submit) -> None:
@@ -78,7 +78,7 @@ class ClientSteps:
         self.watching.discard(step)
         conn = self.process.conn
         if conn is not None:
-            conn.send(Decided(step, self.engine.window.tree_step))
+            conn.send(Decided(step, self.engine.tree_step))
 
     # ---------------------------------------------------------------- answers
     def answer(self, outcome: Outcome) -> None:
@@ -105,7 +105,7 @@ class ClientSteps:
             else:   # the pool's, another process's output, or a region it handed over since
                 np.copyto(out, outcome.vector)
             self.waiting = None
-            conn.send(Done(step, self.engine.window.tree_step, outcome.approx))
+            conn.send(Done(step, self.engine.tree_step, outcome.approx))
             self.stats.measured.answered(self.seat.index)
         elif isinstance(outcome, Failed):
             error(outcome.reason, ErrorKind.FAILED, step, outcome.tree_wide)
@@ -131,8 +131,7 @@ class ClientSteps:
         if step is None:
             self.progress_from_scratch()
         else:
-            w = self.engine.window
-            region.progress.decided(step, w.tree_step, w.newest_decided)
+            region.progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
 
     def progress_from_scratch(self) -> None:
         """All of it again (new shared memory)."""
@@ -140,6 +139,6 @@ class ClientSteps:
         progress = self.process.region.progress
         progress.reset()
         for step in self.engine.decided_steps():
-            progress.decided(step, self.engine.window.tree_step, self.engine.window.newest_decided)
-        progress.decided(None, self.engine.window.tree_step, self.engine.window.newest_decided)
+            progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
+        progress.decided(None, self.engine.tree_step, self.engine.newest_decided)
         progress.state_request = self.state_request()
