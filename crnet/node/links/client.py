@@ -102,8 +102,7 @@ class ClientLink(StateMachine):
         self.assignment: dict | None = None   # as the process was last told it
         self.token = secrets.token_hex(16)     # names it when it hands over shared memory
         self.held: list[Message] = []          # its requests while its output is lent
-        self.steps = ClientSteps(self, self, local, engine, stats,
-                                 lambda: broadcasts.states.state_request)
+        self.steps = ClientSteps(self, local, engine, stats, lambda: broadcasts.states.state_request)
         self.group = ClientGroup(self, broadcasts, barriers, per_host=local.k,
                                  answered=lambda: stats.measured.answered(self.index))
         self._disconnect: list[Callable[[], None]] = []   # from membership's and the engine's

@@ -13,16 +13,14 @@ from ...errors import ErrorKind
 from ...measure.stats import Stats
 from ...protocol.messages import Decided, Done, Fetch, Submit, Watch
 from ...schemes.chunks import ChunkLayout
-from ..local import LocalProcesses, Seat
+from ..local import LocalProcesses, Process
 from ..steps import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
-from .process import Process
 
 
 class ClientSteps:
-    def __init__(self, process: Process, seat: Seat, local: LocalProcesses, engine: StepEngine,
+    def __init__(self, process: Process, local: LocalProcesses, engine: StepEngine,
                  stats: Stats, state_request: Callable[[], int]):
         self.process = process
-        self.seat = seat                       # the same process, as its host's seats see it
         self.local = local
         self.engine = engine
         self.stats = stats
@@ -39,7 +37,7 @@ class ClientSteps:
     def start(self) -> list[Callable[[], None]]:
         """The process is attached: it hears of decisions from now on. The disconnects."""
         self.taken = self.engine.tree_step
-        self.stats.measured.attached(self.seat.index)
+        self.stats.measured.attached(self.process.index)
         return [self.engine.decided.connect(self.progress),
                 self.engine.consumers.connect(lambda _: self.next_step())]
 
@@ -65,8 +63,8 @@ class ClientSteps:
         if isinstance(msg, Fetch):
             self.engine.request(msg.step, None, self.answer)
         else:
-            self.stats.measured.submitted(self.seat.index, msg.step)   # crnet tune's compute time
-            self.local.submit(self.seat, msg.step, vector)
+            self.stats.measured.submitted(self.process.index, msg.step)   # crnet tune's compute time
+            self.local.submit(self.process, msg.step, vector)
 
     def watch(self, msg: Watch) -> None:
         if msg.step in self.watching:
@@ -106,7 +104,7 @@ class ClientSteps:
                 np.copyto(out, outcome.vector)
             self.waiting = None
             conn.send(Done(step, self.engine.tree_step, outcome.approx))
-            self.stats.measured.answered(self.seat.index)
+            self.stats.measured.answered(self.process.index)
         elif isinstance(outcome, Failed):
             error(outcome.reason, ErrorKind.FAILED, step, outcome.tree_wide)
         elif isinstance(outcome, Mismatched):
