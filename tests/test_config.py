@@ -420,3 +420,12 @@ def test_settings_has_a_typed_field_per_option_of_the_table_in_its_order():
         assert fits(BY_NAME[name].parse(value), hints[name]), (name, value)
     with pytest.raises(dataclasses.FrozenInstanceError):
         Settings.of("master").timeout = 1.0
+
+
+def test_the_scheme_help_names_every_scheme_crnetd_runs():
+    """--scheme's help is made of the scheme table (``plan.SCHEME_SUMMARIES``): it names
+    every scheme (spread was missing), in the table's order."""
+    from crnet.coding.plan import SCHEMES
+
+    [scheme] = [p for p in crnetd.params if p.name == "scheme"]
+    assert [part.partition(":")[0] for part in scheme.help.rstrip(".").split("; ")] == list(SCHEMES)

@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 from .. import defaults
-from ..coding.plan import SCHEMES
+from ..coding.plan import SCHEME_SUMMARIES, SCHEMES
 from .types import Address, ChunkSize, IntList, MetricsAddress, Size, address_text
 
 MASTER, NODE, BOTH = "master", "node", "both"     # the roles that take an option
@@ -103,8 +103,7 @@ class Option:
 
 # ---- shared with crnet plan/demo/run/model (crnet/config/tree.py makes them a Tree)
 SCHEME = Option("scheme", click.Choice(SCHEMES), "cr", roles=MASTER,
-                help="cr: CodedReduce tree; gc: gradient coding (star); rar: ring "
-                     "allreduce; tree: CodedReduce without redundancy (s = 0).")
+                help="; ".join(f"{name}: {what}" for name, what in SCHEME_SUMMARIES.items()) + ".")
 WORKERS = Option("workers", click.IntRange(min=1), None, roles=MASTER, short="-N",
                  help="gc/rar: number of workers (default: the tree's worker count).")
 FANOUT = Option("fanout", IntList(), "3", roles=MASTER, short="-n",
