@@ -29,6 +29,9 @@ OPEN_DELAY = 0.05                  # a step that began below a node and sent not
 # A node cut off from the master gives up on a step this long after --timeout:
 # GRACE_SHARE of the timeout, between GRACE_MIN and GRACE_MAX seconds.
 GRACE_SHARE, GRACE_MIN, GRACE_MAX = 0.25, 0.5, 5.0
+# A peer link that takes none of the bytes queued for it this share of --timeout is cut
+# off: the sends in turn behind it still make the step's deadline (spread).
+STALL_SHARE = 0.25
 CLIENT_SOCKET = "/run/crnet/client.sock"
 CLIENT_CONNECT_TIMEOUT = 120.0     # a training process waits this long for the tree's assignment
 RESOLVE_TIMEOUT = 300.0            # a node whose parent's host name stays unknown this long exits

@@ -387,3 +387,45 @@ def test_every_option_of_the_table_is_a_flag_a_file_key_and_a_launcher_argument(
         LocalTree(Tree((2,), (1,)), 4, workdir=tmp_path, window=3)
     with pytest.raises(TypeError, match="role follow from the tree"):
         LocalTree(Tree((2,), (1,)), 4, workdir=tmp_path, role="node")
+
+
+def test_settings_has_a_typed_field_per_option_of_the_table_in_its_order():
+    """``Settings`` is a typed dataclass (a misspelt ``settings.<name>`` is mypy's error):
+    its fields without a default are the table's options, in its order, so an option added
+    to one and not the other fails here; each option's default, and a value for those whose
+    default is None (SAMPLES), fits its field's type. The fields after them are derived."""
+    import dataclasses
+    import types
+    import typing
+
+    from crnet.config.options import BY_NAME, DAEMON_OPTIONS, defaults_of
+    from crnet.node import Settings
+
+    fields = dataclasses.fields(Settings)
+    options = [f.name for f in fields if f.default is dataclasses.MISSING]
+    assert options == [o.name for o in DAEMON_OPTIONS]
+    assert all(f.default is None for f in fields[len(options):])
+
+    def fits(value, hint) -> bool:
+        origin = typing.get_origin(hint)
+        if origin in (typing.Union, types.UnionType):
+            return any(fits(value, arg) for arg in typing.get_args(hint))
+        return isinstance(value, origin or hint)
+
+    hints = typing.get_type_hints(Settings)
+    for role in ("master", "node"):
+        for name, value in defaults_of(role=role).items():
+            assert fits(value, hints[name]), (name, value, hints[name])
+    for name, value in SAMPLES.items():
+        assert fits(BY_NAME[name].parse(value), hints[name]), (name, value)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings.of("master").timeout = 1.0
+
+
+def test_the_scheme_help_names_every_scheme_crnetd_runs():
+    """--scheme's help is made of the scheme table (``plan.SCHEME_SUMMARIES``): it names
+    every scheme (spread was missing), in the table's order."""
+    from crnet.coding.plan import SCHEMES
+
+    [scheme] = [p for p in crnetd.params if p.name == "scheme"]
+    assert [part.partition(":")[0] for part in scheme.help.rstrip(".").split("; ")] == list(SCHEMES)

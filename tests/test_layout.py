@@ -263,6 +263,29 @@ def test_no_import_circle_in_crnet():
     assert not circles, "import circles:\n" + "\n".join(describe(c, graph, modules) for c in circles)
 
 
+def test_the_daemon_imports_nothing_of_the_tools():
+    """crnetd (``crnet.node`` and all it imports, at any depth) has no use for what runs
+    trees from outside, ``crnet status``'s client among them: ``crnetd --plan auto`` ranks
+    with the pure half of ``crnet tune`` (``crnet.tune.tuning``), not with ``crnet.tune.gather``."""
+    modules, graph = import_graph(SRC)
+    came_from: dict[str, str] = {}
+    todo = deque(["crnet.node"])
+    while todo:
+        module = todo.popleft()
+        for target in sorted(graph[module]):
+            if target not in came_from:
+                came_from[target] = module
+                todo.append(target)
+    tools = sorted(m for m in came_from if m == "crnet.tools" or m.startswith("crnet.tools."))
+    chains = []
+    for target in tools:
+        chain = [target]
+        while chain[-1] != "crnet.node":
+            chain.append(came_from[chain[-1]])
+        chains.append(describe(chain[::-1], graph, modules))
+    assert not tools, "crnet.node imports the tools:\n" + "\n".join(chains)
+
+
 def test_no_module_uses_another_modules_underscore_names():
     modules = find_modules(SRC)
     uses = [use for m in modules.values() for use in underscore_uses(m, parse(m), modules)]

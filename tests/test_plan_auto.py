@@ -15,7 +15,7 @@ from crnet import AsyncClient
 from crnet.coding.plan import Tree
 from crnet.errors import CrnetError
 from crnet.tools.launch import MASTER
-from crnet.tune.tuning import gather
+from crnet.tune.gather import gather
 
 from .conftest import gather_or_cancel, local_gradient, rel_error, wait_until
 

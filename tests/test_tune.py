@@ -20,8 +20,9 @@ from crnet.errors import CrnetError
 from crnet.protocol.wire import PREFIX, MsgType, encode
 from crnet.tools.launch import MASTER
 from crnet.tools.status import rows
+from crnet.tune.gather import gather
 from crnet.tune.model import candidates
-from crnet.tune.tuning import gather, measurements, tune
+from crnet.tune.tuning import measurements, tune
 
 from .conftest import local_gradient
 

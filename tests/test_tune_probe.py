@@ -21,7 +21,8 @@ from crnet.protocol.messages import parse
 from crnet.protocol.wire import MsgType
 from crnet.tools.launch import MASTER
 from crnet.tools.status import StatusClient, rows
-from crnet.tune.probe import gather_probe, probe_size, probed_measurements
+from crnet.tune.gather import gather_probe
+from crnet.tune.probe import probe_size, probed_measurements
 from crnet.tune.tuning import nodes, tune
 
 from .conftest import wait_until

@@ -17,6 +17,7 @@ QUICK_FILES = frozenset({
     "test_config.py",
     "test_engine.py",        # the step engine over fake links
     "test_errors.py",
+    "test_guard.py",         # the guard hands an accepted connection to its link
     "test_kernels.py",
     "test_layout.py",
     "test_links.py",         # the link state machines over fake links

@@ -1,6 +1,7 @@
 """``crnet tune``: what the running tree measured (or, ``--probe``, a short probe of an idle
-tree), and every scheme and shape ranked by the model fitted to it (``crnet.tune.tuning`` and
-``crnet.tune.probe`` do the work; this parses and prints)."""
+tree), and every scheme and shape ranked by the model fitted to it (``crnet.tune.gather``
+asks the tree, ``crnet.tune.tuning`` and ``crnet.tune.probe`` do the work; this parses and
+prints)."""
 
 from __future__ import annotations
 
@@ -63,8 +64,9 @@ def tune_command(address, secret_file, tls_cert, tls_key, tls_ca, as_json, top, 
     """
     import asyncio
 
-    from ..tune.probe import gather_probe, probed_measurements
-    from ..tune.tuning import config_text, gather, measurements, tune
+    from ..tune.gather import gather, gather_probe
+    from ..tune.probe import probed_measurements
+    from ..tune.tuning import config_text, measurements, tune
 
     if not probe and (probe_bytes is not None or per_sample is not None):
         raise click.UsageError("--probe-bytes and --per-sample go with --probe")

@@ -26,6 +26,7 @@ WeightedRange = tuple[int, int, float]
 __all__ = [
     "PEER_SCHEMES",
     "SCHEMES",
+    "SCHEME_SUMMARIES",
     "Assignment",
     "Plan",
     "Tree",
@@ -40,8 +41,16 @@ __all__ = [
     "weighted_mass",
 ]
 
-# Aggregation schemes crnetd runs (``crnet.schemes`` has their drivers).
-SCHEMES = ("cr", "gc", "tree", "rar", "spread")
+# Aggregation schemes crnetd runs (``crnet.schemes`` has their drivers), each in a phrase:
+# ``--scheme``'s help is made of these (``crnet.config.options.SCHEME``).
+SCHEME_SUMMARIES = {
+    "cr": "CodedReduce tree",
+    "gc": "gradient coding (star)",
+    "tree": "CodedReduce without redundancy (s = 0)",
+    "rar": "ring allreduce",
+    "spread": "CodedReduce with each chunk decoded at one host, for a ring's traffic",
+}
+SCHEMES = tuple(SCHEME_SUMMARIES)
 # Schemes whose hosts send pieces to each other off the tree: every host listens for its peers.
 PEER_SCHEMES = ("rar", "spread")
 

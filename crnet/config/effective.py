@@ -219,7 +219,7 @@ def effective_config(ctx: click.Context) -> Config:
     choices = list(getattr(BY_NAME["log_level"].type, "choices", ()))
     source = given["log_level"]
     fixed_by = source if source is not None and not source.startswith("file ") else None
-    settings = Settings(values, tree=tree, client_gid=gid, secret=secret, tls=tls,
+    settings = Settings(**values, tree=tree, client_gid=gid, secret=secret, tls=tls,
                         metrics_token=metrics_token,
                         reread_log_level=lambda: reread_log_level(path, fixed_by, choices))
     lines = [(o.key, *shown.get(o.name, (p[o.name], given[o.name] or "default")))

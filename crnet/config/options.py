@@ -8,11 +8,13 @@ kind of value, default, help, the roles that take it). Everything else is derive
 - the ``--config`` file's keys and their checks, and ``--check-config``'s lines
   (``crnet/config/effective.py``: ``Option.key``, the same click conversion as a flag's);
 - the refusals: an option only the master takes, given to a node, and the reverse;
-- the daemon's ``Settings`` (``crnet/node/lifecycle.py``: every value by ``name``) and the
-  engine's (``engine_values``: the records with an ``engine`` field);
+- the daemon's ``Settings`` (``crnet/node/lifecycle.py``: a typed field per ``name``, in
+  this order; ``tests/test_config.py`` fails when they differ) and the engine's
+  (``engine_values``: the records with an ``engine`` field);
 - a launcher's command line (``crnet.tools.launch.LocalTree``: ``argv``).
 
-Adding an option is one record here plus the code that reads ``settings.<name>``.
+Adding an option is one record here, its field in ``Settings``, and the code that reads
+``settings.<name>``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import click
 
 from .. import defaults
-from ..coding.plan import SCHEMES
+from ..coding.plan import SCHEME_SUMMARIES, SCHEMES
 from .types import Address, ChunkSize, IntList, MetricsAddress, Size, address_text
 
 MASTER, NODE, BOTH = "master", "node", "both"     # the roles that take an option
@@ -101,8 +103,7 @@ class Option:
 
 # ---- shared with crnet plan/demo/run/model (crnet/config/tree.py makes them a Tree)
 SCHEME = Option("scheme", click.Choice(SCHEMES), "cr", roles=MASTER,
-                help="cr: CodedReduce tree; gc: gradient coding (star); rar: ring "
-                     "allreduce; tree: CodedReduce without redundancy (s = 0).")
+                help="; ".join(f"{name}: {what}" for name, what in SCHEME_SUMMARIES.items()) + ".")
 WORKERS = Option("workers", click.IntRange(min=1), None, roles=MASTER, short="-N",
                  help="gc/rar: number of workers (default: the tree's worker count).")
 FANOUT = Option("fanout", IntList(), "3", roles=MASTER, short="-n",

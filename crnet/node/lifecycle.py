@@ -69,13 +69,54 @@ STRICT_ENV = "CRNET_STRICT"
 EXIT_BUG = 70   # EX_SOFTWARE: strict mode caught an internal error
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
-    """What one daemon runs with: every option of ``crnet.config.options.DAEMON_OPTIONS`` by its
-    name (``settings.timeout``, ``settings.link_timeout``: read through to ``values``), and
-    what ``crnet/config/effective.py`` made of several of them."""
+    """What one daemon runs with: every option of ``crnet.config.options.DAEMON_OPTIONS``
+    as a field of its name, in the table's order (``tests/test_config.py`` fails when the
+    two differ), then what ``crnet/config/effective.py`` made of several of them. Typed
+    fields, not a bag: a misspelt ``settings.<name>`` is mypy's error, not a run-time one."""
 
-    values: dict[str, Any]                     # option name -> its value
+    role: str
+    listen: tuple[str, int] | None
+    parent: tuple[str, int] | None
+    resolve_timeout: float
+    name: str | None
+    scheme: str
+    workers: int | None
+    fanout: list[int]
+    layers: int | None
+    stragglers: list[int]
+    samples: int | None
+    code_kind: str
+    beyond_s: str
+    patience: float | None
+    client_socket: str
+    client_group: str | None
+    chunk_bytes: int                           # 0: auto
+    timeout: float
+    keep_results: int
+    local_processes: int
+    result_memory: int
+    step_window: int
+    plan: str
+    tune_window: int
+    max_send_queue: int | None
+    link_timeout: float
+    connect_timeout: float
+    secret_file: str | None
+    tls_cert: str | None
+    tls_key: str | None
+    tls_ca: str | None
+    tls_names: bool
+    insecure: bool
+    metrics: tuple[str, int] | None
+    metrics_token_file: str | None
+    host_id: str | None
+    strict: bool
+    exit_with_stdin: bool
+    log_level: str
+    log_format: str
+    # ---- derived (crnet/config/effective.py)
     tree: Tree | None = None                   # master only: from scheme, fanout, layers, ...
     client_gid: int | None = None              # --client-group's gid: its members may connect
     secret: bytes | None = None                # the cluster secret: every tree link authenticated
@@ -86,26 +127,26 @@ class Settings:
     @classmethod
     def of(cls, role: str, tree: Tree | None = None, **values: Any) -> Settings:
         """Settings of the option defaults but ``values`` (by option name), e.g. for tests."""
-        return cls(defaults_of(role=role, **values), tree=tree)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["values"][name]
-        except KeyError:
-            raise AttributeError(f"no daemon option {name!r}") from None
+        return cls(**defaults_of(role=role, **values), tree=tree)
 
     @property
     def is_master(self) -> bool:
         return self.role == "master"
+
+    @property
+    def engine(self) -> EngineSettings:
+        """The step engine's settings: the options with an ``engine`` field, and with them
+        every time derived from ``timeout`` (``EngineSettings``: one place for them)."""
+        return EngineSettings(**engine_values(vars(self)))
 
 
 class Node:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.stats = Stats(measured=Measured(settings.tune_window))
-        self.neighbours = Neighbours(stall_after=settings.timeout / 4)
-        self.engine = StepEngine(EngineSettings(**engine_values(settings.values)),
-                                 self.stats, self.neighbours, lend=self._lend)
+        engine = settings.engine
+        self.neighbours = Neighbours(stall_after=engine.stall_after)
+        self.engine = StepEngine(engine, self.stats, self.neighbours, lend=self._lend)
         place = None
         if settings.is_master:
             assert settings.tree is not None and settings.samples is not None
@@ -235,7 +276,7 @@ class Node:
         return NodeView(
             role=s.role, host_id=s.host_id, parent=s.parent, stats=self.stats,
             neighbours=self.neighbours, place=lambda: m.place, join_state=lambda: m.state,
-            tree_step=lambda: engine.window.tree_step,
+            tree_step=lambda: engine.tree_step,
             kept_bytes=lambda: engine.bookkeeping()["kept_bytes"],
             clients=lambda: [None if seat is None else seat.conn for seat in self.local.seats])
 

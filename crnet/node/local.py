@@ -2,7 +2,8 @@
 
 ``--local-processes K`` training processes share one daemon; each is a ``Seat`` here
 (``links.client.ClientLink``). Imports go one way: the client link knows this module,
-this one knows a seat only by what ``Seat`` says.
+this one knows a seat only by what ``Seat`` says (and the link's handlers a process by
+what ``Process`` adds).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from ..coding.kernels import coded_sum
+from ..errors import ErrorKind
 from ..protocol.shm import SharedRegion
 from ..protocol.transport import Connection
 from .steps import Failed, Mismatched, Outcome, Refused, StepEngine
@@ -34,6 +36,23 @@ class Seat(Protocol):
 
     def given_back(self) -> None:
         """Its output receives a step's result no more (``engine.Lender``)."""
+
+
+class Process(Seat, Protocol):
+    """A training process as the handlers of its requests see it (``links.client_steps``,
+    ``links.client_group``): its seat, and how it is told of an error."""
+
+    def error(self, reason: str, kind: ErrorKind, step: int | None = None,
+              tree_wide: bool = True) -> None:
+        """Tell it ``reason`` (an ERROR); it waits on no step any more."""
+
+    def vector(self, length: int, dtype: np.dtype, half: str,
+               step: int | None = None) -> np.ndarray | None:
+        """Its shared ``half`` (input, output) as ``length`` x ``dtype``, or None (it was
+        told why, about ``step``)."""
+
+    def job_over(self, step: int | None = None) -> bool:
+        """Its job is not the one the tree runs: it was told so (JobEnded)."""
 
 
 class LocalProcesses:

@@ -47,10 +47,10 @@ class ChildSlot:
 
 
 class Neighbours:
-    def __init__(self, stall_after: float = defaults.TIMEOUT / 4) -> None:
+    def __init__(self, stall_after: float = defaults.TIMEOUT * defaults.STALL_SHARE) -> None:
         """``stall_after``: a peer link whose sends in turn wait behind it and that takes
-        none of its queued bytes this long is cut off (crnetd: a quarter of --timeout, so
-        that the sends behind it still make the step's deadline)."""
+        none of its queued bytes this long is cut off (crnetd: ``EngineSettings.stall_after``,
+        a share of --timeout, so that the sends behind it still make the step's deadline)."""
         self.parent: Connection | None = None
         self.slots: list[ChildSlot] = []
         # Peers by rank: the links this node dialed, where its pieces go (rar: the ring

@@ -31,16 +31,16 @@ class Rooms:
         m = membership
         nb, engine = m.neighbours, m.engine
         broadcasts = Broadcasts(nb, lambda: m.place, engine.settings.max_vector_bytes,
-                                m.jobs.below, m.jobs.here, window=engine.settings.timeout)
+                                m.jobs.below, m.jobs.here, window=engine.settings.broadcast_window)
         barriers = Barriers(nb, lambda: m.place, m.jobs.below)
         status = StatusService(StatusView(
             place=lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,
             listen_address=lambda: m.listen_address, parent_up=lambda: nb.parent is not None,
-            slots=lambda: nb.slots, tree_step=lambda: engine.window.tree_step, stats=engine.stats,
+            slots=lambda: nb.slots, tree_step=lambda: engine.tree_step, stats=engine.stats,
             host_id=m.host_id, measured=MeasuredView(
                 engine.stats, nb, place=lambda: m.place, samples=lambda: m.samples,
                 local_samples=lambda: _local_samples(m), processes=m.local_processes,
-                tree_vector=lambda: engine.window.tree_vector).section,
+                tree_vector=lambda: engine.tree_vector).section,
             prober=Prober(nb, lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,
                           attached=m.jobs.any_attached)))
         # In the order membership did it before it knew none of them: broadcasts first.

@@ -1,11 +1,12 @@
 """``crnet tune --probe``: the model's inputs for a tree that has not trained yet.
 
-1. **Gather** (``gather_probe``): the master runs a probe on every node of its tree
-   (``crnet/node/observe/probe.py``: each node sends ``probe`` bytes to each of its children a few
-   times, timed to the child's echo, and times a fixed compute kernel; who may start one,
-   and when, is said there) and answers with every node's ``measured`` section, its
-   ``probe`` part included, checked as every status answer is (``crnet.protocol.status_measured``:
-   a malformed one is an error naming its node).
+1. **Gather** (``crnet.tune.gather.gather_probe``, over the network): the master runs a
+   probe on every node of its tree (``crnet/node/observe/probe.py``: each node sends
+   ``probe`` bytes to each of its children a few times, timed to the child's echo, and
+   times a fixed compute kernel; who may start one, and when, is said there) and answers
+   with every node's ``measured`` section, its ``probe`` part included, checked as every
+   status answer is (``crnet.protocol.status_measured``: a malformed one is an error
+   naming its node).
 2. **Read** (``probed_measurements``): the links as ``crnet tune`` reads them after
    training (the kernel's delivery rate of the probe's flights, the least round-trip
    times: ``tune.link_counts``), with the probe's rounds as (bytes, seconds) pairs; and
@@ -24,13 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..coding.plan import Tree
-from ..defaults import PROBE_BYTES, PROBE_BYTES_MAX, PROBE_BYTES_MIN, PROBE_DEADLINE, TUNE_WINDOW_MAX
-from ..protocol.status_tree import DEADLINE
-from ..protocol.tls import TlsFiles
-from ..tools.status import StatusClient
+from ..defaults import PROBE_BYTES, PROBE_BYTES_MAX, PROBE_BYTES_MIN
 from .tuning import HostMeasured, Measurements, Probed, Running, TuneError, link_counts, named, nodes
 
-__all__ = ["gather_probe", "probe_size", "probed_measurements"]
+__all__ = ["probe_size", "probed_measurements"]
 
 
 def probe_size(vector_bytes: int | None) -> int:
@@ -39,24 +37,8 @@ def probe_size(vector_bytes: int | None) -> int:
     return max(PROBE_BYTES_MIN, min(PROBE_BYTES_MAX, vector_bytes or PROBE_BYTES))
 
 
-async def gather_probe(host: str, port: int, secret: bytes | None = None,
-                       tls: TlsFiles | None = None, probe_bytes: int | None = None,
-                       deadline: float = PROBE_DEADLINE) -> dict:
-    """The master's tree, every node probed with ``probe_bytes`` (default: ``probe_size``
-    of the tree's vector, asked for first) and its measured section, checked."""
-    client = await StatusClient.connect(host, port, secret=secret, tls=tls, timeout=deadline + 5)
-    try:
-        if probe_bytes is None:
-            first = await client.refresh(DEADLINE, measured=1)
-            config = (first.get("measured") or {}).get("config") or {}
-            probe_bytes = probe_size(config.get("vector_bytes"))
-        return await client.refresh(deadline, measured=TUNE_WINDOW_MAX, probe=probe_bytes)
-    finally:
-        client.close()
-
-
 def probed_measurements(tree: dict, per_sample: float | None = None) -> Measurements:
-    """What ``gather_probe``'s answer says, per host. TuneError if it cannot be fitted from."""
+    """What ``gather.gather_probe``'s answer says, per host. TuneError if it cannot be fitted from."""
     root = tree.get("measured")
     if root is None or root.get("config") is None or root["config"]["samples"] is None:
         raise TuneError(f"{named(tree)} has no share of the data yet: ask the master of a "

@@ -1,10 +1,12 @@
 """``crnet tune HOST:PORT``: what the running tree measured, the model fitted to it, and every
 scheme and shape ranked by the fitted model.
 
-1. **Gather** (``gather``): the node's subtree (ask the master for the whole tree) through
-   ``crnet status``'s connection and authentication (``crnet.tools.status``), every node's
-   ``measured`` section included (``crnet/node/observe/measure.py``; each is checked as it
-   arrives, ``crnet.protocol.status_measured``, so a malformed one is an error naming its node).
+1. **Gather** (``crnet.tune.gather.gather``, over the network: the daemon, which ranks
+   what its own ``crnet status`` service gathered, imports this module and not that one):
+   the node's subtree (ask the master for the whole tree) through ``crnet status``'s
+   connection and authentication (``crnet.tools.status``), every node's ``measured`` section
+   included (``crnet/node/observe/measure.py``; each is checked as it arrives,
+   ``crnet.protocol.status_measured``, so a malformed one is an error naming its node).
 2. **Read** (``measurements``): per host, its compute time per step (its slowest process's,
    over the steps all of them measured) over its share of the batch: seconds per sample;
    its links' (bytes, busy seconds) and round-trip times; the period of the asked node's
@@ -26,17 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..coding.plan import Tree, scheme_tree
-from ..defaults import TUNE_WINDOW_MAX
 from ..errors import CrnetError
-from ..protocol.status_tree import DEADLINE
-from ..protocol.tls import TlsFiles
 from ..schemes.chunks import chunk_bytes_for
-from ..tools.status import StatusClient
 from .fit import ComputeFit, LinkFit, fit_compute, fit_links, host_throughput
 from .model import Prediction, predict, rank
 
 __all__ = ["REPLANNED", "HostMeasured", "Measurements", "Probed", "Running", "TuneError", "Tuning",
-           "config_text", "gather", "link_counts", "link_throughput", "master_config", "measurements",
+           "config_text", "link_counts", "link_throughput", "master_config", "measurements",
            "named", "nodes", "placed_tree", "replan_choice", "tune"]
 
 # The schemes a tree re-plans among between jobs without moving its hosts (``crnetd
@@ -105,20 +103,8 @@ class Measurements:
     probe: Probed | None = None        # measured by a probe, not while training
 
 
-async def gather(host: str, port: int, secret: bytes | None = None, tls: TlsFiles | None = None,
-                 window: int = TUNE_WINDOW_MAX, deadline: float = DEADLINE, probe: int = 0) -> dict:
-    """The node's subtree with every node's measured section (windows of at most
-    ``window`` steps), checked; with ``probe``, each node's links and compute probed first
-    with that many bytes (``crnet.tune.probe.gather_probe``)."""
-    client = await StatusClient.connect(host, port, secret=secret, tls=tls, timeout=deadline + 5)
-    try:
-        return await client.refresh(deadline, measured=window, probe=probe)
-    finally:
-        client.close()
-
-
 def measurements(tree: dict) -> Measurements:
-    """What ``gather``'s answer says, per host. TuneError if it cannot be fitted from."""
+    """What ``gather.gather``'s answer says, per host. TuneError if it cannot be fitted from."""
     root = tree.get("measured")
     if root is None or root.get("config") is None:
         raise TuneError(f"{named(tree)} has no share of the data yet: nothing runs to tune")

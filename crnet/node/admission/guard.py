@@ -2,17 +2,17 @@
 
 ``Accepting`` stands before a ``ChildLink`` on every accepted TCP connection (admitted
 and timed by the ``Doorway``, ``doorway.py``; with TLS, from before its TLS handshake:
-``tls_door.py``), and
-``Dialing`` (``crnet/protocol/handshake.py``, which the ``crnet status`` client uses too) before a
-``ParentLink`` or ``PeerLink`` on every dialed one. Each is a
-``transport.Handler`` that lets nothing through to the link until the peer has proved
-that it holds the cluster secret; from then on it passes every frame straight on. An
-acceptor without a secret passes the hello on at once, as before; one with a secret
-refuses a hello that carries no nonce. A dialer with a secret drops a peer that
-welcomes it without a challenge, or fails it (it could be anyone): the link's
-``reject``, after which the node dials again. Such a peer's REFUSE is not taken at
-its word either (anyone can send one): only an authenticated peer's refusal for
-good stops a node (exit 2).
+``tls_door.py``), and ``Dialing`` (``crnet/protocol/handshake.py``, which the ``crnet
+status`` client uses too) before a ``ParentLink`` or ``PeerLink`` on every dialed one.
+Each is the connection's ``transport.Handler`` until the peer has proved that it holds
+the cluster secret, and lets nothing through to the link before; then it hands the
+connection over: the link is its handler from then on, and no later frame (a chunk)
+passes through the guard. An acceptor without a secret hands over at the hello, as
+before; one with a secret refuses a hello that carries no nonce. A dialer with a
+secret drops a peer that welcomes it without a challenge, or fails it (it could be
+anyone): the link's ``reject``, after which the node dials again. Such a peer's REFUSE
+is not taken at its word either (anyone can send one): only an authenticated peer's
+refusal for good stops a node (exit 2).
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_items
 
 class Accepting:
     """An accepted connection, until its peer has authenticated (with a secret). It
-    starts with ``HANDSHAKE_LIMITS`` and gets ``limits()`` once through."""
+    starts with ``HANDSHAKE_LIMITS``; through, the connection gets ``limits()`` and the
+    link as its handler."""
 
     def __init__(self, inner: Handler, secret: bytes | None, doorway: Doorway,
                  limits: Callable[[], Limits], warnings: Throttle | None = None):
         self.inner = inner
         self.secret = secret
-        self.open = False
         self._doorway = doorway
         self._limits = limits
         self._warnings = warnings or Throttle(log)   # the node's: one per peer address
@@ -60,25 +60,21 @@ class Accepting:
             conn.abort("too many connections in their handshake")
 
     def _pass(self, conn: Connection, hello: Hello | PeerHello | StatusHello) -> None:
-        """Through the handshake: the link takes over, with its own limits."""
-        self.open = True
+        """Through the handshake: the link takes the connection over, with its own limits."""
         self._doorway.leave(conn)
         if conn.authenticated:   # a host of the tree: it gets the doorway's reserve from now on
             self._doorway.know(_address(conn))
         conn.set_limits(self._limits())
+        conn.handler = self.inner
         self.inner.received(conn, hello, None)
 
     def payload_dest(self, conn: Connection, msg: Message, nbytes: int):
-        if self.open:
-            return self.inner.payload_dest(conn, msg, nbytes)
         if self._hello is None:
             raise ProtocolError(f"unexpected {msg.TYPE.name} from a peer before HELLO")
         raise ProtocolError(f"{msg.TYPE.name} with a payload before authentication")
 
     def received(self, conn: Connection, msg: Message, payload) -> None:
-        if self.open:
-            self.inner.received(conn, msg, payload)
-        elif self._hello is None:
+        if self._hello is None:
             self._hello_from(conn, msg)
         elif isinstance(msg, Proof):
             hello, theirs = self._hello, getattr(self._hello, "nonce", None)
@@ -118,10 +114,9 @@ class Accepting:
                                              role, name, channel_binding(conn.transport))))
 
     def lost(self, conn: Connection, exc: Exception | None) -> None:
+        """Lost in the handshake (once through, the link hears of it instead)."""
         self._doorway.leave(conn)
-        if self.open:
-            self.inner.lost(conn, exc)
-        elif self._hello is not None and not self._refused:
+        if self._hello is not None and not self._refused:
             # A node with another secret finds this daemon's challenge wrong and hangs up
             # before its PROOF: without this line, the refusal left nothing in this log.
             role, name = claim(self._hello)

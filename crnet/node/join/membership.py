@@ -93,7 +93,7 @@ class Membership:
         self.local_processes = local_processes
         self.jobs = JobCounts(neighbours, lambda: self.job,   # processes attached, by job
                               lambda: self.place is not None and self.place.is_master,
-                              self._start_job, lambda: self.engine.window.tree_step >= 0)
+                              self._start_job, lambda: self.engine.tree_step >= 0)
         # The master, --plan auto (replan.py): called instead of ``run_job`` for a new job;
         # it may ``replan`` first, and then runs it.
         self.before_job: Callable[[str], None] | None = None
@@ -220,7 +220,7 @@ class Membership:
         job's steps, tell the subtree, and the processes waiting for it."""
         if name == self.job:
             return
-        fresh = not self.job and self.engine.window.tree_step < 0
+        fresh = not self.job and self.engine.tree_step < 0
         self.job = name
         if not fresh:   # fresh daemons (no job, no step decided) have nothing to drop: steps
             self.engine.new_job(name)     # under way there belong to processes that
@@ -314,7 +314,7 @@ class Membership:
                      lambda k, held: self.on_slot_contested.emit((k, held)))
         claim_slot(self.hosts, hello.host, k, hello.name is not None)
         self.neighbours.slots[k] = ChildSlot(link=conn, address=listen, host=hello.host,
-                                             missed_through=self.engine.window.newest_step,
+                                             missed_through=self.engine.newest_step,
                                              peer=conn.label)
         conn.send(self._welcome(k))
         log.info("child %s joined from %s", children[k], conn.label)
@@ -337,7 +337,7 @@ class Membership:
         slot.workers = msg.workers
         # spread's peers, and where hosts move (MOVE); with --tls-names their host ids
         slot.below, slot.hosts = dict(msg.peers), dict(msg.hosts)
-        if msg.job and not self.job and self.engine.window.tree_step < 0:
+        if msg.job and not self.job and self.engine.tree_step < 0:
             self.job = msg.job             # a restarted master: the job its children run
         # Kept, not learned now: a node takes its children's word for where the tree is
         # only when it gets its share (``_assigned``: a restarted master, when all have
@@ -390,7 +390,7 @@ class Membership:
         if not place.is_master:
             below = Mesh.below(place.tree, place.name, slots)
             hosts = peer_identity.below(place.tree, place.name, slots) if self.mesh.names else ()
-            tree_step = max(self.engine.window.tree_step, self._children_claim())
+            tree_step = max(self.engine.tree_step, self._children_claim())
             self.neighbours.to_parent(Joined(count, tree_step, self.job, below, hosts))
             return
         log.info("%d/%d workers %s", count, place.tree.workers,   # (fewer: links lost, none joined)
@@ -404,7 +404,7 @@ class Membership:
         if place is None or place.is_leaf:
             return -1
         claims = [slot.tree_step for slot in self.neighbours.slots if slot.link is not None]
-        return vouched(claims, place.tree.stragglers[place.layer], self.engine.window.ahead)
+        return vouched(claims, place.tree.stragglers[place.layer], self.engine.settings.window)
 
     def _assigned(self) -> None:
         assert self.place is not None
@@ -535,7 +535,7 @@ class Membership:
         vector = None if msg.total is None or msg.dtype is None else (msg.total, msg.dtype)
         self.engine.learn(msg.tree_step, vector)
         log.info("joined as %s (layer %d of %d); the tree is at step %d", place.name, place.layer,
-                 tree.layers, self.engine.window.tree_step)
+                 tree.layers, self.engine.tree_step)
         self._changed()
 
     def assigned(self, msg: Assign, payload: memoryview) -> None:

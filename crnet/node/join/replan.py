@@ -51,7 +51,7 @@ class AutoPlan:
         """``name`` is to start: re-plan first (once its measurements are in), then run it."""
         if self._starting is not None:
             return
-        if self.membership.engine.window.tree_step < 0:   # no step ran: the configured plan
+        if self.membership.engine.tree_step < 0:   # no step ran: the configured plan
             self.membership.run_job(name)
             return
         self._starting = name

@@ -12,10 +12,10 @@ from ..steps import StepEngine
 
 def welcome_for(place: Place, k: int, engine: StepEngine, job: str, local_processes: int) -> Welcome:
     """The WELCOME of child slot ``k`` of the node at ``place``."""
-    total, dtype = engine.window.tree_vector or (None, None)
+    total, dtype = engine.tree_vector or (None, None)
     return Welcome(place.tree.children(place.name)[k], place.layer + 1, place.tree.fanout,
                    place.tree.stragglers, place.code_kind, place.chunk_bytes, place.scheme,
-                   engine.window.tree_step, total, dtype, job, local_processes,
+                   engine.tree_step, total, dtype, job, local_processes,
                    place.beyond_s, place.patience)
 
 

@@ -102,8 +102,7 @@ class ClientLink(StateMachine):
         self.assignment: dict | None = None   # as the process was last told it
         self.token = secrets.token_hex(16)     # names it when it hands over shared memory
         self.held: list[Message] = []          # its requests while its output is lent
-        self.steps = ClientSteps(self, self, local, engine, stats,
-                                 lambda: broadcasts.states.state_request)
+        self.steps = ClientSteps(self, local, engine, stats, lambda: broadcasts.states.state_request)
         self.group = ClientGroup(self, broadcasts, barriers, per_host=local.k,
                                  answered=lambda: stats.measured.answered(self.index))
         self._disconnect: list[Callable[[], None]] = []   # from membership's and the engine's
@@ -182,7 +181,7 @@ class ClientLink(StateMachine):
             log.warning("this host's share of the data changed; telling training process %s",
                         self.pid)
         self.assignment = assignment
-        self.conn.send(ClientWelcome(assignment, self.engine.window.tree_step,
+        self.conn.send(ClientWelcome(assignment, self.engine.tree_step,
                                      self.engine.settings.answer_within, self.token))
 
     # ---------------------------------------------------------------- ATTACHED
@@ -208,7 +207,7 @@ class ClientLink(StateMachine):
         m = self.membership
         stats = {**self.stats.as_dict(), **self.engine.bookkeeping()}
         conn.send(StatsReply(stats, None if m.place is None else m.place.name, m.state.value,
-                             self.engine.window.tree_step, tuple(self.engine.open_steps),
+                             self.engine.tree_step, tuple(self.engine.open_steps),
                              m.neighbours.summary()))
 
     RECEIVE: ClassVar[Receives] = {
@@ -275,7 +274,7 @@ class ClientLink(StateMachine):
               tree_wide: bool = True) -> None:
         self.steps.waiting = None
         if self.conn is not None:
-            self.conn.send(ClientError(reason, kind, step, self.engine.window.tree_step, tree_wide))
+            self.conn.send(ClientError(reason, kind, step, self.engine.tree_step, tree_wide))
 
     def lost(self, conn, exc):
         self.held.clear()

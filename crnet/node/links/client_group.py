@@ -18,7 +18,7 @@ from ...errors import ErrorKind
 from ...protocol.messages import Barrier, Delivered, Publish, Receive, WantState, vote_key
 from ..collectives.barriers import Barriers, Roots
 from ..collectives.broadcasts import STATE, Broadcasts, Held
-from .process import Process
+from ..local import Process
 
 
 def _nothing() -> None:

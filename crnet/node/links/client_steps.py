@@ -13,16 +13,14 @@ from ...errors import ErrorKind
 from ...measure.stats import Stats
 from ...protocol.messages import Decided, Done, Fetch, Submit, Watch
 from ...schemes.chunks import ChunkLayout
-from ..local import LocalProcesses, Seat
+from ..local import LocalProcesses, Process
 from ..steps import Failed, Lost, Mismatched, Outcome, Refused, Resolved, StepEngine
-from .process import Process
 
 
 class ClientSteps:
-    def __init__(self, process: Process, seat: Seat, local: LocalProcesses, engine: StepEngine,
+    def __init__(self, process: Process, local: LocalProcesses, engine: StepEngine,
                  stats: Stats, state_request: Callable[[], int]):
         self.process = process
-        self.seat = seat                       # the same process, as its host's seats see it
         self.local = local
         self.engine = engine
         self.stats = stats
@@ -38,14 +36,14 @@ class ClientSteps:
 
     def start(self) -> list[Callable[[], None]]:
         """The process is attached: it hears of decisions from now on. The disconnects."""
-        self.taken = self.engine.window.tree_step
-        self.stats.measured.attached(self.seat.index)
+        self.taken = self.engine.tree_step
+        self.stats.measured.attached(self.process.index)
         return [self.engine.decided.connect(self.progress),
                 self.engine.consumers.connect(lambda _: self.next_step())]
 
     def caught_up(self) -> None:
         """It was told where the tree is: it asks for nothing older."""
-        self.taken = max(self.taken, self.engine.window.tree_step)
+        self.taken = max(self.taken, self.engine.tree_step)
 
     # ---------------------------------------------------------------- requests
     def submit(self, msg: Submit) -> None:
@@ -65,8 +63,8 @@ class ClientSteps:
         if isinstance(msg, Fetch):
             self.engine.request(msg.step, None, self.answer)
         else:
-            self.stats.measured.submitted(self.seat.index, msg.step)   # crnet tune's compute time
-            self.local.submit(self.seat, msg.step, vector)
+            self.stats.measured.submitted(self.process.index, msg.step)   # crnet tune's compute time
+            self.local.submit(self.process, msg.step, vector)
 
     def watch(self, msg: Watch) -> None:
         if msg.step in self.watching:
@@ -78,7 +76,7 @@ class ClientSteps:
         self.watching.discard(step)
         conn = self.process.conn
         if conn is not None:
-            conn.send(Decided(step, self.engine.window.tree_step))
+            conn.send(Decided(step, self.engine.tree_step))
 
     # ---------------------------------------------------------------- answers
     def answer(self, outcome: Outcome) -> None:
@@ -105,8 +103,8 @@ class ClientSteps:
             else:   # the pool's, another process's output, or a region it handed over since
                 np.copyto(out, outcome.vector)
             self.waiting = None
-            conn.send(Done(step, self.engine.window.tree_step, outcome.approx))
-            self.stats.measured.answered(self.seat.index)
+            conn.send(Done(step, self.engine.tree_step, outcome.approx))
+            self.stats.measured.answered(self.process.index)
         elif isinstance(outcome, Failed):
             error(outcome.reason, ErrorKind.FAILED, step, outcome.tree_wide)
         elif isinstance(outcome, Mismatched):
@@ -131,8 +129,7 @@ class ClientSteps:
         if step is None:
             self.progress_from_scratch()
         else:
-            w = self.engine.window
-            region.progress.decided(step, w.tree_step, w.newest_decided)
+            region.progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
 
     def progress_from_scratch(self) -> None:
         """All of it again (new shared memory)."""
@@ -140,6 +137,6 @@ class ClientSteps:
         progress = self.process.region.progress
         progress.reset()
         for step in self.engine.decided_steps():
-            progress.decided(step, self.engine.window.tree_step, self.engine.window.newest_decided)
-        progress.decided(None, self.engine.window.tree_step, self.engine.window.newest_decided)
+            progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
+        progress.decided(None, self.engine.tree_step, self.engine.newest_decided)
         progress.state_request = self.state_request()

@@ -132,7 +132,7 @@ class Readiness:
 
     def decided(self, step: int | None) -> None:
         """A step was decided here (or the tree's step learned: ``step`` None)."""
-        if step is None or step < self.engine.window.tree_step:
+        if step is None or step < self.engine.tree_step:
             return
         skipped = self.stats.children_skipped
         self._stragglers, self._skipped = skipped - self._skipped, skipped

@@ -121,6 +121,26 @@ class StepEngine:
     def refusal(self, step: int) -> str | None:
         return self.window.refusal(step)
 
+    @property
+    def tree_step(self) -> int:
+        """The newest step the master decided, as far as this node knows (-1: none yet)."""
+        return self.window.tree_step
+
+    @property
+    def tree_vector(self) -> tuple[int, str] | None:
+        """(length, dtype) of the tree's vectors, once known."""
+        return self.window.tree_vector
+
+    @property
+    def newest_step(self) -> int:
+        """The newest step seen here in any form (-1: none)."""
+        return self.window.newest_step
+
+    @property
+    def newest_decided(self) -> int:
+        """The newest step decided here in any way (-1: none)."""
+        return self.window.newest_decided
+
     def outcome(self, step: int) -> Outcome:
         """The outcome of a decided step."""
         return self.decisions.outcome(step)

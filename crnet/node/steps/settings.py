@@ -1,4 +1,6 @@
-"""What one node's step core is told: its timeout, window and memory bounds."""
+"""What one node's step core is told (its timeout, window and memory bounds), and every
+time the daemon derives from ``--timeout``: one place for them (``EngineSettings``'s
+properties; ``lifecycle.Settings.engine`` makes it from the options)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,20 @@ class EngineSettings:
     # The largest vector a peer may claim (a CHUNK's total x dtype): a larger one closes
     # its connection before anything is allocated.
     max_vector_bytes: int = field(default_factory=physical_memory)
+
+    @property
+    def stall_after(self) -> float:
+        """A peer link whose sends in turn wait behind it and that takes none of its queued
+        bytes this long is cut off (``Neighbours``): a share of the timeout, so that the
+        sends behind it still make the step's deadline."""
+        return self.timeout * defaults.STALL_SHARE
+
+    @property
+    def broadcast_window(self) -> float:
+        """Seconds after a state request's first complete answer when the master takes the
+        state every copy so far shows (``state_answers.py``): the step timeout, within which
+        an up-to-date process reaches a step boundary, or is a straggler anyway."""
+        return self.timeout
 
     @property
     def grace(self) -> float:
