@@ -11,7 +11,7 @@ used when it dialed them. So its own links (``dial``: PEER_HELLO with its rank a
 fresh link id) are confirmed by the honest hosts, and what it sends on them (PIECE,
 OWNERS, MOOT) reaches their engines as its rank's.
 
-Used by the trust tests (``tests/test_trust_claims.py``, ``tests/test_trust_fuzzed.py``)
+Used by the trust tests (``tests/trust/test_trust_claims.py``, ``tests/trust/test_trust_fuzzed.py``)
 and the authenticated fuzzer (``benchmarks/fuzz_authenticated.py``).
 """
 

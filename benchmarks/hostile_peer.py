@@ -8,7 +8,7 @@ daemon acts on what the peer sends as it would on a real host's frames. ``accept
 acceptor's side, for a peer that listens itself (``hostile_mesh.py``: a host of the tree
 dials it).
 
-Used by the trust tests (``tests/test_trust*.py``) and the authenticated fuzzer
+Used by the trust tests (``tests/trust/test_trust*.py``) and the authenticated fuzzer
 (``benchmarks/fuzz_authenticated.py``).
 """
 

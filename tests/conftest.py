@@ -1,17 +1,16 @@
-"""Shared fixtures: real crnetd trees on 127.0.0.1, always torn down."""
+"""Shared fixtures: real crnetd trees on 127.0.0.1, always torn down; a node's membership over
+no sockets; the TLS tests' certificates. The helpers the tests share are in ``tests/helpers/``."""
 
 import asyncio
 import logging
-import signal
-import weakref
 
-import numpy as np
 import pytest
 
 from crnet.coding.plan import Tree
-from crnet.tools.launch import MASTER, LocalTree
+from crnet.tools.launch import LocalTree
 
-from .tiers import BOTH_LOOPS_FILES, is_quick
+from .helpers.certs import have_openssl, make_cluster_certs
+from .tiers import BOTH_LOOPS_FILES, file_of, is_quick
 
 
 def pytest_asyncio_loop_factories(config, item):
@@ -33,7 +32,7 @@ def pytest_asyncio_loop_factories(config, item):
         return factories
     factories["uvloop"] = uvloop.new_event_loop
     chosen = item.get_closest_marker("asyncio")
-    if (item.path.name in BOTH_LOOPS_FILES or item.get_closest_marker("both_loops") is not None
+    if (file_of(item.path) in BOTH_LOOPS_FILES or item.get_closest_marker("both_loops") is not None
             or (chosen is not None and "loop_factories" in chosen.kwargs)):
         return factories
     return {"uvloop": uvloop.new_event_loop}
@@ -43,7 +42,7 @@ def pytest_asyncio_loop_factories(config, item):
 def pytest_collection_modifyitems(config, items):
     """Mark the quick tier (``tiers.py`` names it) before ``-m quick`` selects it."""
     for item in items:
-        if is_quick(item.path.name, item.name):
+        if is_quick(file_of(item.path), item.name):
             item.add_marker(pytest.mark.quick)
 
 
@@ -124,74 +123,10 @@ def membership():
         m.close()
 
 
-_ROOMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def rooms(m):
-    """The broadcasts, barriers and status beside membership ``m`` (``node/rooms.py``),
-    built once, as ``lifecycle.Node`` builds them."""
-    from crnet.node.rooms import Rooms
-
-    made = _ROOMS.get(m)
-    if made is None:
-        made = _ROOMS[m] = Rooms.beside(m)
-    return made
-
-
-def local_gradient(assignment, grads: np.ndarray) -> np.ndarray:
-    """This process's weighted sum over its ranges of the per-sample vectors ``grads``."""
-    out = np.zeros(grads.shape[1])
-    for start, stop, weight in assignment.ranges:
-        out += weight * grads[start:stop].sum(axis=0)
-    return out
-
-
-def workers(tree: Tree) -> list[str]:
-    return [name for name in tree.names() if name != MASTER]
-
-
-def rel_error(got, want) -> float:
-    return float(np.max(np.abs(np.asarray(got, np.float64) - want)) / max(1.0, np.max(np.abs(want))))
-
-
-async def wait_until(check, what: str, timeout: float = 30.0, every: float = 0.02):
-    """Poll ``await check()`` (or ``check()``) until it is true: ordering by state, not by sleeps."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        ok = check()
-        if asyncio.iscoroutine(ok):
-            ok = await ok
-        if ok:
-            return ok
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(every)
-
-
-async def wait_for_log(lt: LocalTree, name: str, text: str, timeout: float = 30.0) -> str:
-    """Wait until daemon ``name``'s log contains ``text``; returns the log."""
-    def check():
-        log = lt.log_path(name).read_text(errors="replace")
-        return log if text in log else None
-    return await wait_until(check, f"{text!r} in the log of {lt.filename(name)}", timeout)
-
-
-async def gather_or_cancel(*aws):
-    """gather() that cancels the siblings when one fails, so no task outlives the test."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-KILL = signal.SIGKILL
-
-def not_held(step, keep, tree_step):
-    """The reason a daemon gives for a step whose outcome it no longer holds."""
-    return (f"the outcome of step {step} is not held by this daemon (it keeps the last {keep}, "
-            "and those its training processes have not taken within --result-memory); the "
-            f"tree is at step {tree_step}: reload the parameters (e.g. the newest checkpoint) "
-            "and go on after it")
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """A throwaway cluster CA and the one certificate every host of a local tree serves
+    (``helpers/certs.py``); the test skips without the openssl command."""
+    if not have_openssl():
+        pytest.skip("needs the openssl command")
+    return make_cluster_certs(tmp_path_factory.mktemp("certs"))

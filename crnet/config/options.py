@@ -9,7 +9,7 @@ kind of value, default, help, the roles that take it). Everything else is derive
   (``crnet/config/effective.py``: ``Option.key``, the same click conversion as a flag's);
 - the refusals: an option only the master takes, given to a node, and the reverse;
 - the daemon's ``Settings`` (``crnet/node/lifecycle.py``: a typed field per ``name``, in
-  this order; ``tests/test_config.py`` fails when they differ) and the engine's
+  this order; ``tests/unit/test_config.py`` fails when they differ) and the engine's
   (``engine_values``: the records with an ``engine`` field);
 - a launcher's command line (``crnet.tools.launch.LocalTree``: ``argv``).
 

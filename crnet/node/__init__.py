@@ -2,7 +2,7 @@
 
 A chunk's path through the daemon, from a child's socket to the training process's
 result, is listed file by file in docs/development.md, "Following a chunk", and
-``tests/test_chunk_path.py`` checks that list against a real chunk from a real leaf.
+``tests/tree/test_chunk_path.py`` checks that list against a real chunk from a real leaf.
 
 The rooms, a folder each where they are several files:
 

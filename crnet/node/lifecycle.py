@@ -72,7 +72,7 @@ EXIT_BUG = 70   # EX_SOFTWARE: strict mode caught an internal error
 @dataclass(frozen=True)
 class Settings:
     """What one daemon runs with: every option of ``crnet.config.options.DAEMON_OPTIONS``
-    as a field of its name, in the table's order (``tests/test_config.py`` fails when the
+    as a field of its name, in the table's order (``tests/unit/test_config.py`` fails when the
     two differ), then what ``crnet/config/effective.py`` made of several of them. Typed
     fields, not a bag: a misspelt ``settings.<name>`` is mypy's error, not a run-time one."""
 

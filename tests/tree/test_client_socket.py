@@ -1,0 +1,122 @@
+"""The daemon's Unix socket: who may connect, shared memory by descriptor only, one daemon
+per socket path."""
+
+import asyncio
+import os
+import socket
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from crnet import AsyncClient, RequestRejected
+from crnet.coding.plan import Tree
+from crnet.protocol.messages import Attach
+from crnet.protocol.shm import PROGRESS_BYTES
+
+from ..helpers.waits import wait_for_log
+
+pytestmark = pytest.mark.timeout(60)
+
+TREE = Tree.regular(2, 1, 1)
+
+
+async def test_the_socket_is_the_daemons_users_only(local_tree):
+    lt = local_tree(TREE, 4)
+    mode = stat.S_IMODE(os.stat(lt.socket_path("0")).st_mode)
+    assert mode == 0o600
+
+
+def hand_over(path, token, fd, capacity):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        socket.send_fds(s, [b"".join(bytes(p) for p in Attach(token, capacity).frame())], [fd])
+
+
+async def test_only_sealed_memory_of_the_announced_size_is_mapped(local_tree, tmp_path):
+    lt = local_tree(TREE, 4)
+    c = await AsyncClient.connect(lt.socket_path("0"), timeout=30)
+    try:
+        # A file the process can name: the daemon never maps it (the old ATTACH took a path).
+        victim = tmp_path / "victim"
+        victim.write_bytes(b"secret" * 10_000)
+        fd = os.open(victim, os.O_RDWR)
+        hand_over(lt.socket_path("0"), c._token, fd, 64)
+        os.close(fd)
+        with pytest.raises(RequestRejected, match="not sealable shared memory"):
+            await c._reply(type(None), 5, "attach")     # the answer comes on the control link
+        # Unsealed memory could be shrunk under the daemon's mapping (SIGBUS): refused too.
+        fd = os.memfd_create("loose", os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, PROGRESS_BYTES + 128)
+        hand_over(lt.socket_path("0"), c._token, fd, 64)
+        os.close(fd)
+        with pytest.raises(RequestRejected, match="not sealed against shrinking"):
+            await c._reply(type(None), 5, "attach")
+        # A token nobody holds: that connection is closed, nothing else happens.
+        fd = os.memfd_create("x")
+        hand_over(lt.socket_path("0"), "f" * 32, fd, 64)
+        os.close(fd)
+        await wait_for_log(lt, "0", "a token no attached training process holds")
+        assert victim.read_bytes() == b"secret" * 10_000
+        # The process itself goes on: its own memory is handed over the real way.
+        got = await c.broadcast(np.ones(8), "k", root=True)
+        np.testing.assert_array_equal(got, np.ones(8))
+    finally:
+        c.close()
+    assert lt.alive("0")
+
+
+async def test_a_second_daemon_does_not_take_a_live_daemons_socket(local_tree):
+    lt = local_tree(TREE, 4)
+    got = subprocess.run([sys.executable, "-m", "crnet", "daemon", "--role", "node",
+                          "--parent", "127.0.0.1:1", "--client-socket", lt.socket_path("0")],
+                         capture_output=True, text=True, timeout=30)
+    assert got.returncode != 0 and "another crnetd is serving" in got.stderr
+    c = await AsyncClient.connect(lt.socket_path("0"), timeout=30)   # the first one still serves
+    c.close()
+
+
+async def test_a_process_of_another_user_is_refused(local_tree):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another user")
+    lt = local_tree(TREE, 4)
+    # As if an operator had opened the socket up by mistake (and where anyone reaches it).
+    os.chmod(lt.socket_path("0"), 0o666)
+    path = f"/tmp/crnet-test-{os.getpid()}.sock"
+    os.link(lt.socket_path("0"), path)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                          # the other user's process
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+                os.write(write, repr(s.recv(10)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+    got = os.read(read, 100).decode()
+    os.close(read)
+    os.unlink(path)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert got == "b''"                   # closed on it at once
+    await wait_for_log(lt, "0", "refusing a training process of uid 65534")
+
+
+async def test_a_socket_path_too_long_names_the_limit_and_the_path(tmp_path):
+    """Python's own error is '[Errno None] AF_UNIX path too long'."""
+    from crnet.node.client_socket import ClientSocket
+
+    path = str(tmp_path / ("d" * 100) / "0.sock")
+    sock = ClientSocket(path, connect=lambda s: asyncio.sleep(0))
+    with pytest.raises(OSError) as raised:
+        await sock.start()
+    message = str(raised.value)
+    assert path in message and "108 bytes" in message and "None" not in message
+    sock.close()

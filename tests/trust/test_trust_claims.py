@@ -1,0 +1,394 @@
+"""Issue 26, a child's claims: a host that holds the cluster secret spoils only what it
+contributes. Its word for where the tree is (JOINED), for which steps began below it
+(OPEN, CHUNK), for where it listens (HELLO) and for how large its vector is (CHUNK) is
+bounded by what its subtree can know and by the tree's own state.
+
+Each test attacks real crnetd processes on 127.0.0.1 given a cluster secret: the hostile
+peer holds it and authenticates (``enter``), then sends its forged frames; or it poses as
+a node's parent (``FakeParent``). The rows are issue 26's table: 1, 2, 12 and 13.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.hostile_mesh import InsiderMesh
+from crnet.coding.plan import Tree
+from crnet.defaults import PEER_CHECK_TIMEOUT
+from crnet.protocol.allocation import NodeShare, pack_allocation
+from crnet.protocol.auth import load_secret, mac, new_nonce
+from crnet.protocol.handshake import claim
+from crnet.protocol.messages import (
+    Assign,
+    Challenge,
+    Chunk,
+    Hello,
+    Joined,
+    Message,
+    Open,
+    PeerHello,
+    PeerWelcome,
+    Proof,
+    Refuse,
+    RingPlace,
+    Welcome,
+)
+from crnet.schemes.ring_allreduce.messages import Phase
+from crnet.schemes.spread.messages import Piece
+from crnet.tools.launch import MASTER, free_port
+
+from ..helpers.clients import close_all, connect, connect_all
+from ..helpers.trees import KILL
+from ..helpers.vectors import gradients
+from .test_trust import (
+    DIM,
+    SAMPLES,
+    STAR,
+    TIMEOUT,
+    FakeParent,
+    Peer,
+    exact,
+    lone_node,
+    processed,
+    running,
+    settled,
+    step,
+    write_secret,
+)
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_factories=["asyncio"])]
+
+
+@pytest.fixture
+def with_secret(tmp_path, monkeypatch):
+    """Every daemon started from here on is given a cluster secret (CRNET_SECRET_FILE)."""
+    monkeypatch.setenv("CRNET_SECRET_FILE", str(write_secret(tmp_path)))
+
+
+@pytest.fixture
+def peers():
+    """``await peers.tcp(port)``: raw peers (``test_trust.Peer``), all closed at teardown."""
+    opened: list[Peer] = []
+
+    class Peers:
+        async def tcp(self, port: int) -> Peer:
+            sock = socket.socket()
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            opened.append(Peer(sock))
+            return opened[-1]
+
+    yield Peers()
+    for peer in opened:
+        peer.close()
+
+
+async def enter(peers, port: int, name: str = "2", proof_of: Hello | None = None,
+                **hello) -> tuple[Peer, Message | None]:
+    """A raw peer that holds the cluster secret says HELLO for slot ``name`` and proves it
+    (over ``proof_of``'s claim if given: an on-path change of the HELLO); returns it and
+    the daemon's answer (WELCOME, REFUSE, or None if it hung up)."""
+    return await prove(peers, port, Hello(name=name, nonce=new_nonce(), **hello), proof_of)
+
+
+async def prove(peers, port: int, said: Hello | PeerHello,
+                proof_of: Hello | None = None) -> tuple[Peer, Message | None]:
+    """``said``, then the handshake's proof with the cluster secret (over ``proof_of``'s
+    claim if given); the peer and the daemon's answer (None if it hung up)."""
+    secret = load_secret(os.environ["CRNET_SECRET_FILE"])
+    peer = await peers.tcp(port)
+    peer.send(said)
+    got = await peer.recv()
+    assert got is not None and isinstance(got[0], Challenge), got
+    role, claimed = claim(said if proof_of is None else proof_of)
+    assert said.nonce is not None
+    peer.send(Proof(mac(secret, "dialer", said.nonce, got[0].nonce, role, claimed)))
+    answer = await peer.recv()
+    return peer, None if answer is None else answer[0]
+
+
+async def hostile_child(peers, lt, name: str = "2", tree_step: int = -1,
+                        mesh: InsiderMesh | None = None) -> Peer:
+    """A slot of the master held by a secret holder, which says it joined (JOINED); with
+    ``mesh``, it says it listens where ``mesh`` accepts spread peer links (HELLO's listen)."""
+    hello = Hello(name=name) if mesh is None else mesh.hello(name)
+    peer, welcome = await prove(peers, lt.ports[MASTER], dataclasses.replace(hello, nonce=new_nonce()))
+    assert isinstance(welcome, Welcome), welcome
+    peer.send(Joined(1, tree_step))
+    return peer
+
+
+def peak_rss(pid: int) -> int:
+    """The most memory process ``pid`` has held (VmHWM), in bytes: what was freed since counts."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+async def tree_step_of(client) -> int:
+    return (await client.stats())["tree_step"]
+
+
+# ------------------------------------------------------------------ row 1: JOINED.tree_step
+
+async def test_high_a_childs_tree_step_claim_moves_no_running_master(tmp_path, with_secret, peers):
+    """| 1 | high | JOINED.tree_step is trusted at any time, not only at a master restart:
+    `JOINED(1, 10^6)` set the master's tree_step to 1,000,000; every later step failed |
+
+    A secret holder in slot 2 of a running tree says the tree is at step 10^6: the master
+    has a state of its own and takes no child's word for it: steps go on, exact."""
+    grads = gradients(21, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
+        hostile = await hostile_child(peers, lt)
+        clients = await connect_all(lt, ["0", "1"], starting=True)
+        master = await connect(lt.socket_path(MASTER), starting=True)
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            hostile.send(Joined(1, 10 ** 6))
+            await processed(hostile)
+            outcomes = [await step(clients, grads, t) for t in (1, 2, 3)]
+            tree_step = await tree_step_of(master)
+        finally:
+            close_all(clients)
+            master.close()
+    assert all(exact(o, want) for o in outcomes), outcomes
+    assert tree_step == 3
+
+
+async def test_high_a_restarted_master_resumes_where_honest_children_are(tmp_path, with_secret,
+                                                                        peers):
+    """Row 1 at a master restart, when the master does take its children's word: the
+    secret holder claims 10^6 first, the honest children say step 2. The master resumes
+    at 2 (s + 1 children vouch for no more), and steps 3.. complete exactly."""
+    grads = gradients(22, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
+        hostile = await hostile_child(peers, lt)
+        clients = await connect_all(lt, ["0", "1"], starting=True)
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want)
+            lt.signal(MASTER, KILL)
+            assert await hostile.closed_by_daemon(10)
+            lt.start_node(MASTER)
+            lt.wait_sockets([MASTER], 30)
+            await hostile_child(peers, lt, tree_step=10 ** 6)
+            master = await connect(lt.socket_path(MASTER), starting=True)   # the tree is planned again
+            resumed = master.tree_step
+            master.close()
+            t, until, outcomes = 3, time.monotonic() + 15, {}
+            while time.monotonic() < until:
+                outcomes = await step(clients, grads, t)
+                if exact(outcomes, want):
+                    break
+                t = max(t + 1, *(c.tree_step + 1 for c in clients.values()))
+        finally:
+            close_all(clients)
+    assert resumed == 2
+    assert exact(outcomes, want) and t < 100, (t, outcomes)
+
+
+# ------------------------------------------------------------------ row 2: OPEN, CHUNK
+
+@pytest.mark.parametrize("frame", ["open", "chunk", "spread piece"])
+async def test_high_steps_opened_ahead_by_one_child_do_not_time_out(tmp_path, with_secret, peers,
+                                                                   frame):
+    """| 2 | high | OPEN (or a CHUNK) for every step in the window starts the master's clocks
+    early: 16 OPEN frames, then steps 1-5 all StepFailed at the timeout |
+
+    A secret holder says steps 1..16 began below it (OPEN, or a chunk of each: its vector,
+    which it may get wrong; with --scheme spread, a piece of each on its peer link to the
+    master, which owns the small vector's one chunk: a link the master confirmed, as the
+    holder listens and answers for its own rank like a real host); the tree's processes
+    get to those steps after --timeout. No step fails: with OPEN every result is exact;
+    otherwise the hostile vector may be in the sum (s = 1), but every step has one."""
+    spread = frame == "spread piece"
+    grads = gradients(23, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    names = [MASTER, "0", "1"]
+    mesh = InsiderMesh(load_secret(os.environ["CRNET_SECRET_FILE"]), STAR.rank("2")).start()
+    with running(tmp_path / "tree", STAR, SAMPLES, only=names,
+                 scheme="spread" if spread else "cr") as lt:
+        hostile = await hostile_child(peers, lt, mesh=mesh if spread else None)
+        clients = await connect_all(lt, names if spread else ["0", "1"], starting=True)
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            if spread:
+                link = await mesh.dial(lt.ports[MASTER], 0, confirmed=PEER_CHECK_TIMEOUT + 2)
+                assert link is not None, "the master did not confirm the holder's own rank"
+                hostile = link
+            for t in range(1, 17):
+                if frame == "open":
+                    hostile.send(Open(t))
+                elif spread:
+                    hostile.send(Piece(t, Phase.REDUCE, 0, DIM, "float64"), np.zeros(DIM).tobytes())
+                else:
+                    hostile.send(Chunk(t, 0, DIM, "float64"), np.zeros(DIM).tobytes())
+            await asyncio.sleep(TIMEOUT + 1)     # every clock those started has run out
+            outcomes = [await step(clients, grads, t) for t in (1, 2, 3, 4, 5)]
+            if spread:   # its pieces were taken: the link was kept (nothing comes on it now)
+                with pytest.raises(asyncio.TimeoutError):
+                    await hostile.recv(timeout=0.3)
+        finally:
+            close_all(clients)
+            hostile.close()
+            await mesh.close()
+    if frame == "open":
+        assert all(exact(o, want) for o in outcomes), outcomes
+    else:
+        assert all(isinstance(r, np.ndarray) for o in outcomes for r in o.values()), outcomes
+
+
+async def hostile_peer(peers, port: int, rank: int, welcome: bool = True) -> Peer:
+    """A secret holder on a spread peer link: PEER_HELLO as ``rank``, the handshake's proof
+    (and, with ``welcome``, the daemon's PEER_WELCOME)."""
+    peer, answer = await prove(peers, port, PeerHello(rank, new_nonce()))
+    assert not welcome or isinstance(answer, PeerWelcome), answer
+    return peer
+
+
+async def test_high_a_peer_hello_for_a_live_peers_rank_does_not_cut_its_link(tmp_path, with_secret,
+                                                                           peers):
+    """Like a HELLO for a live child's slot (row 7): a secret holder dials the master as
+    every other host's rank, again and again, while the tree steps. The master used to close
+    the live link of that rank ("it reconnected: the old link is dead"). Every step is
+    exact, and no live peer link is closed (a rank may have a few links: the others are
+    told to try again)."""
+    grads = gradients(31, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, scheme="spread") as lt:
+        clients = await connect_all(lt, list(STAR.names()), starting=True)
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            for t in range(1, 6):
+                for name in ("0", "1", "2"):
+                    await hostile_peer(peers, lt.ports[MASTER], STAR.rank(name), welcome=False)
+                assert exact(await step(clients, grads, t), want)
+        finally:
+            close_all(clients)
+        assert "disconnected" not in lt.log_path(MASTER).read_text()
+
+
+# ------------------------------------------------------------------ row 12: HELLO's listen
+
+RAR_PAIR = Tree((2,), (0,))        # master -> 0, 1 (leaves); rar: the ring 0 -> 1 -> master -> 0
+
+
+async def test_low_medium_a_hello_with_an_address_no_node_can_dial_is_refused(tmp_path, with_secret,
+                                                                             peers):
+    """| 12 | low-med | HELLO's `listen` is neither validated nor covered by the MAC and becomes
+    a sibling's ring successor address: a bad port killed node 0's successor task for good |
+
+    A secret holder asks for slot 1 of a ring, listening at port "notaport": REFUSE, which
+    says why. An HELLO whose ``listen`` changed on the way (the proof is over the HELLO
+    without it) fails authentication. A valid one joins, and node 0 (strict) runs on."""
+    with running(tmp_path / "tree", RAR_PAIR, 20, only=[MASTER, "0"], scheme="rar") as lt:
+        port = lt.ports[MASTER]
+        _, bad = await enter(peers, port, "1", listen="127.0.0.1:notaport")
+        _, changed = await enter(peers, port, "1", proof_of=Hello(name="1"),
+                                 listen=f"127.0.0.1:{free_port()}")
+        good, welcome = await enter(peers, port, "1", listen=f"127.0.0.1:{free_port()}")
+        assert isinstance(welcome, Welcome), welcome
+        good.send(Joined(1))
+        await asyncio.sleep(2)          # the tree is planned: node 0 dials its successor
+        alive = lt.alive("0")
+    assert isinstance(bad, Refuse) and "1..65535" in bad.reason, bad
+    assert isinstance(changed, Refuse) and "authentication failed" in changed.reason, changed
+    assert alive
+
+
+async def test_low_medium_a_successor_address_no_node_can_dial_kills_no_task(tmp_path):
+    """Row 12 from above: a parent ASSIGNs node 0 a ring successor at port "notaport". The
+    ASSIGN is refused (the link closes, the node dials again); the strict node runs on."""
+    good = {"0": NodeShare(1, ((0, 5, 1.0),), ((0, 5, 1.0),)),
+            "1": NodeShare(1, ((5, 10, 1.0),), ((5, 10, 1.0),))}
+    parent = FakeParent()
+    try:
+        with lone_node(tmp_path / "node", parent.port, listen=True) as (proc, _, log):
+            link = await parent.accept()
+            link.send(Welcome("0", 1, (2,), (0,), "auto", 1 << 20, "rar"))
+            link.send(Assign(10, RingPlace(0, 3, "127.0.0.1:notaport")), pack_allocation(good))
+            dropped = await link.closed_by_daemon(5)
+            again = await parent.accept(timeout=10)
+            code = proc.poll()
+            text = log.read_text()
+    finally:
+        parent.close()
+    assert code is None, f"the node exited with {code}:\n{text[-2000:]}"
+    assert dropped and again is not None
+    assert "1..65535" in text
+
+
+# ------------------------------------------------------------------ row 13: a CHUNK's total
+
+async def test_low_a_chunks_claimed_total_costs_no_memory_per_chunk(tmp_path, with_secret, peers):
+    """| 13 | low | With a small --chunk-bytes, a CHUNK's claimed total sizes per-chunk Python
+    lists before any check: ~80 MiB RSS per 1 KiB frame at 1 KiB chunks |
+
+    At 1 KiB chunks a secret holder sends one 1 KiB chunk of a claimed 1 GiB vector for
+    each of steps 1..4 (a million chunks each): the master's peak RSS grows by less than
+    24 MiB, and the honest steps are exact."""
+    grads = gradients(24, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    total = 1 << 27                       # float64: 1 GiB, 2^20 chunks of 1 KiB
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], chunk_bytes=1024) as lt:
+        hostile = await hostile_child(peers, lt)
+        clients = await connect_all(lt, ["0", "1"], starting=True)
+        pid = lt.procs[MASTER].pid
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            before = await settled(lambda: peak_rss(pid))
+            for t in range(1, 5):
+                hostile.send(Chunk(t, 0, total, "float64"), bytes(1024))
+            await processed(hostile)
+            grew = await settled(lambda: peak_rss(pid)) - before
+            outcomes = [await step(clients, grads, t) for t in (1, 2)]
+        finally:
+            close_all(clients)
+    assert grew < 24 << 20, f"the master's peak RSS grew by {grew >> 20} MiB"
+    assert all(exact(o, want) for o in outcomes), outcomes
+
+
+async def test_low_a_spread_pieces_claimed_total_costs_no_memory_per_chunk(tmp_path, with_secret, peers):
+    """Row 13 on a confirmed spread peer link: at 1 KiB chunks a secret holder in slot 2, a
+    peer the master confirmed for its own rank, sends the master one 1 KiB piece of step 3
+    claiming a 1 GiB vector (2^20 chunks, each the master's to decode; within the host's
+    memory, so not refused). Before the fix (one record per chunk of the claimed vector,
+    made at once: ``spread_step.py``) the master's peak RSS grew by 141 MiB and its loop
+    was busy for 1.4 s (at 8 GiB: 1.1 GiB and still growing after 10 s, and a step's
+    answer came after 6.4 s, past the bound). It grows by less than 24 MiB, as for a
+    CHUNK's claim."""
+    grads = gradients(25, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    mesh = InsiderMesh(load_secret(os.environ["CRNET_SECRET_FILE"]), STAR.rank("2")).start()
+    link = None
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], chunk_bytes=1024,
+                 scheme="spread") as lt:
+        hostile = await hostile_child(peers, lt, mesh=mesh)
+        clients = await connect_all(lt, [MASTER, "0", "1"], starting=True)
+        pid = lt.procs[MASTER].pid
+        try:
+            assert exact(await step(clients, grads, 0), want)
+            link = await mesh.dial(lt.ports[MASTER], 0, confirmed=PEER_CHECK_TIMEOUT + 2)
+            assert link is not None, "the master did not confirm the holder's own rank"
+            before = await settled(lambda: peak_rss(pid))
+            piece = Piece(3, Phase.REDUCE, 0, 1 << 27, "float64")
+            assert await link.write(b"".join(bytes(p) for p in piece.frame(bytes(1024))))
+            grew = await settled(lambda: peak_rss(pid)) - before
+        finally:
+            close_all(clients)
+            hostile.close()
+            if link is not None:
+                link.close()
+            await mesh.close()
+    assert grew < 24 << 20, f"the master's peak RSS grew by {grew >> 20} MiB"
