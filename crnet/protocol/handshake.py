@@ -2,13 +2,12 @@
 
 ``Dialing`` stands before whatever dialed a TCP connection to a node: a daemon's
 ``ParentLink`` or ``PeerLink``, and the ``crnet status`` client. It lets nothing
-through until the peer has proved that it holds the cluster secret; then it hands the
-connection over (without a secret, as soon as it is made): the handler behind it is
-the connection's from then on, and no later frame passes through the guard. A dialer
-with a secret drops a peer that welcomes it without a challenge, or fails it (it could
-be anyone): the handler's ``reject``. Such a peer's REFUSE is not taken at its word
-either (anyone can send one). The acceptor's side is the daemon's alone
-(``crnet/node/admission/guard.py``); ``claim`` is what both sides bind into the MACs.
+through until the peer has proved that it holds the cluster secret; from then on it
+passes every frame straight on. A dialer with a secret drops a peer that welcomes it
+without a challenge, or fails it (it could be anyone): the handler's ``reject``. Such
+a peer's REFUSE is not taken at its word either (anyone can send one). The
+acceptor's side is the daemon's alone (``crnet/node/admission/guard.py``); ``claim`` is what
+both sides bind into the MACs.
 """
 
 from __future__ import annotations
@@ -53,11 +52,8 @@ class Dialing:
     def __init__(self, inner: Dialed, secret: bytes | None):
         self.inner = inner
         self.secret = secret
+        self.open = secret is None
         self._hello: Hello | PeerHello | StatusHello | None = None
-
-    def made(self, conn: Connection) -> None:
-        if self.secret is None:   # nothing to prove: the link's from the first frame
-            conn.handler = self.inner
 
     def hello(self, msg: Hello | PeerHello | StatusHello) -> Hello | PeerHello | StatusHello:
         if self.secret is None:
@@ -66,10 +62,14 @@ class Dialing:
         return self._hello
 
     def payload_dest(self, conn: Connection, msg: Message, nbytes: int):
+        if self.open:
+            return self.inner.payload_dest(conn, msg, nbytes)
         raise ProtocolError(f"{msg.TYPE.name} with a payload before authentication")
 
     def received(self, conn: Connection, msg: Message, payload) -> None:
-        if isinstance(msg, Refuse):
+        if self.open:
+            self.inner.received(conn, msg, payload)
+        elif isinstance(msg, Refuse):
             # Before the peer proved itself: anyone may have said it (say why, then dial
             # again). After, a refusal goes to the link like any message.
             self.inner.reject(conn, f"{conn.label} refused this node before authenticating "
@@ -84,8 +84,8 @@ class Dialing:
                                         "secret (--secret-file), or is not this node's peer")
                 return
             conn.send(Proof(mac(self.secret, "dialer", ours, msg.nonce, role, name, bound)))
+            self.open = True
             conn.authenticated = True
-            conn.handler = self.inner   # through: the link's from the next frame
         else:
             self.inner.reject(conn, f"{conn.label} answered {msg.TYPE.name} without "
                                     "authenticating itself: it does not hold this cluster's "

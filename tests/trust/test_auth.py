@@ -288,18 +288,15 @@ def test_a_dialer_drops_a_peer_whose_challenge_is_wrong_and_hears_one_that_prove
     guard.received(conn, Challenge(theirs, mac(secret, "acceptor", hello.nonce, theirs,
                                                 "child", "0")), None)
     assert isinstance(conn.messages()[0], Proof) and conn.authenticated
-    assert conn.handler is link               # handed over: later frames skip the guard
     refusal = Refuse("master has all 2 child slots taken", False)
-    conn.handler.received(conn, refusal, None)   # an authenticated parent's word: for the link
+    guard.received(conn, refusal, None)       # an authenticated parent's word: for the link
     assert link.got == [refusal]
 
 
 def test_without_a_secret_a_refusal_goes_to_the_link():
     link, conn, guard, _ = dialing(None)
-    guard.made(conn)                          # nothing to prove: the link's from the start
-    assert conn.handler is link
     refusal = Refuse("master has all 2 child slots taken", False)
-    conn.handler.received(conn, refusal, None)
+    guard.received(conn, refusal, None)
     assert link.got == [refusal] and not conn.closed
 
 

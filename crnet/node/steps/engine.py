@@ -284,7 +284,7 @@ class StepEngine:
         """Where the payload of ``msg`` (a piece the scheme takes from ``origin``'s kind of
         link, sent by ``who``) lands; None: it is read and dropped (its step is decided, or
         refused)."""
-        taking = self._taking(origin, msg)
+        taking = self._taking(origin, who, msg)
         if taking is None or not self._admit(taking, origin, who, msg):
             return None
         assert taking.dest is not None
@@ -292,7 +292,7 @@ class StepEngine:
 
     def piece(self, origin: Origin, who: int, msg: Any, payload: memoryview | None) -> None:
         """``msg`` is whole (its payload landed where ``piece_dest`` said)."""
-        taking = self._taking(origin, msg)
+        taking = self._taking(origin, who, msg)
         if taking is None:
             return
         if taking.dest is None:                # no payload: admitted only now
@@ -305,7 +305,7 @@ class StepEngine:
             return
         taking.take(who, msg)
 
-    def _taking(self, origin: Origin, msg: Message) -> Taking | None:
+    def _taking(self, origin: Origin, who: int, msg: Message) -> Taking | None:
         """The running scheme's method for ``msg`` from ``origin``; None before this node has
         its share; a ProtocolError (the connection closes) if the scheme takes no such piece."""
         if self.scheme is None:
@@ -315,9 +315,23 @@ class StepEngine:
             return None
         taking = self._takes.get((origin, type(msg)))
         if taking is None:
+            # Of a step that is decided here (or out of the window), it is dropped as any
+            # late piece is: a parent catching this node up, a child still on a step the
+            # tree decided under another scheme. Of a step that may take part: an error.
+            if _stepped(msg) and not self._may_take_part(origin, who, msg):
+                return None
             raise ProtocolError(f"{self.label} ({self.place.scheme if self.place else '?'}) "
                                 f"takes no {msg.TYPE.name} from {origin.value}")
         return taking
+
+    def _may_take_part(self, origin: Origin, who: int, msg: Any) -> bool:
+        """The window's word on ``msg``'s step, before anything opens it."""
+        self._check_size(msg)
+        if origin is Origin.CHILD:
+            return self._admit_child(who, msg.step)
+        if self.is_decided(msg.step):
+            return False
+        return origin is Origin.PARENT or self.refusal(msg.step) is None
 
     def _admit(self, taking: Taking, origin: Origin, who: int, msg: Any) -> bool:
         """May ``msg`` take part in its step here (the module's docstring)? The step opens."""
