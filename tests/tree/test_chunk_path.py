@@ -108,9 +108,12 @@ async def test_a_chunk_at_the_master_takes_the_documented_path(tmp_path, monkeyp
             c.close()
         await node.shutdown()
         lt.stop()
-    weights = node.engine.scheme.code.decode((0,)) if node.engine.scheme is not None else None
+    # The step's result is the decode from leaf 0 alone (s = 1): exact, and the same for
+    # the leaf and for the master's process, in whose shared memory it landed.
+    assert node.engine.scheme is not None and node.engine.scheme.code is not None
+    weights = node.engine.scheme.code.decode((0,))
+    np.testing.assert_array_equal(result, weights[0] * vector)
     np.testing.assert_array_equal(got, result)
-    assert weights is not None
     files, moves = record_path(calls)
     documented, stated = documented_path()
     print(f"\nthe chunk's path: {len(files)} files, {moves} moves", *files, sep="\n  ")
