@@ -81,10 +81,12 @@ class StepFailed(CrnetError):
 
     ``tree_wide``: the master decided it, and every process of the tree gets this same
     error for this step: skip the update and continue with the next step. Otherwise
-    this process's daemon was cut off from the master (its parent gone or frozen) and
-    gave up waiting: the rest of the tree may have completed the step, so this replica
-    may now differ from the others. ``tree_step`` is the newest step the tree decided:
-    go on at ``max(step, tree_step) + 1``.
+    this process's daemon was cut off from the master (its parent gone, restarting or
+    frozen) and gave up waiting, within the bound: the step's verdict is still the
+    master's, so ask for the same step again (the README's loop does). The daemon takes
+    the step up anew once it is back, or answers with the tree's verdict: the result, a
+    tree-wide failure, or ``StepLost`` where it no longer holds it. The replica is as it
+    was: nothing was applied. ``tree_step`` is the newest step the tree decided.
     """
 
     def __init__(self, step: int, reason: str, tree_step: int = -1, tree_wide: bool = True):
@@ -120,7 +122,7 @@ class StepRefused(CrnetError):
 class StaleReplica(CrnetError):
     """This process may not hold the job's parameters, so a gradient it computed would
     corrupt every replica: it connected to a job whose step 0 was already decided, or it
-    got ``StepLost`` or a ``StepFailed`` that is not ``tree_wide``. Raised by the client
+    got ``StepLost``. Raised by the client
     itself (``allreduce``, ``send_state``), before anything reaches the daemon, until the
     process takes the job's state (``request_state``: go on at the step after the one it
     returns) or says its parameters are current (``mark_current``)."""

@@ -157,9 +157,9 @@ class AsyncClient:
     @property
     def stale(self) -> bool:
         """Whether this process may not hold the job's parameters: it connected to a job
-        whose step 0 was already decided, or got ``StepLost`` or a ``StepFailed`` that is
-        not ``tree_wide``. Until ``request_state`` or ``mark_current``, ``allreduce`` and
-        ``send_state`` raise ``StaleReplica`` and ``state_wanted`` is False."""
+        whose step 0 was already decided, or got ``StepLost``. Until ``request_state`` or
+        ``mark_current``, ``allreduce`` and ``send_state`` raise ``StaleReplica`` and
+        ``state_wanted`` is False."""
         return self._stale is not None
 
     def mark_current(self) -> None:
@@ -441,7 +441,9 @@ class AsyncClient:
                                            lambda m: self._late(m, step))
         except (StepFailed, StepLost, StepRefused) as e:
             self._tree_step = max(self._tree_step, e.tree_step)
-            if isinstance(e, StepLost) or (isinstance(e, StepFailed) and not e.tree_wide):
+            # A failure that is not tree-wide leaves the replica as it was: its host was cut
+            # off, and asking for the step again gets the tree's verdict (or StepLost).
+            if isinstance(e, StepLost):
                 self._stale = f"it got {type(e).__name__} ({e}): this replica may have missed an update"
             raise
         except AssignmentChanged as e:

@@ -49,9 +49,12 @@ class Rooms:
         m.on_job_reset.connect(lambda _: broadcasts.new_job())
         m.on_job_reset.connect(lambda _: barriers.new_job())
         m.on_parent_up.connect(lambda _: barriers.parent_up())
+        m.on_parent_up.connect(lambda _: broadcasts.states.parent_up())
         m.on_job.connect(lambda _: barriers.recount())           # whose processes count changed
         m.jobs.on_counts.connect(lambda _: barriers.recount())
+        m.jobs.on_counts.connect(lambda _: broadcasts.states.counts_changed())
         m.on_parent_down.connect(lambda _: broadcasts.parent_lost())
+        broadcasts.state_step.connect(engine.learn)
         m.on_slot_contested.connect(lambda held: status.probe(
             *held, LIVENESS, lambda: m.drop_child(*held)))
         return cls(broadcasts, barriers, status)

@@ -81,10 +81,14 @@ class Place:
 @dataclass(frozen=True)
 class Stall:
     """Why a step cannot finish at this node yet: what it lacks, and whether the step
-    fails here too (a ring cannot continue without a member) or only the parent is told."""
+    fails here too (a ring cannot continue without a member) or only the parent is told.
+    ``lost``: the master decided the step, and what this node lacks will not come (spread:
+    the master settled it, and chunks relayed through a host that froze are gone): its
+    processes are told so (StepLost) and take the others' state."""
 
     lacking: str
     here: bool = False
+    lost: bool = False
 
 
 class Sends(Protocol):

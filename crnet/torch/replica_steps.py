@@ -72,8 +72,9 @@ class ReplicaSteps:
     def reduce(self, vec: np.ndarray, out: np.ndarray) -> bool:
         """Allreduce ``vec`` as step ``step_index``; True: the sum is in ``out``. Otherwise
         the outcome is dealt with: a tree-wide failure skips the step (``step_index`` + 1);
-        a lost step or a local failure marks the replica for a resync (``resync_pending``;
-        ``catch_up`` does it); a new assignment or a refusal leaves the same step to redo."""
+        a lost step marks the replica for a resync (``resync_pending``; ``catch_up`` does
+        it); a new assignment, a refusal or a failure here only (this host was cut off
+        from the master) leaves the same step to redo."""
         step = self.step_index
         try:
             self.client.allreduce(vec, step, out=out, timeout=self.timeout)
@@ -82,8 +83,7 @@ class ReplicaSteps:
             log.info("step %d: the tree re-assigned this host's share; redo the step", step)
         except StepFailed as e:
             if not e.tree_wide:
-                log.warning("step %d failed here only (%s): resynchronising", step, e.reason)
-                self._needs_resync = True
+                log.warning("step %d failed here only (%s): asking again", step, e.reason)
                 return False
             # Every replica skips it and stays identical. The next step is step + 1, not
             # tree_step + 1: steps the tree decided since return at once (or StepLost),

@@ -342,10 +342,17 @@ async def test_a_node_reports_a_stall_at_timeout_and_gives_up_locally_after_grac
     assert engine.open_steps == [] and engine.window.tree_step == -1   # local: not the tree's
     assert engine.stats.steps_failed == 1
 
-    # The master's decision, arriving after all, changes nothing here.
-    engine.parent_failed(Fail(5, "master did not get 2 of 3 children", FailKind.TREE))
+    # The failure here was not the tree's word: the master's decision, arriving after all,
+    # replaces it, goes down, and is what a process that asks again gets.
+    verdict = Fail(5, "master did not get 2 of 3 children", FailKind.TREE)
+    engine.parent_failed(verdict)
     assert answer.got == [outcome]
-    assert all(len(link.messages()) == 1 for link in children)
+    assert engine.window.tree_step == 5
+    for link in children:
+        assert link.messages() == [Fail(5, outcome.reason, FailKind.LOCAL), verdict]
+    again = recorder()
+    engine.request(5, None, again)
+    assert again.got == [Failed(5, verdict.reason, tree_wide=True)]
 
 
 async def test_a_node_without_a_parent_fails_its_steps_locally_at_the_timeout(engine_at):
@@ -422,6 +429,8 @@ async def test_the_parents_fail_decides_the_step_and_goes_down(engine_at, kind, 
     engine.request(5, None, later)     # a later request gets the same, at once
     if kind is FailKind.LOST:          # a lost outcome is not held here either
         assert later.got == [Lost(5, not_held(5, 4, -1))]
+    elif kind is FailKind.LOCAL:       # not the tree's word: asked again, the step reopens
+        assert later.got == [] and engine.open_steps == [5] and not engine.is_decided(5)
     else:
         assert later.got == [outcome]
 
@@ -471,6 +480,58 @@ async def test_losing_the_parent_fails_open_steps_locally(engine_at):
         3: [Failed(3, reason, tree_wide=False)], 4: [Failed(4, reason, tree_wide=False)]}
     for link in children:
         assert link.messages() == [Fail(3, reason, FailKind.LOCAL), Fail(4, reason, FailKind.LOCAL)]
+
+
+async def test_a_step_failed_here_takes_part_anew_when_asked_again(engine_at):
+    """A failure here (cut off from the master) is not the tree's word: the process that
+    asks for the step again reopens it, its vector goes up over the new parent link, and
+    the result the master decides is what it gets."""
+    engine = engine_at(node("0.1"), [], FakeLink("parent"))
+    first = recorder()
+    engine.request(3, np.ones(4), first)
+    engine.neighbours.parent = None
+    engine.parent_lost("lost the connection to its parent")
+    assert [type(o) for o in first.got] == [Failed] and not first.got[0].tree_wide
+    assert engine.failed_here(3) and engine.is_decided(3)
+    engine.neighbours.parent = parent = FakeLink("parent")   # back: a new link
+    engine.parent_back()
+    again = recorder()
+    engine.request(3, np.ones(4), again)
+    assert engine.open_steps == [3] and not engine.is_decided(3) and not engine.failed_here(3)
+    assert parent.messages(Chunk)                             # its vector went up again
+    send_result(engine, 3, np.arange(4.0))
+    [resolved] = again.got
+    np.testing.assert_array_equal(resolved.vector, np.arange(4.0))
+    assert engine.window.tree_step == 3
+
+
+async def test_the_parents_result_replaces_a_failure_here(engine_at):
+    """A catch-up RESULT (the master decided the step while this node was cut off) is the
+    step's outcome here from then on, and goes down."""
+    children = [FakeLink() for _ in range(3)]
+    engine = engine_at(node("0"), children, None)
+    engine.decisions.fail(4, "node 0 has no parent", tree_wide=False)
+    engine.neighbours.parent = FakeLink("parent")
+    send_result(engine, 4, np.arange(8.0))
+    fetch = recorder()
+    engine.request(4, None, fetch)
+    [resolved] = fetch.got
+    np.testing.assert_array_equal(resolved.vector, np.arange(8.0))
+    for link in children:
+        np.testing.assert_array_equal(link.vector(Result, 4), np.arange(8.0))
+
+
+async def test_a_new_parent_link_fails_the_steps_begun_on_the_old_one_here(engine_at):
+    """What went up on the old link is gone: the processes ask again at once, rather than
+    wait for the deadline."""
+    engine = engine_at(node("0.1"), [], FakeLink("parent"))
+    answer = recorder()
+    engine.request(6, np.ones(4), answer)
+    engine.neighbours.parent = FakeLink("parent")
+    engine.parent_back()
+    [failed] = answer.got
+    assert isinstance(failed, Failed) and not failed.tree_wide and "reconnected" in failed.reason
+    assert engine.failed_here(6)
 
 
 # ---------------------------------------------------------------- the window

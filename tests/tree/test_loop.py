@@ -9,163 +9,21 @@ with single-process gradient descent's parameters, or raise.
 """
 
 import asyncio
-import re
-import threading
 import time
 
 import numpy as np
 import pytest
 
-from crnet import Client, CrnetTimeout, DaemonBusy, StaleReplica
+from crnet import CrnetTimeout, StaleReplica
 from crnet.coding.plan import Tree
 
-from ..helpers import REPO
 from ..helpers.clients import close_all, connect_all
+from ..helpers.loop import assert_every_step_applied, connect, readme_train, run_hosts
 from ..helpers.trees import workers
 from ..helpers.vectors import gradients, local_gradient, rel_error
 from ..helpers.waits import wait_until
 
 pytestmark = pytest.mark.timeout(300)
-
-README = REPO / "README.md"
-
-
-def readme_train():
-    """The ``train`` function of the README's first python block after the loop marker."""
-    text = README.read_text()
-    after = text[text.index("<!-- the training loop"):]
-    code = re.search(r"```python\n(.*?)```", after, re.S).group(1)
-    namespace: dict = {}
-    exec(compile(code, str(README), "exec"), namespace)
-    return namespace["train"]
-
-
-class Killed(Exception):
-    """The emulated death of a training process in the middle of a step."""
-
-
-class CountingClient(Client):
-    """The blocking Client, counting the loop's state requests (its resyncs)."""
-
-    resyncs = 0
-
-    def request_state(self, like, out=None, timeout=None):
-        self.resyncs += 1
-        return super().request_state(like, out, timeout)
-
-
-def connect(path, **kwargs) -> CountingClient:
-    """A process (re)started on a daemon that may not have seen its predecessor go yet."""
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return CountingClient(path, timeout=60, **kwargs)
-        except DaemonBusy:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-class Host:
-    """One training process: the README's loop with emulated compute, and what happened."""
-
-    def __init__(self, lt, name, grads, pieces, piece_s, straggle, seed, start_s=0.0,
-                 kill_at=None, job=None):
-        self.lt, self.name, self.grads = lt, name, grads
-        self.start_s, self.kill_at, self.job = start_s, kill_at, job   # kill_at: a step
-        self.pieces, self.piece_s, self.straggle = pieces, piece_s, straggle
-        self.rng = np.random.default_rng(seed)
-        self.resyncs = 0
-        self.abandoned = 0      # steps it stopped computing because the tree finished them
-        self.behind: list[int] = []   # at the start of each step: steps the tree was ahead
-        self.catch_ups: list[float] = []   # seconds from a start behind to one level again
-        self._behind_since: float | None = None
-        self.w = None
-        self.error = None
-        self.lives = 0            # processes started on this host (a restart is a second)
-
-    def run(self, train, steps, lr):
-        time.sleep(self.start_s)
-        try:
-            while True:
-                self.lives += 1
-                try:
-                    with connect(self.lt.socket_path(self.name), job=self.job) as c:
-                        self.c = c
-                        try:   # a new process: the initial parameters, whatever the tree did
-                            self.w = train(c, np.zeros(self.grads.shape[1]), steps,
-                                           self.micro_batches, self.gradient, lr)
-                        finally:
-                            self.resyncs += c.resyncs
-                    return
-                except Killed:
-                    time.sleep(0.3)   # dead; then started again
-        except BaseException as e:  # noqa: BLE001 -- reported by the test
-            self.error = e
-
-    def micro_batches(self, a, step):
-        behind = max(0, self.c.tree_step + 1 - step)
-        self.behind.append(behind)
-        now = time.monotonic()
-        if behind and self._behind_since is None:
-            self._behind_since = now
-        elif not behind and self._behind_since is not None:
-            self.catch_ups.append(now - self._behind_since)
-            self._behind_since = None
-        slow = self.rng.random() < self.straggle[0]
-        delay = self.piece_s * (self.straggle[1] if slow else 1)
-        if step == self.kill_at and self.lives == 1:
-            raise Killed(step)
-        ranges = list(a.ranges)
-        done = 0
-        try:
-            for k in range(self.pieces):
-                time.sleep(delay)                  # the emulated compute of this piece
-                yield ranges[k::self.pieces]
-                done += 1
-        finally:                                   # the loop broke off: the tree had finished
-            if done < self.pieces:
-                self.abandoned += 1
-
-    def gradient(self, w, piece):
-        g = np.zeros_like(w)
-        for start, stop, weight in piece:
-            g += weight * self.grads[start:stop].sum(axis=0)
-        return g
-
-
-
-def run_hosts(lt, tree, grads, steps, lr=0.5, pieces=5, piece_s=0.002, straggle=(0.0, 1.0),
-              stagger_s=0.0, kill=None, job=None):
-    """The README's loop on every host; the k-th starts ``k * stagger_s`` late; ``kill``:
-    (host index, step) where that host's process dies and starts again."""
-    train = readme_train()
-    hosts = [Host(lt, name, grads, pieces, piece_s, straggle, seed=i, start_s=i * stagger_s,
-                  kill_at=kill[1] if kill is not None and kill[0] == i else None, job=job)
-             for i, name in enumerate(tree.names())]
-    threads = [threading.Thread(target=h.run, args=(train, steps, lr)) for h in hosts]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    return hosts, time.monotonic() - started
-
-
-def single_process(grads, steps, lr=0.5):
-    """Gradient descent in one process over the whole batch, from zero (float64)."""
-    w = np.zeros(grads.shape[1])
-    for _ in range(steps):
-        w = w - lr * grads.sum(axis=0) / grads.shape[0]
-    return w
-
-
-def assert_every_step_applied(hosts, grads, steps, lr=0.5, resyncs=0):
-    want = single_process(grads, steps, lr)
-    for h in hosts:
-        assert h.error is None, (h.name, h.error)
-        assert h.resyncs == (resyncs if h.kill_at is not None else 0), h.name
-        np.testing.assert_allclose(h.w, want, rtol=1e-9, atol=1e-12)
 
 
 @pytest.fixture(autouse=True)

@@ -70,7 +70,7 @@ from crnet.protocol.messages import (
 )
 from crnet.protocol.wire import FrameReader, MsgType
 from crnet.schemes.ring_allreduce.messages import Phase, Segment
-from crnet.schemes.spread.messages import Moot, Owners, Piece
+from crnet.schemes.spread.messages import Moot, Owners, Piece, Settled
 
 INT64_MAX = (1 << 63) - 1
 
@@ -110,6 +110,7 @@ EVERY_MESSAGE = [
     Owners(0, 0),
     Owners(3, 41, (2, 7)),
     Moot(7, 3, 1000, "float32"),
+    Settled(7, 1000, "float32"),
     ClientHello(4321),
     ClientWelcome({"name": "0", "layer": 1, "samples": 60, "workers": 3,
                    "ranges": ((0, 20, 1.0), (40, 45, -0.5))}, -1, 37.5),

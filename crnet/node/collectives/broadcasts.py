@@ -157,6 +157,11 @@ class Broadcasts:
         # (key, root) -> who waits for it; root None: for the first copy of key, any root's
         # (only a state answer's: any process's will do, state_answers.py)
         self._waiters: dict[tuple[str, str | None], Signal[Held]] = {}
+        # The step of every state answer that came down from the master: the tree decided
+        # it (a process sends its state after a step), so a node that fell behind (its
+        # step lost here, say) learns where the tree is, and its process's next step is
+        # not refused as too far ahead.
+        self.state_step: Signal[int] = Signal()
 
     # ------------------------------------------------------------ from this host's processes
     def publish(self, key: str, step: int, vector: np.ndarray) -> str | None:
@@ -414,6 +419,10 @@ class Broadcasts:
         wanted = [(key, root), (key, None)]
         if key.startswith(STATE):
             self.states.answers.answered()
+            self.states.answered()
+            place = self._place()
+            if place is not None and not place.is_master:   # (the master vouched for it)
+                self.state_step.emit(step)
             # Any peer's state is good for every process still waiting for one: requests
             # made at the same time are answered by the newest's answer (peers answer
             # only the newest request they see).

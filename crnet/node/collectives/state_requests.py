@@ -13,7 +13,14 @@ answer to any request serves every asker waiting when it comes. Which answer tha
 (its own host's, or one its children's copies agree on) is ``state_answers.py``'s
 choice; this module tells it what happens (a request sent down, a copy complete, a
 process here that asks or leaves) and asks it again when a window it waits for ends.
-A child that has no process of the job attached below it asks for nothing.
+A child that has no process of the job attached below it asks for nothing: its request
+is held (the newest few) until the job's counts say it has some (a child that rejoined
+says so just after it asks).
+
+A request is never lost with a link: a node keeps the requests it passed up (the newest
+``PASSED_UP``, for as long as their askers wait) and passes them up again when its
+parent link comes back (the parent or the master restarted, a link was cut), until a
+state answer comes down (any answer serves every asker: ``broadcasts.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection
 
 from ... import defaults
@@ -31,6 +39,7 @@ from ..signal import Signal
 from .state_answers import Answer, StateAnswers
 
 STATE_PAUSE = 1.0     # seconds between state requests the master sends down
+PASSED_UP = 8         # requests a node passes up again when its parent link is back
 
 
 class StateRequests:
@@ -54,6 +63,15 @@ class StateRequests:
         self._again = False                      # ... made by the master (answers split)
         self._check: asyncio.TimerHandle | None = None    # when a window ends
         self.state_request = 0                   # the newest one this node heard (nonce)
+        # The master: child slot -> the requests that came up through it since the last
+        # answer. A slot whose every process below asks answers nothing: the only slot left
+        # that can answer need not wait for another (``_attached``).
+        self._asking_below: dict[int, set[int]] = {}
+        # Requests from children not known to have processes of the job yet: nonce -> slot.
+        self._held: OrderedDict[int, int] = OrderedDict()
+        # Requests passed up and not answered yet: nonce -> until when (its asker waits).
+        self._passed_up: OrderedDict[int, float] = OrderedDict()
+        self._window = window
         self.on_state_request: Signal[int] = Signal()     # this host's processes
 
     def speaks_for(self, k: int) -> bool:
@@ -64,15 +82,55 @@ class StateRequests:
         """A process here (``asker``) or below ``child`` wants a peer's state: the master
         asks everyone, at most once every ``STATE_PAUSE`` seconds."""
         if child is not None and not self.speaks_for(child):
+            self._held[nonce] = child
+            while len(self._held) > PASSED_UP:
+                self._held.popitem(last=False)
             return
         place = self._place()
         if place is None or not place.is_master:
-            self.neighbours.to_parent(WantState(nonce))
+            self._pass_up(nonce)
             return
         if asker is not None:
             self.answers.asked(asker)   # it will not answer: this host may have none that can
             self.decide()
+        if child is not None:
+            asking = self._asking_below.setdefault(child, set())
+            if len(asking) < PASSED_UP and nonce not in asking:
+                asking.add(nonce)
+                self.decide()        # (a lone copy may be the only one to come now)
         self._request(nonce, again=False)
+
+    def _pass_up(self, nonce: int) -> None:
+        # An asker waits about its daemon's answer bound (--timeout and a grace) for the
+        # answer: twice the timeout covers it.
+        self._passed_up[nonce] = time.monotonic() + 2 * self._window
+        self._passed_up.move_to_end(nonce)
+        while len(self._passed_up) > PASSED_UP:
+            self._passed_up.popitem(last=False)
+        self.neighbours.to_parent(WantState(nonce))
+
+    def parent_up(self) -> None:
+        """A new parent link: the requests passed up on the old one may be gone with it
+        (or with a master that restarted): they go up again."""
+        now = time.monotonic()
+        for nonce, until in list(self._passed_up.items()):
+            if until < now:
+                del self._passed_up[nonce]
+            else:
+                self.neighbours.to_parent(WantState(nonce))
+
+    def counts_changed(self) -> None:
+        """The job's counts changed: held requests of children that now have processes of
+        the job below them go on."""
+        for nonce, child in list(self._held.items()):
+            if self.speaks_for(child):
+                del self._held[nonce]
+                self.want_state(nonce, child)
+
+    def answered(self) -> None:
+        """A state answer came down: it serves every request this node passed up."""
+        self._passed_up.clear()
+        self._asking_below.clear()
 
     def _request(self, nonce: int, again: bool) -> None:
         self._next, self._again = nonce, again
@@ -117,6 +175,7 @@ class StateRequests:
         now = time.monotonic()
         answer = self.answers.decision(now, self._attached())
         if answer is not None:
+            self._asking_below.clear()
             self._give(answer)
             return
         if self.answers.split() and not self._next:    # (a newer request goes anyway)
@@ -126,9 +185,12 @@ class StateRequests:
             self._check = asyncio.get_running_loop().call_later(at - now, self.decide)
 
     def _attached(self) -> list[int] | None:
+        """The child slots with processes of the job below them that may answer: not every
+        one of them asks itself."""
         if self._attached_below is None:
             return None
-        return [k for k in range(len(self.neighbours.slots)) if self._attached_below(k) > 0]
+        return [k for k in range(len(self.neighbours.slots))
+                if self._attached_below(k) > len(self._asking_below.get(k, ()))]
 
     def clear(self) -> None:
         """A new job: the previous job's requests are moot."""
@@ -138,4 +200,7 @@ class StateRequests:
         self._turn = self._check = None
         self.state_request = 0
         self._next = 0
+        self._passed_up.clear()
+        self._asking_below.clear()
+        self._held.clear()
         self.answers.clear()

@@ -464,6 +464,7 @@ class Membership:
 
     def _parent_up(self, conn: Connection) -> None:
         self.neighbours.parent = conn
+        self.engine.parent_back()
         self._joined_reported = -1
         self._report_joined()
         self.on_parent_up.emit(conn)

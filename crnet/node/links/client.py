@@ -104,7 +104,8 @@ class ClientLink(StateMachine):
         self.held: list[Message] = []          # its requests while its output is lent
         self.steps = ClientSteps(self, local, engine, stats, lambda: broadcasts.states.state_request)
         self.group = ClientGroup(self, broadcasts, barriers, per_host=local.k,
-                                 answered=lambda: stats.measured.answered(self.index))
+                                 answered=lambda: stats.measured.answered(self.index),
+                                 steps=self.steps)
         self._disconnect: list[Callable[[], None]] = []   # from membership's and the engine's
 
     def unexpected(self, msg: Message, payload: bool) -> str:

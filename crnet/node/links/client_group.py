@@ -19,6 +19,7 @@ from ...protocol.messages import Barrier, Delivered, Publish, Receive, WantState
 from ..collectives.barriers import Barriers, Roots
 from ..collectives.broadcasts import STATE, Broadcasts, Held
 from ..local import Process
+from .client_steps import ClientSteps
 
 
 def _nothing() -> None:
@@ -31,9 +32,11 @@ def _ignore(roots: Roots) -> None:
 
 class ClientGroup:
     def __init__(self, process: Process, broadcasts: Broadcasts, barriers: Barriers,
-                 per_host: int = 1, answered: Callable[[], None] = _nothing):
+                 per_host: int = 1, answered: Callable[[], None] = _nothing,
+                 steps: ClientSteps | None = None):
         self.process = process
         self.answered = answered            # it has a broadcast it waited for (crnet tune)
+        self.steps = steps                  # its steps: which results are kept for it
         self.per_host = per_host            # processes on every host: ranks go host by host
         self.broadcasts = broadcasts
         self.barriers = barriers
@@ -152,10 +155,14 @@ class ClientGroup:
             np.copyto(out, held.vector)
             if key.startswith(STATE):
                 self.broadcasts.states.answers.served(self.process)
+                if self.steps is not None:
+                    self.steps.took_state(held.step)
             conn.send(Delivered(key, held.step))
             self.answered()
 
     def want_state(self, msg: WantState) -> None:
+        if self.steps is not None:
+            self.steps.asks_state()
         self.broadcasts.states.want_state(msg.nonce, asker=self.process)
 
     def _state_request(self, nonce: int) -> None:

@@ -26,6 +26,7 @@ class ClientSteps:
         self.stats = stats
         self.state_request = state_request     # the newest state request (broadcasts.py)
         self.taken = -1                        # the newest step it was answered about
+        self.taking_state = False              # it waits for a peer's state
         self.waiting: tuple[int, int, np.dtype] | None = None  # step, length, dtype
         # What it asked the engine and was not answered yet: (step, contributes) for SUBMIT
         # and FETCH, steps for WATCH. The same again adds nothing (the open request
@@ -43,7 +44,20 @@ class ClientSteps:
 
     def caught_up(self) -> None:
         """It was told where the tree is: it asks for nothing older."""
-        self.taken = max(self.taken, self.engine.tree_step)
+        if not self.taking_state:
+            self.taken = max(self.taken, self.engine.tree_step)
+
+    def asks_state(self) -> None:
+        """It asks for a peer's state: it will go on after the step that state was taken
+        after, which is about where the tree is now (the answers come at the peers' next
+        step boundaries): the results from here on are kept for it, as far as they fit."""
+        self.taking_state = True
+        self.taken = min(self.taken, self.engine.tree_step)
+
+    def took_state(self, after: int) -> None:
+        """It has a state taken after step ``after``: it goes on from the step after."""
+        self.taking_state = False
+        self.taken = after
 
     # ---------------------------------------------------------------- requests
     def submit(self, msg: Submit) -> None:
@@ -129,7 +143,9 @@ class ClientSteps:
         if step is None:
             self.progress_from_scratch()
         else:
-            region.progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
+            # A step failed here only is not finished: the process asks for it again.
+            region.progress.decided(None if self.engine.failed_here(step) else step,
+                                    self.engine.tree_step, self.engine.newest_decided)
 
     def progress_from_scratch(self) -> None:
         """All of it again (new shared memory)."""
@@ -137,6 +153,7 @@ class ClientSteps:
         progress = self.process.region.progress
         progress.reset()
         for step in self.engine.decided_steps():
-            progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
+            if not self.engine.failed_here(step):
+                progress.decided(step, self.engine.tree_step, self.engine.newest_decided)
         progress.decided(None, self.engine.tree_step, self.engine.newest_decided)
         progress.state_request = self.state_request()

@@ -44,16 +44,18 @@ __all__ = ["Deadlines"]
 PEER_VOUCHERS = 2    # peers whose pieces of a step start its clock here: one is not enough
 
 FailFn = Callable[[int, str, bool], None]     # (step, reason, tree_wide): decisions.fail
+LoseFn = Callable[[int, str], None]           # (step, reason): decisions.lose
 
 
 class Deadlines:
     def __init__(self, settings: EngineSettings, window: StepWindow, neighbours: Neighbours, *,
-                 stalled: Callable[[int], Stall | None], fail: FailFn):
+                 stalled: Callable[[int], Stall | None], fail: FailFn, lose: LoseFn):
         self.settings = settings
         self.window = window
         self.neighbours = neighbours
         self._stalled = stalled                 # the scheme says what a step lacks
         self._fail = fail
+        self._lose = lose
         self.place: Place | None = None
         self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
         # Open steps without a clock: the children (slot k) and peers (("peer", rank)) that
@@ -168,6 +170,16 @@ class Deadlines:
             self._start(after, announce=self.place is not None and not self.place.is_leaf)
         return self._began.pop(step, None)
 
+    def pause(self, step: int) -> None:
+        """``step`` stays open with its clock stopped (whoever waited was answered): the
+        next process to ask for it starts it again (``open``)."""
+        if step in self._open:
+            for handle in self._open[step]:
+                handle.cancel()
+            self._open[step] = []
+            self._reported.discard(step)
+            self._openers.pop(step, None)
+
     def close_all(self) -> None:
         for handles in self._open.values():
             for handle in handles:
@@ -201,8 +213,15 @@ class Deadlines:
 
     def _give_up(self, step: int) -> None:
         """No decision reached this node from the master in time: its parent is gone or
-        frozen. Its subtree's processes must not wait longer."""
-        if not self.window.is_decided(step):
+        frozen. Its subtree's processes must not wait longer. (Unless the master's word
+        came, and what the step lacks here will not: then it is lost here.)"""
+        if self.window.is_decided(step):
+            return
+        stall = self._stalled(step)
+        if stall is not None and stall.lost:
+            self._lose(step, f"{self.label} did not get {stall.lacking} within "
+                             f"{self.settings.answer_within:g} s")
+        else:
             self._fail(step, f"{self.label} got no decision about step {step} from the master "
                              f"within {self.settings.answer_within:g} s (its parent is cut off "
                              "or frozen)", False)

@@ -2,8 +2,16 @@
 
 A step resolves (its full gradient) or fails; deciding one step never decides
 another. The master decides for the whole tree; a node decides alone only when it is
-cut off from the master (then its processes learn that the failure is local). A
-decision stops the step's clocks, tells the subtree (a result went down chunk by chunk
+cut off from the master (then its processes learn that the failure is local). Such a
+failure here is provisional: it answers whoever waits, so that no call outlives the
+bound, but it is not the tree's word. The master may still decide the step either way
+(it was cut off, not the step), so the node takes the master's verdict when it comes
+(a parent's result or FAIL: ``reopen``), and a process that asks for the step again
+reopens it: it takes part anew, or gets the tree's verdict (the README's loop asks
+again). A scheme with peers (rar, spread) sends its pieces to its peers, not up: its
+steps stay open instead, without a clock, for the sum and the master's word that may
+still come (``keep_open_here``); a process that asks again waits for them, on a clock of
+its own. A decision stops the step's clocks, tells the subtree (a result went down chunk by chunk
 already; a failure goes now), drops the scheme's state, keeps the outcome for whoever
 asks late, and answers every process waiting on the step. This is also what a scheme
 sees of its step (``schemes.Steps``): whether a step is decided or open, and its verdicts.
@@ -53,6 +61,9 @@ class Decisions:
         self.waiters: dict[int, list[Answer]] = {}
         # Undecided steps this host's vector went into: its length and dtype.
         self.contributed: dict[int, tuple[int, np.dtype]] = {}
+        # Steps failed here only (cut off from the master): open to the tree's verdict.
+        self.failed_here: set[int] = set()
+        self.keep_open_here = False   # a failure here answers, and leaves the step open
 
     # -- what a scheme sees of its steps (schemes.Steps)
     @property
@@ -88,6 +99,12 @@ class Decisions:
 
     def fail(self, step: int, reason: str, tree_wide: bool = True) -> None:
         """``step`` failed: for the whole tree (the master decided), or for this subtree."""
+        if not tree_wide and self.keep_open_here and self.deadlines.is_open(step):
+            self._answer_here(step, reason)
+            return
+        here = not tree_wide and not self.window.is_decided(step)
+        if here:   # (before the decision is told: the processes' progress leaves it out)
+            self.failed_here.add(step)
         if not self.decide(step, Failed(step, reason, tree_wide)):
             return
         log.error("step %d failed%s: %s", step, "" if tree_wide else " here", reason,
@@ -95,6 +112,42 @@ class Decisions:
         self.stats.steps_failed += 1
         if not tree_wide:
             self.stats.steps_failed_here += 1
+
+    def _answer_here(self, step: int, reason: str) -> None:
+        """Whoever waits on ``step`` is told it failed here; the step stays open, its clock
+        stopped until a process asks for it again."""
+        log.error("step %d failed here: %s (it stays open for the master's verdict)", step,
+                  reason, extra={"step": step})
+        self.stats.steps_failed += 1
+        self.stats.steps_failed_here += 1
+        self.deadlines.pause(step)
+        for answer in self.waiters.pop(step, []):
+            answer(Failed(step, reason, tree_wide=False))
+
+    def lose(self, step: int, reason: str) -> None:
+        """The master decided ``step``, and what it lacks here will not come (``Stall.lost``):
+        its processes get ``Lost`` and take the others' state. Its children are not told:
+        they may have the step's outcome themselves."""
+        self.failed_here.discard(step)
+        if self.decide(step, Lost(step, f"{reason}; the master decided step {step} without "
+                                        "it reaching this host: take the others' state"),
+                       tell=False):
+            log.error("step %d is lost here: %s", step, reason, extra={"step": step})
+            self.window.advance(step)
+
+    def reopen(self, step: int) -> bool:
+        """A step this node failed alone is open again (a process asks for it again, or
+        the master's verdict comes): the failure here is forgotten, as if the step had
+        not begun here. False if the step is not one this node failed alone (it stays as
+        decided)."""
+        if step not in self.failed_here:
+            return False
+        self.failed_here.discard(step)
+        self.window.unmark(step)
+        self.kept.drop(step)
+        log.info("step %d is open again here (its failure here was not the tree's word)", step,
+                 extra={"step": step})
+        return True
 
     def refuse_local(self, step: int, reason: str) -> None:
         """This host's vector for ``step`` does not fit: its processes are told; the step
@@ -113,10 +166,11 @@ class Decisions:
                           f"{self.window.tree_step}: reload the parameters (e.g. the newest "
                           "checkpoint) and go on after it")
 
-    def decide(self, step: int, outcome: Decision, by_scheme: bool = False) -> bool:
-        """``step`` is decided here: stop its clocks, tell the subtree, drop the scheme's
-        state (unless the scheme decided it: ``by_scheme``, it did that itself), answer
-        whoever waits. False if it already was."""
+    def decide(self, step: int, outcome: Decision, by_scheme: bool = False,
+               tell: bool = True) -> bool:
+        """``step`` is decided here: stop its clocks, tell the subtree (unless not ``tell``),
+        drop the scheme's state (unless the scheme decided it: ``by_scheme``, it did that
+        itself), answer whoever waits. False if it already was."""
         window = self.window
         if step in window.decided or (window.is_decided(step) and not self.deadlines.is_open(step)
                                       and step not in self.waiters):
@@ -134,7 +188,7 @@ class Decisions:
         if isinstance(outcome, Resolved):
             if step >= window.tree_step:   # the newest result's layout is the tree's
                 window.tree_vector = (outcome.layout.total, outcome.layout.dtype_name)
-        else:  # a result went down chunk by chunk already; anything else goes now
+        elif tell:  # a result went down chunk by chunk already; anything else goes now
             for slot in self.neighbours.slots:
                 if slot.link is not None:
                     slot.link.send(fail_of(outcome))
@@ -178,6 +232,7 @@ class Decisions:
                                          f"step {self.window.tree_step} before it was decided here"))
         self.window.forget_behind()
         self.contributed = {s: v for s, v in self.contributed.items() if s > low}
+        self.failed_here = {s for s in self.failed_here if s > low}
         for slot in self.neighbours.slots:
             slot.told = {s for s in slot.told if s > low}
 
@@ -186,4 +241,5 @@ class Decisions:
         waiting, self.waiters = self.waiters, {}
         self.kept.clear()
         self.contributed.clear()
+        self.failed_here.clear()
         return waiting

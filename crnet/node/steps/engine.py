@@ -76,7 +76,7 @@ class StepEngine:
         self.scheme: Scheme | None = None
         self.window = StepWindow(settings.window, settings.behind)
         self.deadlines = Deadlines(settings, self.window, neighbours, stalled=self._stalled,
-                                   fail=self._fail)
+                                   fail=self._fail, lose=self._lose)
         self.lending = Lending(neighbours, self.deadlines.is_open, lend)
         self.decisions = Decisions(
             settings, stats, self.window, self.deadlines,
@@ -117,6 +117,11 @@ class StepEngine:
 
     def is_decided(self, step: int) -> bool:
         return self.window.is_decided(step)
+
+    def failed_here(self, step: int) -> bool:
+        """Whether ``step`` is decided here only as a failure of this node's alone (cut off
+        from the master): asked for again, it is reopened (``Decisions.reopen``)."""
+        return step in self.decisions.failed_here
 
     def refusal(self, step: int) -> str | None:
         return self.window.refusal(step)
@@ -168,6 +173,7 @@ class StepEngine:
 
     def _new_scheme(self, place: Place) -> None:
         self.scheme = scheme = driver(place, self._ports(place))
+        self.decisions.keep_open_here = place.scheme in PEER_SCHEMES
         self._takes = {(t.origin, t.message): Taking.of(t, scheme) for t in scheme.TAKES}
         for rank in self._disowned:
             self.scheme.peer_disowned(rank)
@@ -220,6 +226,9 @@ class StepEngine:
     def _fail(self, step: int, reason: str, tree_wide: bool) -> None:
         self.decisions.fail(step, reason, tree_wide)
 
+    def _lose(self, step: int, reason: str) -> None:
+        self.decisions.lose(step, reason)
+
     def _forget(self, step: int, resolved: bool) -> None:
         if self.scheme is not None:
             self.scheme.forget(step, resolved)
@@ -241,8 +250,10 @@ class StepEngine:
     # -- the training process
     def request(self, step: int, vector: np.ndarray | None, answer: Answer) -> None:
         """A process asks for ``step``'s outcome, contributing ``vector`` (or not): ``answer``
-        is called once, within ``answer_within``."""
-        if self.is_decided(step):
+        is called once, within ``answer_within``. A step this node failed alone (cut off
+        from the master) asked for again is reopened: it takes part anew, or gets the
+        tree's verdict."""
+        if self.is_decided(step) and not self._asked_again(step, answer):
             answer(self.outcome(step))
             return
         refusal = self.refusal(step)
@@ -278,6 +289,33 @@ class StepEngine:
             answer(self.outcome(step))
             return
         self.decisions.waiters.setdefault(step, []).append(answer)
+
+    def _asked_again(self, step: int, answer: Answer) -> bool:
+        """A process asks again for a step this node failed alone: True if it is open
+        again. The sum of a scheme with peers reaches a host only while the step is under
+        way there (the owners', the ring's sends): a host that failed such a step alone
+        after the tree decided it cannot get it again, and says so (``Lost``: the
+        process takes the others' state), once the tree is past it."""
+        if step not in self.decisions.failed_here:
+            return False
+        if (self.place is not None and self.place.scheme in PEER_SCHEMES
+                and step <= self.tree_step):
+            answer(Lost(step, f"the tree decided step {step} while {self.label} was cut off "
+                              f"from it; its sum does not come here again (the tree is at "
+                              f"step {self.tree_step}): take the others' state"))
+            return True
+        return self.decisions.reopen(step)
+
+    def parent_back(self) -> None:
+        """A new link to the parent: what went up on the old one is gone with it. Steps
+        open here fail here now (provisionally): their processes ask again, and the
+        steps take part anew over the new link, or get the tree's verdict. (rar and
+        spread send their pieces to peers, not up: their steps go on.)"""
+        if self.place is None or self.place.scheme in PEER_SCHEMES:
+            return
+        for step in sorted(set(self.deadlines.steps) | set(self.decisions.waiters)):
+            self.decisions.fail(step, f"{self.label} reconnected to its parent while step "
+                                      f"{step} was under way: ask again", tree_wide=False)
 
     # -- a step's pieces, from any link
     def piece_dest(self, origin: Origin, who: int, msg: Any, nbytes: int) -> memoryview | None:
@@ -328,7 +366,7 @@ class StepEngine:
         """The window's word on ``msg``'s step, before anything opens it."""
         self._check_size(msg)
         if origin is Origin.CHILD:
-            return self._admit_child(who, msg.step)
+            return self._admit_child(who, msg.step, reopen=False)
         if self.is_decided(msg.step):
             return False
         return origin is Origin.PARENT or self.refusal(msg.step) is None
@@ -341,6 +379,8 @@ class StepEngine:
         step = msg.step
         if origin is Origin.CHILD:
             return self._admit_child(who, step) and self._open(step, announce=True, child=who)
+        if origin is Origin.PARENT:
+            self.decisions.reopen(step)   # the tree's verdict on a step failed here: taken
         if self.is_decided(step):
             return False
         if origin is Origin.PARENT:
@@ -373,10 +413,13 @@ class StepEngine:
         if self.scheme is not None:
             self.scheme.child_silent(k, None, "disconnected")
 
-    def _admit_child(self, k: int, step: int) -> bool:
+    def _admit_child(self, k: int, step: int, reopen: bool = True) -> bool:
         """May child ``k`` take part in ``step``? If it is decided, the child gets the
-        outcome if it may have missed it; if it is out of the window, it is refused."""
-        if self.is_decided(step):
+        outcome if it may have missed it; if it is out of the window, it is refused. A
+        step this node failed alone while cut off takes part anew once the parent is back
+        (``reopen``): its subtree asks for it again."""
+        if self.is_decided(step) and not (reopen and self.neighbours.parent is not None
+                                          and self.decisions.reopen(step)):
             self._catch_up(k, step)
             return False
         refusal = self.refusal(step)
@@ -433,6 +476,8 @@ class StepEngine:
     # -- the parent
     def parent_failed(self, msg: Fail) -> None:
         decisions = self.decisions
+        if msg.kind is not FailKind.LOCAL:
+            decisions.reopen(msg.step)   # the tree's verdict replaces a failure here
         if msg.kind is FailKind.MISMATCH:
             log.error("step %d: the parent refused this node's vector: %s", msg.step,
                       shown(msg.reason), extra={"step": msg.step})
@@ -448,7 +493,8 @@ class StepEngine:
             decisions.fail(msg.step, msg.reason, tree_wide=msg.kind is FailKind.TREE)
 
     def parent_lost(self, reason: str) -> None:
-        """Steps under way here cannot be decided without the master: fail them here."""
+        """Steps under way here cannot be decided without the master: fail them here (for
+        now: ``Decisions.reopen``)."""
         for step in sorted(set(self.deadlines.steps) | set(self.decisions.waiters)):
             self.decisions.fail(step, f"{self.label} {reason}", tree_wide=False)
 

@@ -96,6 +96,12 @@ class Kept:
             self.held += outcome.vector.nbytes
         self._trim()
 
+    def drop(self, step: int) -> None:
+        """``step``'s outcome is no longer this node's word (a failure here, reopened)."""
+        outcome = self._outcomes.pop(step, None)
+        if isinstance(outcome, Resolved):
+            self.held -= outcome.vector.nbytes
+
     def clear(self) -> None:
         self._outcomes.clear()
         self.held = 0

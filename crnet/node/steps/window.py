@@ -73,6 +73,10 @@ class StepWindow:
         self.newest_decided = max(self.newest_decided, step)
         return True
 
+    def unmark(self, step: int) -> None:
+        """``step`` is open again here (a failure that was this node's alone, reopened)."""
+        self.decided.discard(step)
+
     def advance(self, step: int) -> bool:
         """The master decided ``step``: True if the tree moved on to it."""
         if step <= self.tree_step:

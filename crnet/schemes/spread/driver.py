@@ -10,7 +10,9 @@ CodedReduce's tree, codes, allocation and straggler tolerance, and moves the dec
 2. an owner decodes each of its chunks the moment the tree's recursion is satisfied on
    the pieces in (``step.py``), and sends the chunk of the sum to every host
    (PIECE, GATHER);
-3. a host's step resolves when it has every chunk of the sum.
+3. a host's step resolves when it has every chunk of the sum and the master's word
+   that it has them too (SETTLED): the master decides for the tree, so no host applies a
+   step the master fails (its chunks stuck behind a frozen host, say).
 
 Every host moves about 2N/(N+1) of the vector each way, as in a ring, in two hops. The
 design, its traffic and its faults: docs/spread.md.
@@ -38,7 +40,7 @@ from ...errors import ProtocolError
 from ...peer_text import Throttle
 from ..base import Origin, Place, Ports, Scheme, Stall, Takes
 from ..ring_allreduce.messages import Phase
-from .messages import Moot, Owners, Piece
+from .messages import Moot, Owners, Piece, Settled
 from .owners import OwnerMap, owners
 from .step import Recursion, SpreadStep
 
@@ -59,6 +61,7 @@ class Spread(Scheme):
     TAKES = (Takes(Piece, Origin.PEER, "piece", dest="piece_dest",
                    beyond=lambda msg: msg.phase is Phase.GATHER),   # a chunk of the tree's sum
              Takes(Moot, Origin.PEER, "moot"),
+             Takes(Settled, Origin.PEER, "settled"),
              Takes(Owners, Origin.PEER, "owners", stepped=False))
 
     def __init__(self, place: Place, ports: Ports):
@@ -284,13 +287,32 @@ class Spread(Scheme):
                     self._relay_copy(st, c)
 
     def _check_complete(self, st: SpreadStep) -> None:
-        if not st.complete or self.steps.get(st.step) is not st:
+        if not st.complete or not st.settled or self.steps.get(st.step) is not st:
             return
         del self.steps[st.step]
         assert st.result is not None
         if self.place.is_master:
             self._count_on_time(st)
+            # The tree's decision: every host applies the step on this word only.
+            msg = Settled(st.step, st.layout.total, st.layout.dtype_name)
+            for rank in range(1, self.hosts):
+                self.peers.to_peer(rank, st.step, msg, None)
         self.ports.steps.resolved(st.step, st.layout, st.result)
+
+    def settled(self, rank: int, msg: Settled) -> None:
+        """The master has the step's whole sum: it resolves here once this host has it too."""
+        if rank != 0:
+            raise ProtocolError(f"SETTLED from rank {rank}: only the master (rank 0) decides a step")
+        if self.place.is_master:
+            raise ProtocolError("SETTLED at the master")
+        st = self._step(msg.step, msg.total, msg.dtype)
+        if st is None:
+            return
+        if not _fits(st, msg.total, msg.dtype):
+            raise ProtocolError(f"SETTLED: step {msg.step}'s sum is {msg.total} x {msg.dtype}, "
+                                f"but the step's vector is {st.layout.describe()} here")
+        st.settled = True
+        self._check_complete(st)
 
     # -- the map of owners
     def owners(self, rank: int, msg: Owners) -> None:
@@ -402,8 +424,10 @@ class Spread(Scheme):
             missing = [c for c in st.owners.chunks_of(rank) if c not in st.gathered]
             # (round the ring, its chunks may be on their way still: they fail at the deadline)
             if missing and rank != self.rank and st.relayed is None:
+                # The master's to decide (it fails the step now if it lacks them too): a
+                # host waits for its word, and gives up alone only if it has no parent.
                 self.ports.steps.stall(st.step, f"owner rank {rank} (chunks {missing[0]}.."
-                                       f"{missing[-1]} of the sum) disconnected", here=True)
+                                       f"{missing[-1]} of the sum) disconnected")
 
     def stalled(self, step: int) -> Stall | None:
         st = self.steps.get(step)
@@ -424,11 +448,15 @@ class Spread(Scheme):
             if silent:
                 self._exclude(silent, step + 1, f"step {step}'s chunks from them (or relayed "
                               "through them) did not come, nor their pieces")
+        # A host that lacks something waits for the master's verdict (FAIL, or SETTLED) up
+        # to the grace, as a tree node does: the master decides, never a host alone. Once
+        # the master settled it, chunks still missing past the grace are gone (relayed
+        # through a host that froze, or sent on a link that broke): the step is lost here.
         if st is None:
             lacking = ("the pieces of the step" if self.place.is_master
                        else "this host's training process's vector and the sum")
-            return Stall(lacking, here=True)
-        return Stall(st.waiting_for(), here=True)
+            return Stall(lacking)
+        return Stall(st.waiting_for(), lost=st.settled and not self.place.is_master)
 
     def forget(self, step: int, resolved: bool) -> None:
         self.steps.pop(step, None)

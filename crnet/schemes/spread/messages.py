@@ -1,6 +1,6 @@
 """``--scheme spread``'s messages, host -> host on the peer links: a chunk of a vector to its
-owner or of the sum from it (PIECE), the master's map of owners (OWNERS), and an owner's
-word that a piece is not needed (MOOT)."""
+owner or of the sum from it (PIECE), the master's map of owners (OWNERS), an owner's
+word that a piece is not needed (MOOT), and the master's that a step is decided (SETTLED)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ...protocol.messages import Message
 from ...protocol.wire import MsgType
 from ..ring_allreduce.messages import PHASES, Phase
 
-__all__ = ["Moot", "Owners", "Piece"]
+__all__ = ["Moot", "Owners", "Piece", "Settled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +77,21 @@ class Moot(Message):
     def from_header(cls, h: Fields) -> Moot:
         return cls(h.integer("step", 0, MAX_STEP), h.integer("chunk", 0, 1 << 32),
                    h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class Settled(Message):
+    """spread, master -> every host: the master has step ``step``'s whole sum, so the tree
+    decided it; a host applies a step only once it has both the sum and this word (a host
+    that has the sum while the master fails the step must not apply it). The layout
+    travels as in PIECE, so that the word can open the step at a host it reaches first."""
+
+    TYPE = MsgType.SETTLED
+    step: int
+    total: int
+    dtype: str
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Settled:
+        return cls(h.integer("step", 0, MAX_STEP), h.integer("total", 1, 1 << 40),
+                   h.text("dtype", choices=DTYPE_NAMES))

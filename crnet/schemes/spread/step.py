@@ -107,6 +107,7 @@ class SpreadStep:
         self.relayed: dict[int, int] | None = None
         self.not_needed: set[int] = set()            # chunks whose owners need not this host's piece (MOOT)
         self.decoded = 0
+        self.settled = rank == 0                     # the master's word came (SETTLED); its own
 
     # -- where pieces land
     def piece_dest(self, sender: int, chunk: int) -> memoryview:
@@ -251,6 +252,8 @@ class SpreadStep:
                          f"(pieces from {len(self.senders)} of {self.recursion.hosts - 1} hosts)")
         if missing_sum:
             parts.append(f"the sum's chunks from owner rank(s) {', '.join(map(str, missing_sum))}")
+        if not self.settled:
+            parts.append("the master's word that it has the whole sum")
         return "; ".join(parts) or "nothing"
 
     def _undecoded(self, chunk: int) -> bool:
