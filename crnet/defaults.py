@@ -34,6 +34,8 @@ GRACE_SHARE, GRACE_MIN, GRACE_MAX = 0.25, 0.5, 5.0
 STALL_SHARE = 0.25
 CLIENT_SOCKET = "/run/crnet/client.sock"
 CLIENT_CONNECT_TIMEOUT = 120.0     # a training process waits this long for the tree's assignment
+CLIENT_RECONNECT = 60.0            # ... and this long for its daemon to come back when it died
+CLIENT_RECONNECT_PAUSE = 0.1       # seconds between tries to reach a daemon that is restarting
 RESOLVE_TIMEOUT = 300.0            # a node whose parent's host name stays unknown this long exits
 RECONNECT_BACKOFF = (0.1, 2.0)     # first and longest pause between attempts to reach a peer
 # A tree link that goes silent (a cable pulled, a switch port down) is dropped once data

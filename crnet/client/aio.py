@@ -7,9 +7,12 @@ protocol side, ``blocking.py`` the blocking twin.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import socket
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import numpy as np
 
@@ -55,10 +58,34 @@ from .result_info import ResultInfo
 
 __all__ = ["AsyncClient", "client_socket_path"]
 
+log = logging.getLogger("crnet.client")
+
+T = TypeVar("T")
+
 
 def client_socket_path(path) -> str:
     """The daemon's client socket: ``path``, else $CRNET_CLIENT_SOCKET, else the default."""
     return str(path or os.environ.get("CRNET_CLIENT_SOCKET") or defaults.CLIENT_SOCKET)
+
+
+async def _attach(path: str, job: str, timeout: float | None
+                  ) -> tuple[Connection, Replies, ClientWelcome]:
+    """A connection to the daemon at ``path``, said hello to as a process of ``job``, and
+    its welcome (the tree's assignment, within ``timeout``)."""
+    replies = Replies(path)
+    loop = asyncio.get_running_loop()
+    try:
+        _, conn = await loop.create_unix_connection(
+            lambda: Connection(replies, Limits(max_payload=0), "crnetd"), path)
+    except OSError as e:
+        raise DaemonNotRunning(f"no crnetd at {path}: {e.strerror or e}") from None
+    try:
+        conn.send(ClientHello(os.getpid(), job))
+        welcome = await replies.next(ClientWelcome, timeout, "the tree's assignment")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, replies, welcome
 
 
 def _processes(processes: int | None, what: str) -> int | None:
@@ -105,6 +132,13 @@ class AsyncClient:
         # answer, nor that request's error.
         self._abandoned: set[int] = set()
         self._numbered: dict[str, int] = {}   # numbered_key's count per prefix
+        self._job = ""                         # the job it said it belongs to (connect)
+        self.reconnect = 0.0
+        """Seconds to wait for the daemon to come back when it closed the connection
+        (``connect``'s ``reconnect``); 0: DaemonNotRunning at once."""
+        self._lost_at: float | None = None     # when the daemon closed the connection (loop time)
+        self.reconnects = 0
+        """How many times the daemon closed the connection and this process reconnected."""
         self.last_result_info: ResultInfo | None = None
         """What the last step result returned (``allreduce``, ``result``) is: exact, or
         approximate with its coverage and residual (``ResultInfo``); None before any."""
@@ -112,7 +146,8 @@ class AsyncClient:
     @classmethod
     async def connect(cls, socket_path=None,
                       timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT,
-                      job: str | None = None) -> AsyncClient:
+                      job: str | None = None,
+                      reconnect: float = defaults.CLIENT_RECONNECT) -> AsyncClient:
         """Connect; wait (up to ``timeout``) until the tree has assigned this host its share.
 
         ``job`` (default ``$CRNET_JOB``, else none) names the training job: the first process
@@ -122,20 +157,18 @@ class AsyncClient:
         ``stale`` until it takes the job's state (``request_state``). Without a name, a
         process joins whatever job the daemons run: a rerun of a script whose job
         finished joins that finished job, where no process answers ``request_state``
-        (it says so): name each run's job."""
+        (it says so): name each run's job.
+
+        ``reconnect``: seconds to wait for the daemon to come back when it closes the
+        connection (it died and systemd, or ``crnet run --max-restarts``, starts it
+        again): the process reconnects at the same socket and goes on (``_daemon``
+        says how each call fares); 0: DaemonNotRunning at once."""
         path = client_socket_path(socket_path)
-        replies = Replies(path)
-        loop = asyncio.get_running_loop()
+        job = job if job is not None else os.environ.get("CRNET_JOB", "")
+        conn, replies, welcome = await _attach(path, job, timeout)
         try:
-            _, conn = await loop.create_unix_connection(
-                lambda: Connection(replies, Limits(max_payload=0), "crnetd"), path)
-        except OSError as e:
-            raise DaemonNotRunning(f"no crnetd at {path}: {e.strerror or e}") from None
-        try:
-            conn.send(ClientHello(os.getpid(), job if job is not None
-                                  else os.environ.get("CRNET_JOB", "")))
-            welcome = await replies.next(ClientWelcome, timeout, "the tree's assignment")
             self = cls(path, conn, replies, welcome)
+            self._job, self.reconnect = job, reconnect
             await self._ensure(1 << 16)   # shared memory now: the tree's progress is in it
         except BaseException:
             conn.close()
@@ -177,16 +210,18 @@ class AsyncClient:
     async def wait_finished(self, step: int, timeout: float | None = None) -> None:
         """Return once ``step`` is decided (within the daemon's bound): race it against
         the computation of ``step``, and take the outcome with ``allreduce``/``result``."""
-        if self.finished(step):
-            return
-        fut, new = self._replies.watch(step)
-        if new:
-            self._conn.send(Watch(step))
-        try:
-            await asyncio.wait_for(asyncio.shield(fut),
-                                   self.default_timeout if timeout is None else timeout)
-        except asyncio.TimeoutError:
-            raise CrnetTimeout(f"step {step} was not decided within {timeout} s") from None
+        async def watch() -> None:
+            if self.finished(step):
+                return
+            fut, new = self._replies.watch(step)
+            if new:
+                self._conn.send(Watch(step))
+            try:
+                await asyncio.wait_for(asyncio.shield(fut),
+                                       self.default_timeout if timeout is None else timeout)
+            except asyncio.TimeoutError:
+                raise CrnetTimeout(f"step {step} was not decided within {timeout} s") from None
+        await self._daemon(watch)
 
     async def buffer(self, length: int, dtype=np.float32) -> np.ndarray:
         """The shared input vector: compute the gradient into it, then allreduce it."""
@@ -221,15 +256,21 @@ class AsyncClient:
         if self._stale is not None:
             raise self._stale_error("allreduce")
         vec = self._flat(vec, "allreduce")
-        await self._stage(vec)
-        return await self._request(Submit, step, vec, out, timeout)
+
+        async def submit() -> np.ndarray:
+            await self._stage(vec)
+            return await self._request(Submit, step, vec, out, timeout)
+        return await self._daemon(submit, step)
 
     async def result(self, step: int, like, out: np.ndarray | None = None,
                      timeout: float | None = None) -> np.ndarray:
         """A step's full gradient without contributing (``like`` gives length and dtype)."""
         like = np.asarray(like).reshape(-1)
-        await self._ensure(like.nbytes)
-        return await self._request(Fetch, step, like, out, timeout)
+
+        async def fetch() -> np.ndarray:
+            await self._ensure(like.nbytes)
+            return await self._request(Fetch, step, like, out, timeout)
+        return await self._daemon(fetch, step)
 
     async def broadcast(self, vec, key: str, root: bool | int, out: np.ndarray | None = None,
                         timeout: float | None = None, processes: int | None = None) -> np.ndarray:
@@ -247,12 +288,14 @@ class AsyncClient:
         rank = None if isinstance(root, bool) else int(root)
         vote = None if rank is not None else _processes(processes, "broadcast") or 0
         if root is True or (rank is not None and rank == self.assignment.rank):
-            await self._publish(key, -1, vec, timeout, vote)
+            await self._daemon(lambda: self._publish(key, -1, vec, timeout, vote))
             if out is None:
                 return vec
             np.copyto(out.reshape(-1), vec)
             return out
-        return (await self._receive(key, vec, out, timeout, root=rank, vote=vote))[0]
+        received = await self._daemon(
+            lambda: self._receive(key, vec, out, timeout, root=rank, vote=vote))
+        return received[0]
 
     def numbered_key(self, prefix: str) -> str:
         """``<prefix>/<k>``, k counting this client's calls with ``prefix`` from 0: a
@@ -270,8 +313,11 @@ class AsyncClient:
         processes = _processes(processes, "barrier")
         if processes is None:
             raise ValueError("barrier: say how many take part (processes=N) or set CRNET_WORLD_SIZE")
-        self._ask(Barrier(key, 1, processes))
-        await self._delivered(key, timeout)
+
+        async def meet() -> None:
+            self._ask(Barrier(key, 1, processes))
+            await self._delivered(key, timeout)
+        await self._daemon(meet)
 
     async def request_state(self, like, out: np.ndarray | None = None,
                             timeout: float | None = None) -> tuple[np.ndarray, int]:
@@ -286,12 +332,15 @@ class AsyncClient:
         rerun of a finished job's script without a new job name), none reached a step
         boundary, or the answers disagreed twice: ask again."""
         like = self._flat(like, "request_state")
-        nonce = secrets.randbits(62) + 1
-        self._answered_state = nonce           # its own request is not one to answer
-        self._ask(WantState(nonce))
         within = self.default_timeout if timeout is None else timeout
+
+        async def ask() -> tuple[np.ndarray, int]:
+            nonce = secrets.randbits(62) + 1
+            self._answered_state = nonce           # its own request is not one to answer
+            self._ask(WantState(nonce))
+            return await self._receive(state_key(nonce), like, out, within)
         try:
-            state = await self._receive(state_key(nonce), like, out, within)
+            state = await self._daemon(ask)
         except CrnetTimeout:
             raise CrnetTimeout(
                 f"no process of the job sent its state within {within:g} s: none is running "
@@ -320,14 +369,21 @@ class AsyncClient:
             return
         nonce = self._progress.state_request
         self._answered_state = nonce
-        await self._publish(state_key(nonce), step, self._flat(vec, "send_state"), timeout)
+        # (Not sent again across a restart of the daemon: the asker's request goes up
+        # again from its own daemon, and this process answers it at a step boundary.)
+        await self._daemon(lambda: self._publish(state_key(nonce), step,
+                                                 self._flat(vec, "send_state"), timeout),
+                           again=False)
 
     async def stats(self) -> dict:
         """The daemon's counters (``stats``: steps done and failed, children skipped, bytes,
         times, results delivered without a copy) and where it stands (``name``, join ``state``, ``tree_step``,
         ``open_steps``, and which ``links`` are up)."""
-        self._ask(StatsRequest())
-        reply = await self._reply(StatsReply, 10.0, "stats")
+
+        async def ask() -> StatsReply:
+            self._ask(StatsRequest())
+            return await self._reply(StatsReply, 10.0, "stats")
+        reply = await self._daemon(ask)
         return {"stats": reply.stats, "name": reply.name, "state": reply.state,
                 "tree_step": reply.tree_step, "open_steps": list(reply.open_steps),
                 "links": reply.links}
@@ -340,6 +396,83 @@ class AsyncClient:
 
     async def __aexit__(self, *exc):
         self.close()
+
+    # -- a daemon that restarts
+    async def _daemon(self, call: Callable[[], Awaitable[T]], step: int | None = None,
+                      again: bool = True) -> T:
+        """``call()`` (a request and its answer) across a restart of the daemon. A process
+        whose daemon closed the connection reconnects at the same socket before its next
+        request, and hands the new daemon shared memory; ``reconnect`` s after the
+        connection closed, DaemonNotRunning says the daemon did not come back. A step's
+        request keeps to the daemon's bound: under way when the connection closed, or made
+        while the daemon is not back within the bound, it fails here (StepFailed, not
+        tree-wide: nothing was applied; asked again, the new daemon takes the step up, or
+        answers StepLost once the tree is past it). Any other request is made again on the
+        new connection (``again``; else it is dropped)."""
+        if self._lost_at is not None:
+            await self._back(step)
+        try:
+            return await call()
+        except DaemonNotRunning:
+            if self.reconnect <= 0:
+                raise
+            self._lost_at = asyncio.get_running_loop().time()
+            log.warning("crnetd at %s closed the connection: reconnecting (for up to %g s)",
+                        self.path, self.reconnect)
+        if step is not None:
+            raise StepFailed(step, f"crnetd at {self.path} closed the connection while step "
+                                   f"{step} was under way (it died, or restarts): ask for the "
+                                   "step again; this process reconnects first",
+                             self._tree_step, tree_wide=False)
+        await self._back(None)
+        if not again:
+            return None  # type: ignore[return-value]
+        return await call()
+
+    async def _back(self, step: int | None) -> None:
+        """A new connection to the daemon at ``path`` (started again), as the same process
+        of the same job: what it knows of the tree (its step, this host's share) comes
+        anew; the replica is as it was (``stale`` only if it was)."""
+        assert self._lost_at is not None
+        loop = asyncio.get_running_loop()
+        deadline = self._lost_at + self.reconnect
+        until = deadline if step is None else min(
+            deadline, loop.time() + self.default_timeout - REPLY_MARGIN)
+        why = "nothing listens there"
+        while True:
+            now = loop.time()
+            if now >= until:
+                if now >= deadline or step is None:
+                    raise DaemonNotRunning(
+                        f"crnetd at {self.path} closed the connection and did not come back "
+                        f"within {self.reconnect:g} s (last try: {why}); is it running? "
+                        "(systemctl status crnetd, or its log)")
+                raise StepFailed(step, f"crnetd at {self.path} is not back yet, "
+                                       f"{now - self._lost_at:.1f} s after it closed the "
+                                       f"connection: ask for step {step} again",
+                                 self._tree_step, tree_wide=False)
+            try:
+                conn, replies, welcome = await _attach(self.path, self._job, until - now)
+                break
+            except (DaemonNotRunning, CrnetTimeout) as e:
+                why = str(e)
+                await asyncio.sleep(min(defaults.CLIENT_RECONNECT_PAUSE, max(0.0, until - now)))
+        self._conn.close()
+        self._conn, self._replies, self._token = conn, replies, welcome.token
+        self.assignment = Assignment.from_wire(welcome.assignment)
+        self.default_timeout = welcome.answer_within + REPLY_MARGIN
+        self._tree_step = max(self._tree_step, welcome.tree_step)
+        self._owed = None            # the old daemon's owed answers are gone with it
+        self._abandoned.clear()
+        # New shared memory, as large as the old: arrays the process holds of the old
+        # (buffer(), result_buffer()) stay valid, and are copied from and into.
+        capacity = 1 << 16 if self._region is None else self._region.capacity
+        self._region = self._progress = None
+        await self._ensure(capacity)
+        self._lost_at = None
+        self.reconnects += 1
+        log.warning("reconnected to crnetd at %s (the tree is at step %d)", self.path,
+                    welcome.tree_step)
 
     async def _request(self, kind: type[Submit], step: int, like: np.ndarray,
                        out: np.ndarray | None, timeout: float | None) -> np.ndarray:

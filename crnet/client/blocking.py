@@ -24,12 +24,13 @@ class Client:
     """
 
     def __init__(self, socket_path: str | os.PathLike | None = None,
-                 timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT, job: str | None = None):
+                 timeout: float | None = defaults.CLIENT_CONNECT_TIMEOUT, job: str | None = None,
+                 reconnect: float = defaults.CLIENT_RECONNECT):
         """Connect and wait (up to ``timeout``) until the tree has assigned this host its
-        data (``job``: see ``AsyncClient.connect``)."""
+        data (``job``, ``reconnect``: see ``AsyncClient.connect``)."""
         self._loop = new_loop()
         try:
-            self._c = self._run(AsyncClient.connect(socket_path, timeout, job))
+            self._c = self._run(AsyncClient.connect(socket_path, timeout, job, reconnect))
         except BaseException:
             self._loop.close()
             raise
@@ -49,6 +50,10 @@ class Client:
     @property
     def stale(self) -> bool:
         return self._c.stale
+
+    @property
+    def reconnects(self) -> int:
+        return self._c.reconnects
 
     def mark_current(self) -> None:
         self._c.mark_current()

@@ -43,6 +43,7 @@ class Replies:
         # The bug on this side (in reading or handling the daemon's messages) that closed
         # the connection: every request then raises it, not DaemonNotRunning.
         self.failure: Exception | None = None
+        self.gone = False   # the daemon closed the connection (it died, or restarts)
 
     def watch(self, step: int) -> tuple[asyncio.Future[None], bool]:
         """The future DECIDED for ``step`` resolves, and whether it is new (to ask for)."""
@@ -118,6 +119,7 @@ class Replies:
             self.failure = conn.failure
             log.error("crnet bug: the client failed handling crnetd's answers (not a daemon "
                       "problem); its connection to %s is closed", self.path, exc_info=self.failure)
+        self.gone = self.failure is None
         self._answer(None)
         for fut in self._watches.values():
             if not fut.done():

@@ -97,6 +97,7 @@ class Host:
         self.w = None
         self.error = None
         self.lives = 0            # processes started on this host (a restart is a second)
+        self.reconnects = 0       # times its client reconnected to a restarted daemon
 
     def run(self, train, steps, lr):
         time.sleep(self.start_s)
@@ -115,6 +116,7 @@ class Host:
                             self.failed_here += c.failed_here
                             self.failed_tree_wide += c.failed_tree_wide
                             self.longest = max(self.longest, c.longest)
+                            self.reconnects += c.reconnects
                     return
                 except Killed:
                     time.sleep(0.3)   # dead; then started again

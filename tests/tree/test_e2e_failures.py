@@ -252,8 +252,16 @@ async def test_sigterm_stops_a_daemon_in_order(local_tree):
         log = lt.log_path("1").read_text()
         assert "node 1 stopped" in log
         assert not os.path.exists(lt.socket_path("1"))
-        with pytest.raises(DaemonNotRunning):
+        # Its process: the step under way fails here at once; the next call waits for the
+        # daemon to come back (``reconnect`` s), then says it did not.
+        clients["1"].reconnect = 1.0
+        with pytest.raises(StepFailed, match="closed the connection") as failed:
             await clients["1"].allreduce(np.ones(3), step=1, timeout=10)
+        assert not failed.value.tree_wide
+        began = time.monotonic()
+        with pytest.raises(DaemonNotRunning, match="did not come back within 1 s"):
+            await clients["1"].allreduce(np.ones(3), step=1, timeout=10)
+        assert time.monotonic() - began < 5
     finally:
         close_all(clients)
     assert lt.alive(MASTER) and lt.alive("0")

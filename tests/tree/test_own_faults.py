@@ -76,7 +76,8 @@ def assert_replicas_equal_single_process(hosts, grads, steps, hit: bool = True):
     done = round(updates(hosts[0].w, grads))
     print(f"{done} of {steps} steps applied; failed here {[h.failed_here for h in hosts]}, "
           f"tree-wide {[h.failed_tree_wide for h in hosts]}, lives {[h.lives for h in hosts]}, "
-          f"resyncs {[h.resyncs for h in hosts]}, longest allreduce "
+          f"resyncs {[h.resyncs for h in hosts]}, reconnects {[h.reconnects for h in hosts]}, "
+          f"longest allreduce "
           f"{max(h.longest for h in hosts):.2f} s")
     assert steps - 20 <= done <= steps
     want = single_process(grads, done)
@@ -105,19 +106,28 @@ def test_a_master_restart_does_not_end_the_job(local_tree, monkeypatch, scheme):
     assert_replicas_equal_single_process(hosts, grads, steps)
 
 
+def assert_survived(hosts, name):
+    """Row 5: the process on ``name``'s host outlived its daemon's restart: one life, and
+    its client reconnected."""
+    h = next(h for h in hosts if h.name == name)
+    assert (h.lives, h.reconnects >= 1) == (1, True), (name, h.lives, h.reconnects)
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_a_master_restart_with_a_process_on_its_host(local_tree, monkeypatch, scheme):
-    """The master's host runs a process too; it dies with its daemon and is started again
-    (as a supervisor would), takes the state and trains on: every replica exact."""
+    """Rows 1 and 5: the master's host runs a process too; it outlives its daemon (its
+    client reconnects when the daemon is back), takes the state if it must, and trains on:
+    every replica exact."""
     tree = Tree.regular(3, 1, 1)
     grads = gradients(12, 30, 16)
     lt = tree_of(local_tree, tree, 30, scheme)
     monkeypatch.setenv("CRNET_WORLD_SIZE", str(len(list(tree.names()))))
     steps = 1000
-    hosts, took = run_hosts(lt, tree, grads, steps, pieces=2, piece_s=0.005, revive=True,
+    hosts, took = run_hosts(lt, tree, grads, steps, pieces=2, piece_s=0.005,
                             during=restart_after(lt, MASTER, 1.5))
     print(f"\n{scheme}: {steps} steps with a master restart in {took:.1f} s")
     assert_replicas_equal_single_process(hosts, grads, steps)
+    assert_survived(hosts, MASTER)
 
 
 def test_a_frozen_spread_owner_neither_ends_the_job_nor_splits_the_replicas(local_tree,
@@ -139,17 +149,19 @@ def test_a_frozen_spread_owner_neither_ends_the_job_nor_splits_the_replicas(loca
 
 @pytest.mark.parametrize("scheme", ("cr", "spread"))    # (rar's ring is one layer)
 def test_the_processes_below_a_restarted_inner_daemon_train_on(local_tree, monkeypatch, scheme):
-    """Row 4: a 5-host tree (fanout 2, 1; s 1, 0); the inner node 0's crnetd is killed and
-    started again 2 s later: the leaf below it (and 0's own process, started again) go on."""
+    """Rows 4 and 5: a 5-host tree (fanout 2, 1; s 1, 0); the inner node 0's crnetd is
+    killed and started again 2 s later: the leaf below it, and 0's own process (its client
+    reconnects), go on."""
     tree = Tree((2, 1), (1, 0))
     grads = gradients(14, 24, 16)
     lt = tree_of(local_tree, tree, 24, scheme)
     monkeypatch.setenv("CRNET_WORLD_SIZE", str(len(list(tree.names()))))
     steps = 1000
-    hosts, took = run_hosts(lt, tree, grads, steps, pieces=2, piece_s=0.005, revive=True,
+    hosts, took = run_hosts(lt, tree, grads, steps, pieces=2, piece_s=0.005,
                             during=restart_after(lt, "0", 1.5))
     print(f"\n{scheme}: {steps} steps with an inner daemon restart in {took:.1f} s")
     assert_replicas_equal_single_process(hosts, grads, steps)
+    assert_survived(hosts, "0")
 
 
 def test_every_call_returns_within_the_bound_across_two_restarts(local_tree, monkeypatch):
@@ -167,7 +179,8 @@ def test_every_call_returns_within_the_bound_across_two_restarts(local_tree, mon
 
     steps = 1200
     hosts, took = run_hosts(lt, tree, grads, steps, pieces=2, piece_s=0.005, names=names,
-                            revive=True, during=faults)
+                            during=faults)
     print(f"\n{steps} steps with two restarts in {took:.1f} s; longest allreduce "
           f"{max(h.longest for h in hosts):.2f} s")
     assert_replicas_equal_single_process(hosts, grads, steps)
+    assert_survived(hosts, "0")

@@ -406,8 +406,27 @@ class StepEngine:
         # quoted, cut short, and a line now and then per child.
         self._peer_lines.log(logging.INFO, (k, "FAIL"), "step %d: child %d reports: %s",
                              msg.step, k, shown(msg.reason))
+        if self._peers_decided(k, msg.step):
+            return
         if self.scheme is not None and self._admit_child(k, msg.step):
             self.scheme.child_silent(k, msg.step, msg.reason)
+
+    def _peers_decided(self, k: int, step: int) -> bool:
+        """Under rar or spread a result never goes down the tree (the sum comes over the
+        peer links), so a child that reports a step this node decided may never get it
+        (it rejoined after the sum went round, or its chunks were lost): it is told the
+        verdict, a result as lost there (its processes take the others' state)."""
+        if (self.place is None or self.place.scheme not in PEER_SCHEMES
+                or not self.is_decided(step) or step in self.decisions.failed_here):
+            return False
+        outcome = self.outcome(step)
+        if isinstance(outcome, Resolved):
+            self._tell_child(k, step, Fail(step, f"{self.label} has step {step}'s sum, and it did "
+                                                 "not reach this host over the peer links",
+                                           FailKind.LOST))
+        else:
+            self._tell_child(k, step, fail_of(outcome))
+        return True
 
     def child_lost(self, k: int) -> None:
         if self.scheme is not None:
