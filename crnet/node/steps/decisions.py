@@ -99,7 +99,10 @@ class Decisions:
 
     def fail(self, step: int, reason: str, tree_wide: bool = True) -> None:
         """``step`` failed: for the whole tree (the master decided), or for this subtree."""
-        if not tree_wide and self.keep_open_here and self.deadlines.is_open(step):
+        # (Not a step whose sum goes straight into a process's shared memory: the process's
+        # next requests wait until that memory is given back, at the step's decision.)
+        if (not tree_wide and self.keep_open_here and self.deadlines.is_open(step)
+                and self.lending.owner(step) is None):
             self._answer_here(step, reason)
             return
         here = not tree_wide and not self.window.is_decided(step)

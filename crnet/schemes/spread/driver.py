@@ -61,7 +61,7 @@ class Spread(Scheme):
     TAKES = (Takes(Piece, Origin.PEER, "piece", dest="piece_dest",
                    beyond=lambda msg: msg.phase is Phase.GATHER),   # a chunk of the tree's sum
              Takes(Moot, Origin.PEER, "moot"),
-             Takes(Settled, Origin.PEER, "settled"),
+             Takes(Settled, Origin.PEER, "settled", beyond=lambda msg: True),   # the master's word
              Takes(Owners, Origin.PEER, "owners", stepped=False))
 
     def __init__(self, place: Place, ports: Ports):
