@@ -147,8 +147,11 @@ async def test_an_interior_host_that_gives_its_own_address_for_its_child_answers
             await liar.close()
         forged = sum(isinstance(o, np.ndarray) and bool(np.any(o == 666.0))
                      for per in outcomes for o in per.values())
-        if not names:   # the hole, which the master warned of when it started
-            assert liar.pieces > 0 and liar.forged > 0 and forged > 0, (liar.pieces, liar.forged)
+        if not names:   # the hole, which the master warned of when it started: the liar is
+            # taken as 0.0 and sends forged chunks. (Whether one reaches a process depends on
+            # the master: a host applies a step only on its SETTLED, issue 38; the hole
+            # itself is issue 39's.)
+            assert liar.pieces > 0 and liar.forged > 0, (liar.pieces, liar.forged, forged)
             await wait_for_log(lt, MASTER, "--scheme spread without --tls-names: in a spread tree "
                                            "a host that holds the cluster secret can answer for")
             return

@@ -411,7 +411,15 @@ class Membership:
         # A node that restarted resumes where its children are (the master: all of them
         # have joined now; a node's parent told it in WELCOME too). One that knows more
         # itself moves nothing back.
-        self.engine.learn(self._children_claim())
+        vouched_for = self._children_claim()
+        self.engine.learn(vouched_for)
+        if self.place.is_master:
+            # The newest step any child says the master decided (within the window past
+            # what s + 1 vouch for): a master that restarted may have settled steps up to
+            # there before it died, which some hosts applied: it never fails them tree-wide.
+            claims = [slot.tree_step for slot in self.neighbours.slots if slot.link is not None]
+            self.engine.decisions.settled_before = min(
+                max(claims, default=-1), vouched_for + self.engine.settings.window)
         self.state = JoinState.ASSIGNED
         if self.place.is_master and self.place.scheme == "rar" and self.place.ring is None:
             # The master is the ring's last member (ring_allreduce.py); it dials worker 0.

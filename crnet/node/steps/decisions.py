@@ -64,6 +64,9 @@ class Decisions:
         # Steps failed here only (cut off from the master): open to the tree's verdict.
         self.failed_here: set[int] = set()
         self.keep_open_here = False   # a failure here answers, and leaves the step open
+        # The master, restarted: steps up to this one its predecessor may have decided (the
+        # children's claims): one of them that cannot finish now is lost, not failed.
+        self.settled_before = -1
 
     # -- what a scheme sees of its steps (schemes.Steps)
     @property
@@ -99,6 +102,16 @@ class Decisions:
 
     def fail(self, step: int, reason: str, tree_wide: bool = True) -> None:
         """``step`` failed: for the whole tree (the master decided), or for this subtree."""
+        if tree_wide and self.deadlines.is_master and step <= self.settled_before:
+            # Some host may have applied it (the master before the restart settled it):
+            # failing it would make replicas differ. Every host that lacks it takes the
+            # others' state instead.
+            if self.decide(step, Lost(step, f"{reason}; the master restarted after it may "
+                                            f"have decided step {step}: take the others' state")):
+                log.error("step %d is lost: %s (the master before its restart may have decided it)",
+                          step, reason, extra={"step": step})
+                self.window.advance(step)
+            return
         # (Not a step whose sum goes straight into a process's shared memory: the process's
         # next requests wait until that memory is given back, at the step's decision.)
         if (not tree_wide and self.keep_open_here and self.deadlines.is_open(step)
@@ -245,4 +258,5 @@ class Decisions:
         self.kept.clear()
         self.contributed.clear()
         self.failed_here.clear()
+        self.settled_before = -1
         return waiting
