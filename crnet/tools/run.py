@@ -5,8 +5,10 @@ Like ``torchrun --standalone``: ``Run`` starts a local tree of real ``crnetd`` p
 master's host included: its share of the batch is empty, but it takes part in every
 step), each told where its daemon is and who it is through its environment
 (``training_env``). Their output comes back line by line, each line prefixed with its
-host's name. ``Run.run`` guarantees that every process it started is stopped when it
-returns or raises, whatever happened (see its docstring).
+host's name. With ``max_restarts`` K (torchrun's ``--max-restarts``), a training process or
+a daemon that dies while the run goes on is started again, up to K restarts in all.
+``Run.run`` guarantees that every process it started is stopped when it returns or
+raises, whatever happened (see its docstring).
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from typing import Any, BinaryIO
 
 from ..coding.plan import Tree
 from ..defaults import TIMEOUT
-from ..errors import LaunchError
+from ..errors import CrnetTimeout, LaunchError
 from .launch import LocalTree, free_port
 
-__all__ = ["DEFAULT_SAMPLES", "FAILURE_GRACE", "STOP_GRACE", "Run", "Seat", "seats",
-           "training_env"]
+__all__ = ["DEFAULT_SAMPLES", "FAILURE_GRACE", "RESTART_PAUSE", "STOP_GRACE", "Run", "Seat",
+           "seats", "training_env"]
 
 DEFAULT_SAMPLES = 1024   # the global batch of a step when --samples is not given
 FAILURE_GRACE = 5.0      # seconds the others may go on after a training process failed
@@ -41,6 +43,8 @@ POLL = 0.05              # seconds between looks at the processes
 READERS_GRACE = 2.0      # seconds the last output lines may take to come through at the end
 DAEMON_FAILED = 70       # --strict: a daemon failed though every training process succeeded
                          # (EX_SOFTWARE, the code a strict daemon exits with)
+RESTART_PAUSE = 0.5      # seconds between a death and its restart (--max-restarts): no tight crash loop
+DAEMON_START_WAIT = 30.0  # seconds a restarted daemon may take to open its client socket
 
 
 @dataclass(frozen=True)
@@ -147,15 +151,24 @@ class Run:
 
     - each training process runs in its own process group, so helpers it starts
       (data-loader workers) are signalled and stopped with it; its stdin is /dev/null;
-    - the first training process to fail (non-zero exit) is named on stderr; the others
-      get ``failure_grace`` seconds to finish, then SIGTERM, then SIGKILL after
-      ``stop_grace`` seconds;
+    - with ``max_restarts`` K > 0, a training process that fails (non-zero exit, or killed
+      by a signal) while the run goes on is started again after ``restart_pause`` seconds,
+      with the same command and environment (its seat), and a daemon that exits is
+      started again with the same arguments (its processes are restarted only once it is
+      back). Every restart, of a process or a daemon, takes one of the run's K; each is
+      announced on stderr. A restarted process joins the running job (its client is
+      ``stale``: the README's loop takes the others' state);
+    - the first training process to fail with no restart left (with K = 0: the first to
+      fail) is named on stderr; the others get ``failure_grace`` seconds to finish, then
+      SIGTERM, then SIGKILL after ``stop_grace`` seconds;
     - SIGINT, SIGTERM and SIGHUP are forwarded to every training process group; what is
       left after ``stop_grace`` seconds (or at a second such signal) is SIGKILLed;
     - the daemons are stopped last (``LocalTree.stop``);
-    - with ``strict``, every daemon is strict (an internal error stops it with exit code
-      70): a daemon that exits fails the run like a training process that does, and at the
-      end every daemon that failed or logged a traceback is named with its log.
+    - a daemon that exits with no restart left is named on stderr (its processes then see
+      errors, not a hang); with ``strict``, every daemon is strict (an internal error stops
+      it with exit code 70): a daemon that exits with no restart left fails the run like a
+      training process that does, and at the end every daemon that failed or logged a
+      traceback (a restarted one's log keeps its earlier lives) is named with its log.
 
     Daemon logs go to ``<workdir>/logs``. Without ``workdir`` it is a fresh temporary
     directory, removed at the end unless ``keep_logs`` or the exit code is not 0 (then
@@ -166,10 +179,12 @@ class Run:
                  local_processes: int = 1, scheme: str = "cr", timeout: float = TIMEOUT,
                  job: str | None = None, workdir: str | os.PathLike | None = None,
                  keep_logs: bool = False, failure_grace: float = FAILURE_GRACE,
-                 stop_grace: float = STOP_GRACE, strict: bool = False, stdout: BinaryIO,
-                 stderr: BinaryIO):
+                 stop_grace: float = STOP_GRACE, strict: bool = False, max_restarts: int = 0,
+                 restart_pause: float = RESTART_PAUSE, stdout: BinaryIO, stderr: BinaryIO):
         if not command:
             raise ValueError("crnet run needs a command to start")
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, not {max_restarts}")
         self.tree = tree
         self.command = list(command)
         self.samples = samples
@@ -182,10 +197,15 @@ class Run:
         self.failure_grace = failure_grace
         self.stop_grace = stop_grace
         self.strict = strict
+        self.max_restarts = max_restarts
+        self.restart_pause = restart_pause
+        self.restarts = 0                         # restarts taken so far, of processes and daemons
         self.lines = _Lines(stdout, stderr)
         self.seats = seats(tree, local_processes)
-        self.procs: dict[Seat, subprocess.Popen] = {}
-        self.codes: dict[Seat, int] = {}          # exit codes, in the order they were seen
+        self.procs: dict[Seat, subprocess.Popen] = {}   # each seat's latest process
+        self.codes: dict[Seat, int] = {}          # final exit codes, in the order they were seen
+        self._envs: dict[Seat, dict[str, str]] = {}     # what each seat is started with, every time
+        self._started: list[subprocess.Popen] = []      # every training process, restarts included
         self.lt: LocalTree | None = None
         self._readers: list[threading.Thread] = []
         self._signals: list[int] = []
@@ -258,50 +278,76 @@ class Run:
             env = dict(os.environ, **training_env(seat, lt.socket_path(seat.host), self.job,
                                                   len(self.seats), self.local_processes, master_port))
             env.setdefault("PYTHONUNBUFFERED", "1")   # lines as they are printed, not at exit
-            try:
-                proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True)
-            except OSError as e:
-                raise LaunchError(f"cannot start {self.command[0]}: {e}") from None
-            self.procs[seat] = proc
-            prefix = f"[{seat.label}] ".encode()
-            for pipe, sink in ((proc.stdout, self.lines.stdout), (proc.stderr, self.lines.stderr)):
-                assert pipe is not None
-                reader = threading.Thread(target=_forward_lines, args=(pipe, prefix, sink, self.lines),
-                                          name=f"crnet-run-{seat.label}", daemon=True)
-                reader.start()
-                self._readers.append(reader)
+            self._envs[seat] = env
+            self._start_seat(seat)
+
+    def _start_seat(self, seat: Seat) -> None:
+        """Start ``seat``'s training process (again, on a restart: the same command and
+        environment) and the threads that forward its output."""
+        try:
+            proc = subprocess.Popen(self.command, env=self._envs[seat], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as e:
+            raise LaunchError(f"cannot start {self.command[0]}: {e}") from None
+        self.procs[seat] = proc
+        self._started.append(proc)
+        prefix = f"[{seat.label}] ".encode()
+        for pipe, sink in ((proc.stdout, self.lines.stdout), (proc.stderr, self.lines.stderr)):
+            assert pipe is not None
+            reader = threading.Thread(target=_forward_lines, args=(pipe, prefix, sink, self.lines),
+                                      name=f"crnet-run-{seat.label}", daemon=True)
+            reader.start()
+            self._readers.append(reader)
 
     # ---- supervision --------------------------------------------------------------------
 
     def _supervise(self) -> None:
-        """Wait for every training process; act on the first failure and on signals."""
-        stopping = False                 # a process failed or a signal came: no more "first"
+        """Wait for every training process; restart what dies while restarts are left; act
+        on the first failure with none left and on signals."""
+        assert self.lt is not None
+        stopping = False                 # a failure with no restart left or a signal: no more
+                                         # "first", no more restarts
         term_at: float | None = None     # SIGTERM to the others (the first failure + grace)
         kill_at: float | None = None     # SIGKILL to every group (a stop + grace)
         give_up_at: float | None = None  # stop waiting for processes SIGKILL did not end
         handled = 0                      # signals acted on
-        daemons_down: set[str] = set()
+        daemons_down: set[str] = set()   # exits already seen (a daemon started again leaves it)
+        seats_due: dict[Seat, tuple[float, int]] = {}   # restarts to come: (when, the exit code)
+        daemons_due: dict[str, float] = {}              # daemons to start again, and when
         while True:
             now = time.monotonic()
             for seat, proc in self.procs.items():
-                if seat in self.codes or proc.poll() is None:
+                if seat in self.codes or seat in seats_due or proc.poll() is None:
                     continue
-                self.codes[seat] = exit_code(proc.returncode)
-                if self.codes[seat] != 0 and not stopping:
+                code = exit_code(proc.returncode)
+                if code != 0 and not stopping and self._take_restart():
+                    self.lines.say(f"[{seat.label}] exited with code {code}: "
+                                   f"{self._restart_taken()} in {self.restart_pause:g} s")
+                    seats_due[seat] = (now + self.restart_pause, code)
+                    continue
+                self.codes[seat] = code
+                if code != 0 and not stopping:
                     stopping = True
-                    self.lines.say(f"[{seat.label}] failed first (exit code {self.codes[seat]}); "
-                                   f"the others still running get {self.failure_grace:g} s, "
-                                   "then SIGTERM")
+                    self.lines.say(f"[{seat.label}] failed first (exit code {code}"
+                                   f"{self._none_left()}); the others still running get "
+                                   f"{self.failure_grace:g} s, then SIGTERM")
                     term_at = now + self.failure_grace
             if len(self.codes) == len(self.procs):
                 return
-            if self._report_daemons(daemons_down) and self.strict and not stopping:
-                stopping = True          # a strict daemon's internal error fails the run
-                self.lines.say(f"a daemon failed (--strict); the training processes get "
-                               f"{self.failure_grace:g} s, then SIGTERM")
-                term_at = now + self.failure_grace
+            for name in self._daemons_exited(daemons_down):
+                said = (f"crnetd {LocalTree.filename(name)} exited with code "
+                        f"{self.lt.procs[name].returncode}; its log: {self.lt.log_path(name)}")
+                if not stopping and self._take_restart():
+                    self.lines.say(f"{said}: {self._restart_taken()} in {self.restart_pause:g} s")
+                    daemons_due[name] = now + self.restart_pause
+                    continue
+                self.lines.say(said + self._none_left())  # its processes will see errors, not hang
+                if self.strict and not stopping:
+                    stopping = True      # a strict daemon's internal error fails the run
+                    self.lines.say(f"a daemon failed (--strict); the training processes get "
+                                   f"{self.failure_grace:g} s, then SIGTERM")
+                    term_at = now + self.failure_grace
             for sig in self._signals[handled:]:
                 handled += 1
                 if handled == 1:
@@ -312,6 +358,24 @@ class Run:
                     kill_at = now + self.stop_grace
                 else:                    # a second one: no more waiting
                     kill_at = now
+            if stopping:                 # restarts to come are off: their failures are final
+                for seat, (_, code) in seats_due.items():
+                    self.codes[seat] = code
+                seats_due.clear()
+                daemons_due.clear()
+                if len(self.codes) == len(self.procs):
+                    return
+            for name, at in list(daemons_due.items()):   # daemons first: their processes need them
+                if now >= at:
+                    del daemons_due[name]
+                    self._restart_daemon(name)
+                    daemons_down.discard(name)   # its next exit is a new one
+            for seat, (at, _) in list(seats_due.items()):
+                if now >= at and seat.host not in daemons_due and not self._signals:
+                    del seats_due[seat]
+                    _signal_group(self.procs[seat], signal.SIGKILL)   # helpers it left behind
+                    self._start_seat(seat)
+            now = time.monotonic()       # a daemon's restart may have taken a while
             if term_at is not None and now >= term_at:
                 self._signal_running(signal.SIGTERM)
                 term_at = None
@@ -324,23 +388,53 @@ class Run:
                 return
             time.sleep(POLL)
 
+    def _take_restart(self) -> bool:
+        """One restart from the run's budget, if one is left."""
+        if self.restarts >= self.max_restarts:
+            return False
+        self.restarts += 1
+        return True
+
+    def _restart_taken(self) -> str:
+        return f"restart {self.restarts} of {self.max_restarts}"
+
+    def _none_left(self) -> str:
+        """What a failure with restarts allowed but none left adds to its message."""
+        return f", no restart left of {self.max_restarts}" if self.max_restarts else ""
+
+    def _restart_daemon(self, name: str) -> None:
+        """Start daemon ``name`` again with the same arguments and wait for its client socket.
+        One that exits meanwhile, or does not open its socket in time (then it is killed),
+        is seen as exited again by the next look; a stopping signal ends the wait (it is
+        in ``lt.procs``: stopped with the others)."""
+        assert self.lt is not None
+        label = LocalTree.filename(name)
+        proc = self.lt.start_node(name)
+        try:
+            self.lt.wait_sockets([name], DAEMON_START_WAIT, self._interrupt_start)
+        except (_Interrupted, LaunchError):   # a signal to act on; an exit the next look sees
+            return
+        except CrnetTimeout:
+            self.lines.say(f"crnetd {label} did not open its socket within {DAEMON_START_WAIT:g} s "
+                           "of its restart: killed")
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+            return
+        self.lines.say(f"crnetd {label} started again (pid {proc.pid})")
+
     def _signal_running(self, sig: int) -> None:
         for seat, proc in self.procs.items():
             if seat not in self.codes:
                 _signal_group(proc, signal.SIGCONT)   # a stopped process cannot act on sig
                 _signal_group(proc, sig)
 
-    def _report_daemons(self, down: set[str]) -> bool:
-        """Say once on stderr that a daemon exited (its processes will see errors, not hang);
-        True if one did since the last look."""
+    def _daemons_exited(self, down: set[str]) -> list[str]:
+        """The daemons that exited since the last look (``down``: the exits seen already)."""
         assert self.lt is not None
-        exited = False
-        for name, proc in self.lt.procs.items():
-            if name not in down and proc.poll() is not None:
-                down.add(name)
-                exited = True
-                self.lines.say(f"crnetd {LocalTree.filename(name)} exited with code "
-                               f"{proc.returncode}; its log: {self.lt.log_path(name)}")
+        exited = [name for name, proc in self.lt.procs.items()
+                  if name not in down and proc.poll() is not None]
+        down.update(exited)
         return exited
 
     def _daemon_problems(self, code: int) -> int:
@@ -361,7 +455,8 @@ class Run:
 
     def _stop_training(self) -> None:
         """SIGTERM every training process group still running, SIGKILL after the grace,
-        then SIGKILL what is left of every group (helpers of processes that exited)."""
+        then SIGKILL what is left of every group (helpers of processes that exited, in
+        every life of a restarted seat)."""
         running = [p for p in self.procs.values() if p.poll() is None]
         for proc in running:
             _signal_group(proc, signal.SIGCONT)
@@ -369,8 +464,8 @@ class Run:
         deadline = time.monotonic() + self.stop_grace
         while any(p.poll() is None for p in running) and time.monotonic() < deadline:
             time.sleep(POLL)
-        for proc in self.procs.values():
+        for proc in self._started:
             _signal_group(proc, signal.SIGKILL)
-        for proc in self.procs.values():
+        for proc in self._started:
             with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel (D)
                 proc.wait(self.stop_grace)

@@ -10,12 +10,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from crnet.coding.plan import Tree
 from crnet.tools.run import Run
 
 from ..helpers import REPO
+from ..helpers.loop import single_process
+from ..helpers.vectors import gradients
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,6 +67,9 @@ with Client(timeout=60) as c:
         sys.stdout.write("no newline at the end")
         sys.exit(0)
     if mode == "fail" and rank == 1:
+        with open(os.path.join(os.path.dirname(piddir), "lives1"), "a") as f:   # each life's seat
+            f.write(json.dumps({k: v for k, v in os.environ.items()
+                                if k.startswith("CRNET_") or k.endswith("RANK")}) + "\n")
         sys.exit(3)
     if rank == 2:                                     # a helper in its process group
         helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -71,6 +77,58 @@ with Client(timeout=60) as c:
     print("ready", flush=True)
     time.sleep(600)
 '''
+
+
+# The README's training loop (taken from README.md, as tests/tree/test_loop.py runs it) in a
+# real process; argv: mode, the directory its pids go to. Mode "die": rank 1 SIGKILLs itself
+# at step DIE_AT of its first life (a marker file, made first, says that life was lost);
+# "steady": no one dies (a test kills a daemon). Each process writes its final parameters to
+# w<rank>.npy and each life's seat to lives<rank>; going<rank> appears once it reached GOING.
+LOOP_STEPS, LOOP_SAMPLES, LOOP_DIM, LOOP_LR, LOOP_SEED = 200, 24, 8, 0.5, 11
+LOOP_SCRIPT = r'''
+import json, os, signal, sys, time
+import numpy as np
+from crnet import Client
+from tests.helpers.loop import readme_train
+from tests.helpers.vectors import gradients
+
+STEPS, DIM, LR, SEED = @PARAMETERS@
+STEP_S, DIE_AT, GOING = 0.03, 10, 5
+mode, piddir = sys.argv[1], sys.argv[2]
+out = os.path.dirname(piddir)
+rank = int(os.environ["CRNET_RANK"])
+with open(f"{piddir}/rank{rank}.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(f"{piddir}/rank{rank}.tmp", f"{piddir}/rank{rank}")
+with open(f"{out}/lives{rank}", "a") as f:
+    f.write(json.dumps({k: v for k, v in os.environ.items()
+                        if k.startswith("CRNET_") or k.endswith("RANK")}) + "\n")
+
+
+def micro_batches(a, step):
+    if step == GOING:
+        open(f"{out}/going{rank}", "w").close()
+    if mode == "die" and rank == 1 and step == DIE_AT and not os.path.exists(f"{out}/died"):
+        open(f"{out}/died", "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(STEP_S)              # the emulated compute
+    yield a.ranges
+
+
+def gradient(w, ranges):
+    g = np.zeros_like(w)
+    for start, stop, weight in ranges:
+        g += weight * grads[start:stop].sum(axis=0)
+    return g
+
+
+with Client(timeout=60) as c:
+    grads = gradients(SEED, c.assignment.samples, DIM)
+    print(f"stale={c.stale}", flush=True)
+    w = readme_train()(c, np.zeros(DIM), STEPS, micro_batches, gradient, LR)
+np.save(f"{out}/w{rank}.tmp.npy", w)
+os.rename(f"{out}/w{rank}.tmp.npy", f"{out}/w{rank}.npy")
+'''.replace("@PARAMETERS@", f"{LOOP_STEPS}, {LOOP_DIM}, {LOOP_LR!r}, {LOOP_SEED}")
 
 
 def alive(pid: int) -> bool:
@@ -120,24 +178,37 @@ class Launches:
         (tmp_path / "tmp").mkdir()
         self.script = tmp_path / "train.py"
         self.script.write_text(SCRIPT)
+        self.loop_script = tmp_path / "loop.py"
+        self.loop_script.write_text(LOOP_SCRIPT)
         self.env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"),
                         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         self.procs: list[subprocess.Popen] = []
 
-    def argv(self, *options: str, mode: str) -> list[str]:
+    def argv(self, *options: str, mode: str, loop: bool = False) -> list[str]:
+        script = self.loop_script if loop else self.script
         return [sys.executable, "-m", "crnet", "run", "--strict", *options, "--",
-                sys.executable, str(self.script), mode, str(self.pids)]
+                sys.executable, str(script), mode, str(self.pids)]
 
-    def start(self, *options: str, mode: str) -> subprocess.Popen:
-        proc = subprocess.Popen(self.argv(*options, mode=mode), cwd=REPO, env=self.env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def start(self, *options: str, mode: str, loop: bool = False) -> subprocess.Popen:
+        """``loop``: the README's loop (LOOP_SCRIPT), else SCRIPT."""
+        proc = subprocess.Popen(self.argv(*options, mode=mode, loop=loop), cwd=REPO, env=self.env,
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.procs.append(proc)
         return proc
 
-    def run(self, *options: str, mode: str, timeout: float = 90) -> subprocess.CompletedProcess:
-        proc = self.start(*options, mode=mode)
+    def run(self, *options: str, mode: str, loop: bool = False,
+            timeout: float = 90) -> subprocess.CompletedProcess:
+        proc = self.start(*options, mode=mode, loop=loop)
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def lives(self, rank: int) -> list[dict]:
+        """Each life's seat (its CRNET_* and *RANK variables) of rank ``rank``, in order."""
+        path = self.tmp / f"lives{rank}"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def final_parameters(self, ranks) -> dict[int, np.ndarray]:
+        return {rank: np.load(self.tmp / f"w{rank}.npy") for rank in ranks}
 
     def recorded(self) -> dict[str, int]:
         return {p.name: int(p.read_text()) for p in self.pids.iterdir() if not p.name.endswith(".tmp")}
@@ -298,6 +369,7 @@ def test_an_exception_in_the_launcher_stops_everything(tmp_path, monkeypatch):
     (["--bogus", "--", "true"], "No such option"),
     (["--fanout", "2", "--stragglers", "2", "--", "true"], "stragglers must be in 0..1"),
     (["--local-processes", "0", "--", "true"], "0 is not in the range"),
+    (["--max-restarts", "-1", "--", "true"], "-1 is not in the range x>=0"),
 ])
 def test_usage_errors(args, message):
     proc = subprocess.run([sys.executable, "-m", "crnet", "run", *args], cwd=REPO,
@@ -333,3 +405,89 @@ def test_with_strict_a_daemon_that_dies_fails_the_run_naming_it_and_its_log(laun
     assert "crnet run: a daemon failed (--strict)" in err, err
     assert f"crnet run: crnetd 0 exited with -9 (its log: {log})" in err, err
     assert daemons_under(workdir) == []
+
+
+# ---- --max-restarts ---------------------------------------------------------------------
+
+def assert_single_process_training(launches, ranks) -> None:
+    """Every process ended with the parameters of single-process gradient descent."""
+    want = single_process(gradients(LOOP_SEED, LOOP_SAMPLES, LOOP_DIM), LOOP_STEPS, LOOP_LR)
+    for rank, w in launches.final_parameters(ranks).items():
+        np.testing.assert_allclose(w, want, rtol=1e-9, atol=1e-12, err_msg=f"rank {rank}")
+
+
+def test_a_killed_process_is_restarted_in_its_seat_and_trains_on(launches):
+    """--max-restarts 1: rank 1 SIGKILLs itself at step 10 of the README's loop; it is
+    started again in the same seat, joins the running job stale, takes the others'
+    state, and every process ends with single-process training's parameters."""
+    done = launches.run(*SMALL, "--samples", str(LOOP_SAMPLES), "--timeout", "5",
+                        "--max-restarts", "1", mode="die", loop=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "crnet run: [0] exited with code 137: restart 1 of 1 in 0.5 s" in done.stderr, done.stderr
+    assert done.stderr.count(": restart ") == 1
+    assert "failed first" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    lives = launches.lives(1)
+    assert len(lives) == 2 and lives[0] == lives[1], lives     # the same seat, the same job
+    assert lives[0]["CRNET_HOST"] == "0" and lives[0]["CRNET_RANK"] == "1"
+    assert [len(launches.lives(r)) for r in (0, 2)] == [1, 1]
+    assert [rest for label, rest in prefixed(done.stdout) if label == "0"] == ["stale=False", "stale=True"]
+    assert_single_process_training(launches, range(3))
+    assert daemons_under(launches.tmp) == []
+
+
+def test_without_restarts_a_killed_process_ends_the_run_as_before(launches):
+    """--max-restarts 0 (the default, given here): the same death ends the run with 137."""
+    proc = launches.start(*SMALL, "--samples", str(LOOP_SAMPLES), "--timeout", "5",
+                          "--max-restarts", "0", mode="die", loop=True)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 137, out + err
+    assert "crnet run: [0] failed first (exit code 137); the others still running get 5 s" in err, err
+    assert ": restart " not in err and "started again" not in err, err
+    assert len(launches.lives(1)) == 1
+    assert daemons_under(launches.tmp) == []
+
+
+def test_a_killed_daemon_is_started_again_and_the_run_goes_on(launches):
+    """--max-restarts 3: the leaf daemon 0 is SIGKILLed mid-run and started again with the
+    same arguments (one restart); its training process may die with it (DaemonNotRunning)
+    and is then restarted too, once the daemon is back (a second); 3 leave room. The run
+    exits 0 and every process ends with single-process training's parameters."""
+    workdir = launches.tmp / "w"
+    proc = launches.start(*SMALL, "--samples", str(LOOP_SAMPLES), "--timeout", "5",
+                          "--workdir", str(workdir), "--max-restarts", "3", mode="steady", loop=True)
+    wait_for(lambda: (launches.tmp / "going1").exists(), "rank 1 to train", 60)
+    leaf = next(pid for pid in daemons_under(workdir)
+                if b"0.sock" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    os.kill(leaf, signal.SIGKILL)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out + err
+    log = workdir / "logs" / "0.log"
+    assert f"crnet run: crnetd 0 exited with code -9; its log: {log}: restart 1 of 3 in 0.5 s" in err, err
+    again = re.search(r"crnet run: crnetd 0 started again \(pid (\d+)\)", err)
+    assert again and int(again[1]) != leaf, err
+    restarts = [line for line in err.splitlines() if ": restart " in line]
+    assert 1 <= len(restarts) <= 2, err          # the daemon, and maybe its process
+    assert all(line.startswith("crnet run: [0] exited with code ") for line in restarts[1:]), err
+    assert len(launches.lives(1)) == len(restarts)
+    assert [len(launches.lives(r)) for r in (0, 2)] == [1, 1]
+    assert "failed first" not in err and "a daemon failed" not in err, err
+    assert_single_process_training(launches, range(3))
+    assert daemons_under(workdir) == []
+
+
+def test_the_restarts_are_one_budget_and_the_failure_past_it_ends_the_run(launches):
+    """--max-restarts 2: rank 1 exits 3 in every life; it is restarted twice (each time in
+    its seat), then its third failure ends the run with exit code 3, as without restarts."""
+    proc = launches.start(*SMALL, "--samples", "12", "--max-restarts", "2", mode="fail")
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 3, out + err
+    announced = [line for line in err.splitlines() if ": restart " in line]
+    assert announced == [f"crnet run: [0] exited with code 3: restart {n} of 2 in 0.5 s"
+                         for n in (1, 2)], err
+    assert ("crnet run: [0] failed first (exit code 3, no restart left of 2); the others still "
+            "running get 5 s, then SIGTERM") in err, err
+    assert err.index("restart 2 of 2") < err.index("failed first")
+    lives = launches.lives(1)
+    assert len(lives) == 3 and lives[0] == lives[1] == lives[2], lives
+    assert "Traceback" not in err
+    assert daemons_under(launches.tmp) == []
