@@ -339,6 +339,7 @@ class Spread(Scheme):
         if st.decoded or st.gathered:
             return
         again = self.steps[st.step] = self._new_step(st.step, st.layout.total, st.layout.dtype_name)
+        again.settled = st.settled   # the master's word stands: it may have come already
         if st.mine is not None:
             ready = again.local_arrived(st.mine, copied=True)
             self._send_pieces(again)
@@ -391,7 +392,9 @@ class Spread(Scheme):
                         "again", step, st.layout.describe(),
                         "this host's vector" if local else "the tree's", total, dtype)
         self.newest = max(self.newest, step)
+        settled = st is not None and st.settled   # the master's word stands, begun again
         st = self.steps[step] = self._new_step(step, total, dtype)
+        st.settled = st.settled or settled
         return st
 
     def _cut(self, step: int, total: int, dtype: str):
