@@ -335,33 +335,6 @@ async def test_pacing_a_link_that_is_closing_or_gone_does_nothing(when):
         await server.wait_closed()
 
 
-async def test_a_paced_link_holds_at_least_four_segments_in_flight():
-    """On loopback a segment is 32-64 KiB: a send buffer of PACED_UNSENT alone (32 KiB) held
-    one, and every write waited on the receiver's delayed ACK (spread 13x slower than the
-    ring). Paced, the buffer holds four segments (or what the kernel allows, wmem_max); of
-    them no more than ``unsent`` are unsent."""
-    import socket
-    loop = asyncio.get_running_loop()
-    accepted = loop.create_future()
-    server = await loop.create_server(
-        lambda: _resolve(accepted, Connection(Peer())), "127.0.0.1", 0)
-    try:
-        port = server.sockets[0].getsockname()[1]
-        _, client = await loop.create_connection(lambda: Connection(Peer()), "127.0.0.1", port)
-        conn = await asyncio.wait_for(accepted, 10)
-        client.pace(1 << 15)
-        sock = client.transport.get_extra_info("socket")
-        mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
-        with open("/proc/sys/net/core/wmem_max") as f:
-            most = int(f.read())
-        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= min(4 * mss, most)
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == 1 << 15
-        await close(client, conn)
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
 def _resolve(future, conn):
     future.set_result(conn)
     return conn
