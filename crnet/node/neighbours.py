@@ -112,10 +112,10 @@ class Neighbours:
                 continue
             link.write(frame)
 
-    def to_peer(self, rank: int, step: int, frame: list) -> None:
+    def to_peer(self, rank: int, step: int, frame: list, keep: bool = False) -> None:
         link = self.peers.get(rank)
         if link is None or not link.write(frame):
-            self._queued.setdefault(rank, []).append((step, frame, False))  # sent once it is (back) up
+            self._queued.setdefault(rank, []).append((step, frame, keep))  # sent once it is (back) up
 
     def announce(self, frame: list) -> None:
         """``frame`` to every peer now, and first to each one whose link comes up later

@@ -110,9 +110,10 @@ class PeerSends(Protocol):
     """Where a scheme with peers (rar, spread: ``plan.PEER_SCHEMES``) sends beside the tree;
     never blocks."""
 
-    def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
+    def to_peer(self, rank: int, step: int, msg: Message, payload, keep: bool = False) -> None:
         """To peer ``rank`` (the ring successor, another spread host); queued while its link
-        is (re)connecting, until ``step`` is decided."""
+        is (re)connecting, until ``step`` is decided (``keep``: a few steps longer, for a
+        word the peer needs after this host decided it: spread's SETTLED)."""
 
     def in_turn(self, ranks: Sequence[int], step: int, msg: Message, payload,
                 keep: bool = False, tag: int | None = None) -> None:

@@ -587,8 +587,8 @@ class Sends:
         return self.neighbours.absent_children()
 
     # -- peers (rar, spread)
-    def to_peer(self, rank: int, step: int, msg: Message, payload) -> None:
-        self.neighbours.to_peer(rank, step, msg.frame(payload))
+    def to_peer(self, rank: int, step: int, msg: Message, payload, keep: bool = False) -> None:
+        self.neighbours.to_peer(rank, step, msg.frame(payload), keep)
 
     def in_turn(self, ranks: Sequence[int], step: int, msg: Message, payload,
                 keep: bool = False, tag: int | None = None) -> None:

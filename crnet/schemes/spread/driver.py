@@ -205,7 +205,7 @@ class Spread(Scheme):
                 if self.place.is_master and rank in self.map.latest:
                     continue
                 msg = Moot(st.step, c, layout.total, layout.dtype_name)
-                self.peers.to_peer(rank, st.step, msg, None)
+                self.peers.to_peer(rank, st.step, msg, None, keep=True)   # (a link coming up)
 
     def moot(self, rank: int, msg: Moot) -> None:
         """Owner ``rank`` needs not this host's piece of ``msg.chunk``: withdrawn if not sent."""
@@ -296,7 +296,7 @@ class Spread(Scheme):
             # The tree's decision: every host applies the step on this word only.
             msg = Settled(st.step, st.layout.total, st.layout.dtype_name)
             for rank in range(1, self.hosts):
-                self.peers.to_peer(rank, st.step, msg, None)
+                self.peers.to_peer(rank, st.step, msg, None, keep=True)   # (a link coming up)
         self.ports.steps.resolved(st.step, st.layout, st.result)
 
     def settled(self, rank: int, msg: Settled) -> None:
