@@ -75,6 +75,7 @@ from crnet.errors import AssignmentChanged, CrnetTimeout
 from crnet.tools.launch import MASTER, LocalTree
 
 from . import netns
+from .fuzz_trainers import gradients
 
 REJOIN_LIMIT = 10.0     # seconds: a subtree back in the tree later than this fails the run
 RSS_LIMIT = 10.0        # percent: RSS growth (warm -> end) beyond this fails the run
@@ -82,12 +83,6 @@ REJOIN_WAIT = 120.0     # seconds to wait for a rejoin before calling it lost
 SLICE = 0.002           # seconds of emulated compute between two looks at the tree's progress
 TOLERANCE = 1e-9        # relative error of a right result (see the module docstring)
 SAMPLES, ELEMENTS = 60, 32
-
-
-def gradients(samples: int, elements: int) -> np.ndarray:
-    """Per-sample gradients: small integers, positive and negative, none alike."""
-    i, j = np.meshgrid(np.arange(samples), np.arange(elements), indexing="ij")
-    return ((7 * i + 13 * j + i * j) % 23 - 11).astype(np.float64)
 
 
 def label(name: str) -> str:

@@ -1,4 +1,5 @@
-"""The README's training loop, taken from README.md itself, on threads of this process.
+"""The README's training loop, taken from README.md itself (``benchmarks.readme_trainer``), on
+threads of this process.
 
 Each host's training process is a thread running ``train`` with the blocking Client;
 its compute is emulated per micro-batch (a sleep, ten times longer when it straggles),
@@ -9,28 +10,14 @@ mid-step) and started again from the initial parameters, as a supervisor would.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks.readme_trainer import readme_train, single_process
 from crnet import Client, DaemonBusy, DaemonNotRunning, StepFailed
-
-from . import REPO
-
-README = REPO / "README.md"
-
-
-def readme_train():
-    """The ``train`` function of the README's first python block after the loop marker."""
-    text = README.read_text()
-    after = text[text.index("<!-- the training loop"):]
-    code = re.search(r"```python\n(.*?)```", after, re.S).group(1)
-    namespace: dict = {}
-    exec(compile(code, str(README), "exec"), namespace)
-    return namespace["train"]
 
 
 class Killed(Exception):
@@ -179,14 +166,6 @@ def run_hosts(lt, tree, grads, steps, lr=0.5, pieces=5, piece_s=0.002, straggle=
     for t in threads:
         t.join(join_s)
     return hosts, time.monotonic() - started
-
-
-def single_process(grads, steps, lr=0.5):
-    """Gradient descent in one process over the whole batch, from zero (float64)."""
-    w = np.zeros(grads.shape[1])
-    for _ in range(steps):
-        w = w - lr * grads.sum(axis=0) / grads.shape[0]
-    return w
 
 
 def assert_every_step_applied(hosts, grads, steps, lr=0.5, resyncs=0):
