@@ -9,7 +9,9 @@ the acceptor's side of the handshake (``hostile_peer.accept``), welcomes them
 thing: it is hostile), and answers the hosts' PEER_CHECKs truthfully for the link ids it
 used when it dialed them. So its own links (``dial``: PEER_HELLO with its rank and a
 fresh link id) are confirmed by the honest hosts, and what it sends on them (PIECE,
-OWNERS, MOOT) reaches their engines as its rank's.
+OWNERS, MOOT) reaches their engines as its rank's. It writes a HEARTBEAT on every link
+it accepted, as a live daemon does (``crnet/node/peers/liveness.py``): the hosts judge
+what it sends, not its silence.
 
 Used by the trust tests (``tests/trust/test_trust_claims.py``, ``tests/trust/test_trust_fuzzed.py``)
 and the authenticated fuzzer (``benchmarks/fuzz_authenticated.py``).
@@ -27,6 +29,7 @@ from collections.abc import Callable
 
 from crnet.protocol.messages import (
     LINK_ID_BYTES,
+    Heartbeat,
     Hello,
     Message,
     PeerCheck,
@@ -39,6 +42,8 @@ from crnet.protocol.messages import (
 from .hostile_peer import Peer, accept, authenticate, dial
 
 __all__ = ["InsiderMesh", "framed"]
+
+BEAT = 0.1   # seconds between its heartbeats (a host's are --timeout / 16: 0.125 s at 2 s)
 
 
 def framed(msg: Message) -> bytes:
@@ -102,6 +107,7 @@ class InsiderMesh:
                 return
             if self.rng.random() < self.confirm:
                 await peer.write(framed(PeerConfirmed()))
+            self._spawn(self._beat(peer))
             while (got := await peer.recv_frame(timeout=3600)) is not None:
                 msg, _, raw = got
                 if isinstance(msg, PeerCheck):
@@ -117,6 +123,14 @@ class InsiderMesh:
             self.accepted.pop(peer, None)
             if not peer.writing:      # else ``send`` closes it once its write is done
                 peer.close()
+
+    async def _beat(self, peer: Peer) -> None:
+        """Heartbeats on a host's link to it for as long as it is open."""
+        beat = framed(Heartbeat())
+        while peer in self.accepted:
+            if not await peer.write(beat):
+                return
+            await asyncio.sleep(BEAT)
 
     async def send(self, data: bytes, within: float = 5.0) -> bool:
         """``data`` on one of the hosts' links to it (forged answers, confirmations, junk);

@@ -68,7 +68,8 @@ MAX_HANDSHAKES_PER_ADDRESS = 8
 MAX_KNOWN_ADDRESSES = 4096
 
 # Sends in turn (``node.neighbours.Neighbours.in_turn``): the kernel holds at most this much
-# of a paced link's bytes (its send buffer, and no more of it unsent), so the next send starts
+# of a paced link's bytes unsent, and in its send buffer this much or four segments, whichever
+# is more (``transport.Connection.pace``: loopback's segments are larger), so the next send starts
 # as the last one leaves, and no two links of a host fill its queue at once. Measured on the emulated cluster
 # (bandwidth preset, spread): 128 KiB, 9,400 segments dropped at the hosts' own queues and
 # 1.93 s steps; 32 KiB, none and 0.83 s; at 1 Gbit/s (large preset) 32 KiB was as fast.

@@ -145,7 +145,7 @@ class Node:
         self.settings = settings
         self.stats = Stats(measured=Measured(settings.tune_window))
         engine = settings.engine
-        self.neighbours = Neighbours(stall_after=engine.stall_after)
+        self.neighbours = Neighbours()
         self.engine = StepEngine(engine, self.stats, self.neighbours, lend=self._lend)
         place = None
         if settings.is_master:

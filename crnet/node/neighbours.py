@@ -7,7 +7,6 @@ engine (``steps/``) only sends through them. Nothing here decides anything.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -47,10 +46,7 @@ class ChildSlot:
 
 
 class Neighbours:
-    def __init__(self, stall_after: float = defaults.TIMEOUT * defaults.STALL_SHARE) -> None:
-        """``stall_after``: a peer link whose sends in turn wait behind it and that takes
-        none of its queued bytes this long is cut off (crnetd: ``EngineSettings.stall_after``,
-        a share of --timeout, so that the sends behind it still make the step's deadline)."""
+    def __init__(self) -> None:
         self.parent: Connection | None = None
         self.slots: list[ChildSlot] = []
         # Peers by rank: the links this node dialed, where its pieces go (rar: the ring
@@ -64,8 +60,6 @@ class Neighbours:
         # Sends in turn (spread), one link writing at a time: (step, rank, frame, keep, tag).
         self._turns: deque[tuple[int, int, list, bool, int | None]] = deque()
         self._writing: Connection | None = None
-        self._stall_after = stall_after
-        self._watch: tuple[Connection, int] | None = None   # the writing link, _taken(it)
 
     @property
     def successor(self) -> Connection | None:
@@ -147,10 +141,10 @@ class Neighbours:
     def _next_turn(self) -> None:
         writing = self._writing
         if writing is not None and not writing.is_closing and writing.write_buffer_size:
-            if self._turns and self._watch is None:
-                self._watch = (writing, _taken(writing))
-                asyncio.get_running_loop().call_later(self._stall_after, self._stalled)
-            return   # its on_drained comes
+            # Its on_drained comes; if its peer froze, it never does, and the peer is found
+            # by what it no longer sends (``peers/liveness.py``): its link is cut, and
+            # ``peer_down`` moves on.
+            return
         self._writing = None
         turns = self._turns
         while turns:
@@ -165,22 +159,6 @@ class Neighbours:
             if link.write_buffer_size:
                 self._writing = link
                 return
-
-    def _stalled(self) -> None:
-        """``stall_after`` after sends in turn began to wait for the writing link: if it is
-        the same link and it took none of its bytes since, its peer stopped reading (a
-        frozen daemon), and every send in turn, the other hosts' pieces and sums too, would
-        wait for it: it is cut off (it is dialed again, and takes the sends when it reads)."""
-        watched, self._watch = self._watch, None
-        writing = self._writing
-        if writing is None or writing.is_closing or not writing.write_buffer_size:
-            return
-        if watched != (writing, _taken(writing)):
-            self._next_turn()   # it moved on: watch it again
-            return
-        writing.abort(f"the peer took none of the {writing.write_buffer_size} bytes queued for "
-                      f"it in {self._stall_after:g} s; the sends to the other peers go on")
-        self._next_turn()
 
     def reachable(self, rank: int) -> bool:
         """Peer ``rank``'s link is up or coming up (not down, nor failed to dial)."""
@@ -231,15 +209,10 @@ class Neighbours:
         self._announced = None
         self._unreachable.clear()
         self._turns.clear()
-        self._writing = self._watch = None
+        self._writing = None
 
     def close(self) -> None:
         for conn in (self.parent, *self.peers.values(), *self.peers_in.values(),
                      *(slot.link for slot in self.slots)):
             if conn is not None:
                 conn.close()
-
-
-def _taken(link: Connection) -> int:
-    """The bytes the kernel took of all ``link`` was given to send."""
-    return link.bytes_out - link.write_buffer_size

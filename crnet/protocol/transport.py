@@ -50,6 +50,8 @@ DEFAULT_LIMITS = Limits()
 LOWAT_MIN = 16 << 10
 LOWAT_MAX = 256 << 10
 
+PACED_SEGMENTS = 4   # segments a paced link's send buffer holds at least
+
 __all__ = ["Connection", "Handler", "address_group", "closing", "loop_name", "new_loop", "run"]
 
 
@@ -200,7 +202,15 @@ class Connection(asyncio.BufferedProtocol):
         option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
         if sock is not None and option is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, option, unsent)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, unsent)
+            # The send buffer holds the bytes in flight too: below a few segments, the
+            # receiver's delayed ACK (it acknowledges every second segment, or after
+            # 40 ms) stalls every write (on loopback, segments of 32-64 KiB: spread's 4 MB
+            # step took 13x the ring's). At MTU 1500 this is ``unsent`` as before (the
+            # shaped links' incast), at 9000 about as much. A frozen peer is found by what
+            # it no longer sends (node/peers/liveness.py), not by this buffer filling.
+            mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                            max(unsent, PACED_SEGMENTS * mss))
         transport.set_write_buffer_limits(high=0, low=0)
 
     # -- sending ----------------------------------------------------------------

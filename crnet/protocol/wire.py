@@ -72,6 +72,7 @@ class MsgType(enum.IntEnum):
     PEER_CHECK = 40     # acceptor -> the claimed host, on its own link there: is this your link's id?
     PEER_CHECKED = 41   # that host -> the asker, on the same link: yes or no
     PEER_CONFIRMED = 42  # acceptor -> dialer: its rank is confirmed (rar: at once); pieces may flow
+    HEARTBEAT = 47      # either way on a peer link, when nothing else went for a while: alive
     # The local training process (Unix socket).
     CLIENT_HELLO = 20   # client -> daemon: first frame (pid)
     CLIENT_WELCOME = 21  # daemon -> client: this host's assignment

@@ -230,7 +230,7 @@ def ring_member(membership, rank):
     return membership(Place(str(rank), 1, RING, "rar", "auto", 32, RingPlace(rank, 4, None)))
 
 
-def test_the_ring_predecessor_is_welcomed_and_may_send_segments_only(membership):
+async def test_the_ring_predecessor_is_welcomed_and_may_send_segments_only(membership):
     m = ring_member(membership, 1)
     link, conn = child_link(m), FakeLink()
     link.received(conn, PeerHello(0), None)

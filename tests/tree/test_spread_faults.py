@@ -167,8 +167,9 @@ async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(l
 async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(local_tree):
     """A vector of 3 x 64 KiB has 3 owners of the 7 hosts (ranks 0, 2, 4): the victim (rank
     5) decodes nothing and only relays the sum round the ring. Frozen, its kernel takes rank
-    4's chunks and it passes none on; the master finds it where the ring broke (its pieces
-    did not come either), and the others relay past it within RECOVERY."""
+    4's chunks (as many as the buffers, sized to the link, hold) and it passes none on; its
+    peers find it by what it no longer sends, not even a heartbeat (node/peers/liveness.py),
+    cut it off, the master excludes it, and the others relay past it within RECOVERY."""
     dim = 3 * (64 << 10) // 8
     assert owners(dim, "float64", CHUNK, len(NAMES)).ranks == (0, 2, 4) and rank(VICTIM) == 5
     lt = spread_tree(local_tree)
@@ -182,6 +183,7 @@ async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(local_tree
         step = await steps_complete_again(others, grads, 1, within=RECOVERY)
         assert time.monotonic() - frozen < RECOVERY
         await exact_steps(others, grads, step + 1, 3)   # while it stays frozen
+        await wait_for_log(lt, MASTER, f"peer rank {rank(VICTIM)} sent nothing")
     finally:
         lt.signal(VICTIM, signal.SIGCONT)
         close_all(clients)

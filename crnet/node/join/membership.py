@@ -206,8 +206,10 @@ class Membership:
         self.hosts = {}
 
     def _new_mesh(self) -> Mesh:
-        return Mesh(self.neighbours, self._dial_peer, self.engine.peer_lost,
-                    self.engine.peer_unreachable, self._names, self.engine.peer_disowned)
+        engine = self.engine
+        return Mesh(self.neighbours, self._dial_peer, engine.peer_lost,
+                    engine.peer_unreachable, self._names, engine.peer_disowned,
+                    stall_after=engine.settings.stall_after)
 
     def _welcome_children(self) -> None:
         for k, slot in enumerate(self.neighbours.slots):

@@ -13,7 +13,7 @@ CHILD           CHUNK, JOINED, FAIL, OPEN, JOB, BCAST, WANT_STATE, BARRIER,
                 STATUS_REPLY, REFUSE (it cannot take the place it was welcomed to),
                 PROBE_ECHO (crnet tune --probe)
 UNCONFIRMED     PEER_CHECK (it asks about a link that claims this node's rank)
-PEER            SEGMENT (rar), PIECE, OWNERS and MOOT (spread), PEER_CHECK
+PEER            SEGMENT (rar), PIECE, OWNERS and MOOT (spread), PEER_CHECK, HEARTBEAT
 STATUS          STATUS (it may ask again: ``crnet status --watch``)
 REFUSED         anything: REFUSE was sent, what it sent before reading it is moot
 ==============  ==============================================================
@@ -32,6 +32,7 @@ from ...protocol.messages import (
     Barrier,
     Bcast,
     Fail,
+    Heartbeat,
     Hello,
     Job,
     Joined,
@@ -226,7 +227,8 @@ class ChildLink(StateMachine):
                            Bcast: _bcast, WantState: _want_state, Barrier: _barrier,
                            StatusReply: _status_reply, Refuse: _leaving, ProbeEcho: _probe_echo},
         ChildState.UNCONFIRMED: {PeerCheck: _peer_check},
-        ChildState.PEER: {**dict.fromkeys(TAKEN[Origin.PEER], _peer_piece), PeerCheck: _peer_check},
+        ChildState.PEER: {**dict.fromkeys(TAKEN[Origin.PEER], _peer_piece), PeerCheck: _peer_check,
+                          Heartbeat: ignore},   # (what arrives is what counts: liveness.py)
         ChildState.STATUS: {StatusRequest: _status_request},
         ChildState.REFUSED: {Message: ignore},
     }

@@ -9,7 +9,8 @@ it welcomed this node.
 state         the peer may send
 ============  ===================================================================
 WAITING       PEER_WELCOME, REFUSE
-WELCOMED      with a secret: PEER_CONFIRMED (once: the link is up), PEER_CHECKED
+WELCOMED      with a secret: PEER_CONFIRMED (once: the link is up), PEER_CHECKED;
+              HEARTBEAT
 REFUSED       nothing
 ============  ===================================================================
 """
@@ -18,11 +19,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ...protocol.messages import Message, PeerChecked, PeerConfirmed, PeerWelcome, Refuse
+from ...protocol.messages import Heartbeat, Message, PeerChecked, PeerConfirmed, PeerWelcome, Refuse
 from ...protocol.transport import Connection
 from ..peers.check import OutboundPeer
 from .dialed import DialedLink, DialedState
-from .machine import Receives
+from .machine import Receives, ignore
 
 
 class PeerLink(DialedLink):
@@ -57,6 +58,7 @@ class PeerLink(DialedLink):
 
     RECEIVE: ClassVar[Receives] = {
         DialedState.WAITING: {PeerWelcome: _welcome, Refuse: DialedLink.refused},
-        DialedState.WELCOMED: {PeerConfirmed: _confirmed, PeerChecked: _checked},
+        DialedState.WELCOMED: {PeerConfirmed: _confirmed, PeerChecked: _checked,
+                               Heartbeat: ignore},   # (what arrives counts: liveness.py)
         DialedState.REFUSED: {},
     }

@@ -36,6 +36,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from ... import defaults
 from ...coding.plan import Tree
 from ...errors import JoinRefused, NotThatHost, ProtocolError
 from ...peer_text import shown
@@ -46,6 +47,7 @@ from ..join.dial import Dialer, keep_connected, moot, supervised
 from ..neighbours import ChildSlot, Neighbours
 from .check import OutboundPeer, PeerChecks
 from .identity import accepted_named
+from .liveness import Liveness
 
 log = logging.getLogger("crnet.node")
 
@@ -72,13 +74,15 @@ class Mesh:
 
     def __init__(self, neighbours: Neighbours, dial: PeerDialer | None,
                  lost: Callable[[int], None], unreachable: Callable[[int], None] = lambda rank: None,
-                 names: bool = False, disowned: Callable[[int], None] = lambda rank: None):
+                 names: bool = False, disowned: Callable[[int], None] = lambda rank: None,
+                 stall_after: float = defaults.TIMEOUT * defaults.STALL_SHARE):
         """``dial(address, peer, host)`` dials a peer (None: the one at the parent's
         address, the master), whose link reports to ``peer``; ``lost(rank)`` hears that a
         peer's link to this node is gone; ``unreachable(rank)`` that this node's link to it
         is (or could not be dialed). ``names``: --tls-names (spread's links checked);
         ``disowned(rank)``: then, that the rank was left out, or that another host
-        answered at its address (``NotThatHost``)."""
+        answered at its address (``NotThatHost``). A peer that sends nothing for
+        ``stall_after`` is cut off (``liveness.py``)."""
         self.neighbours = neighbours
         self._dial = dial
         self._lost = lost
@@ -91,6 +95,23 @@ class Mesh:
         self.tasks: list[asyncio.Task] = []
         self._inbound: dict[int, list[Connection]] = {}   # rank -> its links here, newest last
         self._asker: asyncio.Task | None = None   # rar: dials the predecessor to ask (its checks)
+        self.liveness = Liveness(self._links, stall_after, name=lambda rank: f"rank {rank}")
+        self._judging: asyncio.Task | None = None
+
+    def _judge(self) -> None:
+        """From this node's first peer link on, its peers are judged live by what arrives
+        from them (``liveness.py``)."""
+        if self._judging is None:
+            self._judging = supervised(self.liveness.run(), "peer liveness")
+            self.tasks.append(self._judging)
+
+    def _links(self) -> dict[int, list[Connection]]:
+        """Every peer rank's links that are up here: the one this node dialed first (its
+        heartbeats go there), then those the rank dialed."""
+        links = {rank: [conn] for rank, conn in self.neighbours.peers.items()}
+        for rank, conns in self._inbound.items():
+            links.setdefault(rank, []).extend(conns)
+        return links
 
     # -- spread's addresses
     @staticmethod
@@ -155,6 +176,7 @@ class Mesh:
             return
         host = self.hosts[rank] if self.names and rank < len(self.hosts) else None
         dial = self._dial(address, self.checks.to(rank), host)
+        self._judge()
 
         async def checked(hello):
             try:
@@ -269,6 +291,7 @@ class Mesh:
             links.pop(0).close()
         links.append(conn)
         self.neighbours.peers_in[rank] = conn   # pieces come on any; this one is shown
+        self._judge()
         confirmed()
         if conn.authenticated:   # (without a secret the dialer takes its welcome for this)
             conn.send(PeerConfirmed())

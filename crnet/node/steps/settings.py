@@ -33,9 +33,9 @@ class EngineSettings:
 
     @property
     def stall_after(self) -> float:
-        """A peer link whose sends in turn wait behind it and that takes none of its queued
-        bytes this long is cut off (``Neighbours``): a share of the timeout, so that the
-        sends behind it still make the step's deadline."""
+        """A peer from which nothing arrived this long is cut off as frozen
+        (``node/peers/liveness.py``): a share of the timeout, so that a step routes round
+        it and still makes its deadline."""
         return self.timeout * defaults.STALL_SHARE
 
     @property

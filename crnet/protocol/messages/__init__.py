@@ -9,7 +9,7 @@ message's ``frame(payload)`` is the only way a header is built.
 Tree links (TCP) carry HELLO .. FAIL between a child and its parent, and PEER_HELLO,
 PEER_WELCOME (PEER_CONFIRMED) and SEGMENT between ring neighbours (``--scheme rar``),
 PEER_HELLO, PEER_WELCOME, PEER_CHECK, PEER_CHECKED, PEER_CONFIRMED and PIECE between every
-two hosts (``--scheme spread``). The Unix socket
+two hosts (``--scheme spread``), and HEARTBEAT either way on both. The Unix socket
 between a daemon and its training process carries the CLIENT_* messages.
 
 One module per kind of link: ``tree`` (join, the authentication handshake, a step's

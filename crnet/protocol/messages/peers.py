@@ -85,3 +85,17 @@ class PeerChecked(Message):
     @classmethod
     def from_header(cls, h: Fields) -> PeerChecked:
         return cls(h.blob("link_id", LINK_ID_BYTES), h.flag("ok"))
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Message):
+    """Either way on a peer link that carried nothing else for a while: this host's daemon
+    is alive. A peer is live by what arrives from it, never by what the kernel's buffers
+    take (``node/peers/liveness.py``)."""
+
+    TYPE = MsgType.HEARTBEAT
+
+    @classmethod
+    def from_header(cls, h: Fields) -> Heartbeat:
+        return cls()
+

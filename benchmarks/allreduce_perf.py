@@ -1,0 +1,225 @@
+"""Back-to-back allreduce per vector size and scheme, as nccl-tests' all_reduce_perf prints it.
+
+    python -m benchmarks.allreduce_perf [--hosts 4] [--schemes rar,spread,cr]
+        [--sizes 1M 16M 64M] [--dtype float32] [--steps N] [--rounds 3] [--json out.json]
+
+What runs: for every round, size and scheme (the schemes alternating, so that a busy
+machine weighs on all of them alike), a tree of its own of ``--hosts`` crnetd processes
+on 127.0.0.1 (``crnet.tools.launch.LocalTree``: the master and ``hosts - 1`` workers, one
+layer, no stragglers) and on every host one training process (a process of its own, the
+blocking ``Client``, as a user's would be). Each step all of them meet at a barrier, then
+call ``allreduce`` at once; the master's process (which adds nothing in cr and spread)
+takes the result too. Every result is checked against the exact sum (integers in
+float32: exact whatever the order of the additions).
+
+Per size and scheme it prints (the median step over ``--steps`` measured steps, after
+``--warmup``; the best round's median, and the spread of the rounds):
+
+* time: from the last process leaving the barrier to the last holding its result;
+* algbw: vector bytes / time; busbw: algbw x 2(N-1)/N, N the hosts (nccl-tests' bus
+  bandwidth for allreduce: what each link must carry, comparable across host counts);
+* failed: steps that raised (StepFailed, StepLost, a timeout) instead of a result;
+* exact: every result equal to the exact sum;
+* CPU per step: the daemons' (all of them, /proc) and the training processes' own.
+
+Sizes are bytes of the vector (``1M`` = 2^20 bytes). Exit 1 if any step failed or any
+result was wrong; 2 on bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from crnet.coding.plan import Tree
+from crnet.tools.launch import LocalTree
+
+from .bench_step import parse_size
+
+SCHEMES = ("rar", "spread", "cr")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process ``pid`` so far (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def default_steps(nbytes: int) -> int:
+    return 40 if nbytes <= 1 << 20 else 20 if nbytes <= 16 << 20 else 8
+
+
+def host(name: str, socket_path: str, sizes: list[int], dtype: str, steps: dict, warmup: int,
+         barrier, out) -> None:
+    """One host's training process: every size's steps; (starts, ends, failed, wrong, CPU)
+    per size to ``out``."""
+    from crnet import Client, CrnetError
+
+    dt = np.dtype(dtype)
+    c = Client(socket_path, timeout=120)
+    # Every sample's gradient is base: this host's vector is its share's weight x base, and
+    # the sum every host gets is the batch's size x base.
+    weight = sum(w * (b - a) for a, b, w in c.assignment.ranges)
+    samples = c.assignment.samples
+    step = 0
+    report = []
+    for nbytes in sizes:
+        n = nbytes // dt.itemsize
+        base = (np.arange(n) % 13 - 6).astype(dt)
+        vec = c.buffer(n, dt)
+        res = np.empty(n, dt)
+        res.fill(0)
+        starts, ends, failed, wrong = [], [], 0, 0
+        cpu0 = time.process_time()
+        for t in range(warmup + steps[nbytes]):
+            scale = 1 + step % 5
+            np.multiply(base, dt.type(weight * scale), out=vec)
+            barrier.wait()
+            t0 = time.monotonic()
+            try:
+                c.allreduce(vec, step=step, out=res, timeout=120)
+            except CrnetError:
+                ok = False
+            else:
+                ok = True
+            t1 = time.monotonic()
+            step += 1
+            if t >= warmup:
+                starts.append(t0)
+                ends.append(t1)
+                failed += not ok
+            barrier.wait()    # nobody checks while a step runs
+            if ok and t >= warmup:
+                wrong += not np.array_equal(res, base * dt.type(samples * scale))
+        report.append(dict(starts=starts, ends=ends, failed=failed, wrong=wrong,
+                           cpu=time.process_time() - cpu0))
+    c.close()
+    out.put((name, report))
+
+
+def run_tree(scheme: str, hosts: int, sizes: list[int], dtype: str, steps: dict,
+             warmup: int, timeout: float) -> list[dict]:
+    tree = Tree.regular(hosts - 1, 1, 0)
+    names = list(tree.names())
+    lt = LocalTree(tree, hosts - 1, scheme=scheme, timeout=timeout, log_level="warning")
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(names))
+    out = ctx.Queue()
+    procs = []
+    try:
+        lt.start(wait=60)
+        daemons = [lt.procs[n].pid for n in names]
+        cpu0 = sum(map(cpu_seconds, daemons))
+        for name in names:
+            p = ctx.Process(target=host, args=(name, lt.socket_path(name), sizes, dtype, steps,
+                                               warmup, barrier, out), daemon=True)
+            p.start()
+            procs.append(p)
+        reports = dict(out.get(timeout=1800) for _ in names)
+        daemon_cpu = sum(map(cpu_seconds, daemons)) - cpu0
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        lt.stop()
+    rows = []
+    total_steps = sum(steps[s] for s in sizes)
+    for i, nbytes in enumerate(sizes):
+        per = [reports[n][i] for n in names]
+        k = steps[nbytes]
+        times = [max(r["ends"][t] for r in per) - max(r["starts"][t] for r in per)
+                 for t in range(k)]
+        med = statistics.median(times)
+        rows.append(dict(scheme=scheme, bytes=nbytes, hosts=hosts, time=med,
+                         algbw=nbytes / med, busbw=nbytes / med * 2 * (hosts - 1) / hosts,
+                         failed=max(r["failed"] for r in per), wrong=sum(r["wrong"] for r in per),
+                         daemon_cpu=daemon_cpu / (total_steps + warmup * len(sizes)),
+                         client_cpu=sum(r["cpu"] for r in per) / (k + warmup)))
+    return rows
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= f:
+            return f"{n / f:g}{unit}"
+    return str(n)
+
+
+def print_table(results: dict, sizes: list[int], schemes: list[str], hosts: int) -> None:
+    print(f"\nallreduce, {hosts} hosts on 127.0.0.1; the best round's median step "
+          "(all rounds' medians in brackets)")
+    print(f"{'size':>6} {'scheme':>7} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
+          f"{'failed':>7} {'exact':>6} {'daemons CPU ms':>15} {'procs CPU ms':>13}  rounds ms")
+    for nbytes in sizes:
+        for s in schemes:
+            rows = results[(s, nbytes)]
+            best = min(rows, key=lambda r: r["time"])
+            print(f"{fmt_bytes(nbytes):>6} {s:>7} {best['time'] * 1e3:9.2f} "
+                  f"{best['algbw'] / 1e9:11.3f} {best['busbw'] / 1e9:11.3f} "
+                  f"{sum(r['failed'] for r in rows):7d} "
+                  f"{'yes' if not any(r['wrong'] for r in rows) else 'NO':>6} "
+                  f"{best['daemon_cpu'] * 1e3:15.1f} {best['client_cpu'] * 1e3:13.1f}  "
+                  + "[" + ", ".join(f"{r['time'] * 1e3:.1f}" for r in rows) + "]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.allreduce_perf", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=4, help="crnetd processes, the master included")
+    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--sizes", nargs="+", default=["1M", "16M", "64M"],
+                    help="vector bytes (K, M, G suffixes: powers of 2)")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per size")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=30.0, help="crnetd --timeout")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    if not schemes or set(schemes) - set(SCHEMES):
+        ap.error(f"--schemes: from {', '.join(SCHEMES)}")
+    if args.hosts < 2:
+        ap.error("--hosts: at least 2")
+    itemsize = np.dtype(args.dtype).itemsize
+    sizes = [parse_size(s) for s in args.sizes]
+    if any(s < itemsize * args.hosts for s in sizes):
+        ap.error("--sizes: each at least one element per host")
+    steps = {s: args.steps or default_steps(s) for s in sizes}
+    results: dict = {(s, n): [] for s in schemes for n in sizes}
+    for r in range(args.rounds):
+        order = schemes if r % 2 == 0 else schemes[::-1]
+        for nbytes in sizes:
+            for scheme in order:   # a tree per size: its daemons' CPU is that size's
+                t0 = time.monotonic()
+                for row in run_tree(scheme, args.hosts, [nbytes], args.dtype, steps,
+                                    args.warmup, args.timeout):
+                    results[(scheme, row["bytes"])].append(row)
+                print(f"round {r + 1}: {fmt_bytes(nbytes)} {scheme} in "
+                      f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    print_table(results, sizes, schemes, args.hosts)
+    if args.json:
+        with contextlib.suppress(OSError):
+            Path(args.json).write_text(json.dumps(
+                [dict(r, round=i) for rows in results.values() for i, r in enumerate(rows)],
+                indent=1))
+    bad = any(r["failed"] or r["wrong"] for rows in results.values() for r in rows)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
