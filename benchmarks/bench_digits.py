@@ -102,8 +102,7 @@ def run_crnet(cluster: EmulatedCluster, tree: Tree, a: argparse.Namespace, workd
     beyond = {"beyond_s": beyond_s, **({"patience": a.patience}
                                        if beyond_s == "approximate" and a.patience else {})}
     lt = LocalTree(tree, a.samples, workdir=workdir, log_level="warning", **beyond,
-                   addresses={n: cluster.addresses[host_of[n]] for n in names},
-                   spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
+                   **cluster.hosting(names))
     out = workdir / "rank0.json"
     procs: list[subprocess.Popen] = []
     logs: list[Path] = []

@@ -100,8 +100,7 @@ def run_crnet_jobs(cluster: EmulatedCluster, preset: Preset, scheme: str, workdi
     lt = LocalTree(tree, preset.samples, workdir=workdir, timeout=preset.timeout,
                    chunk_bytes=preset.chunk_bytes, scheme=scheme, log_level="warning",
                    keep_results=max(8, preset.steps), strict=strict, **options,
-                   addresses={n: cluster.addresses[host_of[n]] for n in names},
-                   spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
+                   **cluster.hosting(names))
     out: list[dict] = []
     workers: list[subprocess.Popen] = []
     try:

@@ -566,9 +566,7 @@ async def soak_main(args) -> int:
                          keep_results=8)
     if use_netns:
         cluster = netns.EmulatedCluster(len(names), rate=None, prefix=args.netns_prefix).up()
-        host_of = {n: i for i, n in enumerate(names)}
-        options.update(addresses={n: cluster.addresses[host_of[n]] for n in names},
-                       spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
+        options.update(cluster.hosting(names))
     lt = LocalTree(tree, SAMPLES, **options)
     soak = None
     try:

@@ -26,7 +26,8 @@ on when the fault ended ("the job went on"); the seconds that took are its recov
 The run has --steps steps, or with --minutes as many as its first --calibrate seconds say
 the pace allows (x 1.15 for the faults' cost). The verdict fails (exit 1) on: a process
 that raised or exited unasked (the job ended early), replicas that differ from
-single-process training over the steps they applied (rtol 1e-9), one allreduce longer than
+single-process training over the steps they applied (by more than 1e-9 of the largest
+parameter) or from each other (in any bit), one allreduce longer than
 --timeout + grace + 0.5 s (the trip), a recovery over 10 s, a daemon that died unasked or
 logged a traceback. Exit 2 on bad options.
 """
@@ -60,6 +61,7 @@ from .readme_trainer import single_process, updates
 RECOVERY_LIMIT = 10.0   # seconds: the job going on later than this after a fault fails the run
 TRIP = 0.5              # seconds a call may take beyond the daemon's bound (its way there and back)
 KINDS = ("daemon", "freeze", "process", "link")
+TOLERANCE = 1e-9        # a replica's largest error against single-process training, relative
 LR = 0.5
 
 
@@ -216,15 +218,23 @@ def outcome(args, out: Path, names: list[str], grads: np.ndarray, bound: float) 
     finished = {n: ls[-1] for n, ls in lives.items() if ls}
     missing = [label(n) for n in names if n not in finished]
     applied = {n: round(updates(np.array(d["w"]), grads, LR)) for n, d in finished.items()}
-    differ = []
+    differ, errors = [], []
+    ref = next(iter(finished), "")     # the first host's replica: the others must equal it
     for n, d in finished.items():
+        w = np.array(d["w"])
         want = single_process(grads, applied[n], LR)
-        if not np.allclose(np.array(d["w"]), want, rtol=1e-9, atol=1e-12) \
-                or applied[n] != applied[names[0]]:
+        # Relative to the parameters' scale: a component whose exact gradient is 0 gathers
+        # the decoding's rounding (real coefficients, ~1e-16 a step) over tens of thousands
+        # of steps, which no per-element tolerance of a few ulps allows for.
+        error = float(np.max(np.abs(w - want)) / max(1.0, float(np.max(np.abs(want)))))
+        errors.append(error)
+        if error > TOLERANCE or applied[n] != applied[ref] \
+                or not np.array_equal(w, np.array(finished[ref]["w"])):
             differ.append(label(n))
     keys = ("calls", "failed_here", "tree_wide", "lost", "refused", "resyncs", "reconnects")
     total = {k: sum(d[k] for ls in lives.values() for d in ls) for k in keys}
     return dict(applied=sorted(set(applied.values())), differ=differ, missing=missing,
+                max_relative_error=max(errors, default=None),
                 waits_past_bound=waits, bound=bound,
                 longest=max((d["longest"] for ls in lives.values() for d in ls), default=None),
                 longest_state=max((d["longest_state"] for ls in lives.values() for d in ls),
@@ -253,9 +263,7 @@ def soak_main(args) -> int:
     cluster = None
     if use_netns:
         cluster = netns.EmulatedCluster(len(names), rate=None, prefix=args.netns_prefix).up()
-        host_of = {n: i for i, n in enumerate(names)}
-        options.update(addresses={n: cluster.addresses[host_of[n]] for n in names},
-                       spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
+        options.update(cluster.hosting(names))
     lt = LocalTree(tree, samples, **options)
     env = child_env()
     env.update(CRNET_WORLD_SIZE=str(len(names)))
@@ -361,7 +369,9 @@ def print_report(doc: dict) -> None:
     if rec:
         p(f"job went on after    median {np.median(rec):.2f} s, longest {max(rec):.2f} s")
     p(f"steps applied        {doc['applied']} (of {doc['steps']}; the rest failed tree-wide)")
-    p(f"replicas differing   {len(doc['differ'])}")
+    err = doc["max_relative_error"]
+    p(f"replicas differing   {len(doc['differ'])} (largest error against single-process "
+      f"training {'-' if err is None else f'{err:.2g}'}, relative to the largest parameter)")
     p(f"allreduce calls      {doc['calls']}: failed here {doc['failed_here']}, tree-wide "
       f"{doc['tree_wide']}, lost {doc['lost']}, refused {doc['refused']}")
     p(f"state taken          {doc['resyncs']} times; reconnects {doc['reconnects']}; "

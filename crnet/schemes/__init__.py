@@ -11,7 +11,7 @@ must agree on.
 
 from __future__ import annotations
 
-from ..coding.plan import SCHEMES
+from ..coding.plan import PEER_SCHEMES, SCHEMES
 from ..protocol.messages import Message
 from .base import Memory, Origin, PeerSends, Place, Ports, Scheme, Sends, Stall, Steps, Takes
 from .coded_reduce.driver import CodedReduce
@@ -19,7 +19,7 @@ from .ring_allreduce.driver import RingAllreduce
 from .spread.driver import Spread
 
 __all__ = ["DRIVERS", "TAKEN", "WITH_PAYLOAD", "Memory", "Origin", "PeerSends", "Place", "Ports", "Scheme",
-           "Sends", "Stall", "Steps", "Takes", "driver"]
+           "Sends", "Stall", "Steps", "Takes", "driver", "sums_over_peers"]
 
 DRIVERS: dict[str, type[Scheme]] = {
     "cr": CodedReduce,
@@ -29,6 +29,8 @@ DRIVERS: dict[str, type[Scheme]] = {
     "spread": Spread,      # CodedReduce decoded at the chunks' owners
 }
 assert set(DRIVERS) == set(SCHEMES), "every scheme crnetd accepts needs a driver"
+assert {n for n, d in DRIVERS.items() if d.SUMS_OVER_PEERS} == set(PEER_SCHEMES), \
+    "the schemes whose sum comes over peer links are those the node gives peer links"
 
 # What the links hand the step engine, per kind of link: every message some scheme takes
 # from it; WITH_PAYLOAD those of them that carry bytes. The engine checks the running
@@ -38,6 +40,11 @@ TAKEN: dict[Origin, tuple[type[Message], ...]] = {
     for origin in Origin}
 WITH_PAYLOAD: dict[Origin, tuple[type[Message], ...]] = {
     origin: tuple(m for m in TAKEN[origin] if m.PAYLOAD) for origin in Origin}
+
+
+def sums_over_peers(scheme: str) -> bool:
+    """Whether scheme ``scheme``'s sum comes over peer links (``Scheme.SUMS_OVER_PEERS``)."""
+    return DRIVERS[scheme].SUMS_OVER_PEERS
 
 
 def driver(place: Place, ports: Ports) -> Scheme:

@@ -230,6 +230,12 @@ class Scheme:
     """One aggregation algorithm at one node, driven by the step engine."""
 
     TAKES: ClassVar[tuple[Takes, ...]] = ()   # the pieces it takes, from which links
+    # Whether a step's sum reaches a host over its peer links (rar, spread), not down the
+    # tree: then a host cut off from its parent keeps its steps open (their clocks stopped)
+    # for the sum that may still come, a reconnected parent takes nothing up anew, and a
+    # host that failed a step alone cannot get its sum once the tree is past it. The step
+    # engine asks this, never the scheme's name.
+    SUMS_OVER_PEERS: ClassVar[bool] = False
 
     def __init__(self, place: Place, ports: Ports):
         self.place = place

@@ -159,24 +159,33 @@ def test_the_processes_below_a_restarted_inner_daemon_train_on(local_tree, monke
     assert_survived(hosts, "0")
 
 
-def test_every_call_returns_within_the_bound_across_two_restarts(local_tree, monkeypatch):
-    """Row 7: a layer-1 node restarted, then the master: no allreduce waits longer than
-    --timeout + grace (+ the trip)."""
+def two_restarts(local_tree, monkeypatch, *, steps: int, piece_s: float, first: float,
+                 second: float, timeout: float = TIMEOUT, seed: int = 15):
+    """Row 7's faults: the layer-1 node 0 restarted ``first`` s in, the master ``second`` s
+    after that, while every worker runs ``steps`` steps of the README's loop."""
     tree = Tree.regular(2, 2, 1)
-    grads = gradients(15, 28, 16)
-    lt = tree_of(local_tree, tree, 28, "cr")
+    grads = gradients(seed, 28, 16)
+    lt = tree_of(local_tree, tree, 28, "cr", timeout=timeout)
     names = workers(tree)
     monkeypatch.setenv("CRNET_WORLD_SIZE", str(len(names)))
 
     def faults(hosts):
-        restart_after(lt, "0", 1.5)(hosts)
-        restart_after(lt, MASTER, 3.0)(hosts)
+        restart_after(lt, "0", first)(hosts)
+        restart_after(lt, MASTER, second)(hosts)
 
-    steps = 1200
-    hosts, took = run_hosts(lt, tree, grads, steps, pieces=2, piece_s=0.005, names=names,
+    hosts, took = run_hosts(lt, tree, grads, steps, pieces=2, piece_s=piece_s, names=names,
                             during=faults)
-    print(f"\n{steps} steps with two restarts in {took:.1f} s; longest allreduce "
-          f"{max(h.longest for h in hosts):.2f} s")
+    print(f"\n{steps} steps with two restarts at --timeout {timeout:g} in {took:.1f} s; "
+          f"longest allreduce {max(h.longest for h in hosts):.2f} s")
+    return hosts, grads
+
+
+def test_every_call_returns_within_the_bound_across_two_restarts(local_tree, monkeypatch):
+    """Row 7: a layer-1 node restarted, then the master: no allreduce waits longer than
+    --timeout + grace (+ the trip)."""
+    steps = 1200
+    hosts, grads = two_restarts(local_tree, monkeypatch, steps=steps, piece_s=0.005,
+                                first=1.5, second=3.0)
     assert_replicas_equal_single_process(hosts, grads, steps)
     assert_survived(hosts, "0")
 
@@ -186,21 +195,8 @@ def test_row_7_as_the_issue_ran_it(local_tree, monkeypatch):
     the layer-1 node 0 killed and started again 2 s later, the master killed 12 s after
     that and started again 2 s later. Before, every worker's call for the step in flight
     returned after 8.15 s; the bound is --timeout + grace (5 + 1.25 s), +0.5 s for the trip."""
-    timeout = 5.0
-    tree = Tree.regular(2, 2, 1)
-    grads = gradients(16, 28, 16)
-    lt = tree_of(local_tree, tree, 28, "cr", timeout=timeout)
-    names = workers(tree)
-    monkeypatch.setenv("CRNET_WORLD_SIZE", str(len(names)))
-
-    def faults(hosts):
-        restart_after(lt, "0", 3.0)(hosts)
-        restart_after(lt, MASTER, 12.0)(hosts)
-
-    steps = 320
-    hosts, took = run_hosts(lt, tree, grads, steps, pieces=2, piece_s=0.05, names=names,
-                            during=faults)
-    print(f"\n{steps} steps of 0.1 s with two restarts at --timeout 5 in {took:.1f} s; "
-          f"longest allreduce {max(h.longest for h in hosts):.2f} s")
+    timeout, steps = 5.0, 320
+    hosts, grads = two_restarts(local_tree, monkeypatch, steps=steps, piece_s=0.05, first=3.0,
+                                second=12.0, timeout=timeout, seed=16)
     assert_replicas_equal_single_process(hosts, grads, steps, bound=timeout + 1.25 + 0.5)
     assert_survived(hosts, "0")

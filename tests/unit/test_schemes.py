@@ -1,5 +1,7 @@
 """Schedules without sockets: CodedReduce's UpStep and the ring's RingStep."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -211,3 +213,20 @@ def test_a_childs_buffer_is_allocated_at_its_first_chunk():
     assert allocated == [(10, np.dtype(np.float64))]
     up.child_buffer(2, 0)
     assert len(allocated) == 2 and not up.decoded
+
+
+def test_a_scheme_says_whether_its_sum_comes_over_peers_and_the_engine_asks_only_that():
+    """The step engine's peer-scheme cases (a step cut off kept open, a parent back taking
+    nothing up, a late child told the verdict) follow ``Scheme.SUMS_OVER_PEERS``: no scheme's
+    name is tested in node/steps/."""
+    import crnet.node.steps as steps_pkg
+    from crnet.coding.plan import PEER_SCHEMES
+    from crnet.schemes import DRIVERS, sums_over_peers
+
+    assert {name for name in DRIVERS if sums_over_peers(name)} == set(PEER_SCHEMES) == {"rar", "spread"}
+    folder = Path(steps_pkg.__file__).parent
+    for path in folder.glob("*.py"):
+        text = path.read_text()
+        assert "PEER_SCHEMES" not in text, path
+        for name in DRIVERS:
+            assert f'"{name}"' not in text, (path, name)

@@ -43,13 +43,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ... import defaults
-from ...coding.plan import PEER_SCHEMES
 from ...dtypes import DTYPES, dtype_name
 from ...errors import ProtocolError
 from ...measure.stats import Stats
 from ...peer_text import Throttle, shown
 from ...protocol.messages import Chunk, Fail, FailKind, Message, Open, Result
-from ...schemes import Origin, Place, Ports, Scheme, Stall, Takes, driver
+from ...schemes import Origin, Place, Ports, Scheme, Stall, Takes, driver, sums_over_peers
 from ..neighbours import Neighbours
 from ..signal import Signal
 from .deadlines import Deadlines
@@ -173,13 +172,13 @@ class StepEngine:
 
     def _new_scheme(self, place: Place) -> None:
         self.scheme = scheme = driver(place, self._ports(place))
-        self.decisions.keep_open_here = place.scheme in PEER_SCHEMES
+        self.decisions.keep_open_here = scheme.SUMS_OVER_PEERS
         self._takes = {(t.origin, t.message): Taking.of(t, scheme) for t in scheme.TAKES}
         for rank in self._disowned:
             self.scheme.peer_disowned(rank)
 
     def _ports(self, place: Place) -> Ports:
-        peers = self.sends if place.scheme in PEER_SCHEMES else None
+        peers = self.sends if sums_over_peers(place.scheme) else None
         return Ports(send=self.sends, steps=self.decisions, memory=self.lending, stats=self.stats,
                      peers=peers)
 
@@ -290,6 +289,10 @@ class StepEngine:
             return
         self.decisions.waiters.setdefault(step, []).append(answer)
 
+    @property
+    def _sums_over_peers(self) -> bool:
+        return self.scheme is not None and self.scheme.SUMS_OVER_PEERS
+
     def _asked_again(self, step: int, answer: Answer) -> bool:
         """A process asks again for a step this node failed alone: True if it is open
         again. The sum of a scheme with peers reaches a host only while the step is under
@@ -298,8 +301,7 @@ class StepEngine:
         process takes the others' state), once the tree is past it."""
         if step not in self.decisions.failed_here:
             return False
-        if (self.place is not None and self.place.scheme in PEER_SCHEMES
-                and step <= self.tree_step):
+        if self._sums_over_peers and step <= self.tree_step:
             answer(Lost(step, f"the tree decided step {step} while {self.label} was cut off "
                               f"from it; its sum does not come here again (the tree is at "
                               f"step {self.tree_step}): take the others' state"))
@@ -311,7 +313,7 @@ class StepEngine:
         open here fail here now (provisionally): their processes ask again, and the
         steps take part anew over the new link, or get the tree's verdict. (rar and
         spread send their pieces to peers, not up: their steps go on.)"""
-        if self.place is None or self.place.scheme in PEER_SCHEMES:
+        if self.scheme is None or self._sums_over_peers:
             return
         for step in sorted(set(self.deadlines.steps) | set(self.decisions.waiters)):
             self.decisions.fail(step, f"{self.label} reconnected to its parent while step "
@@ -416,8 +418,8 @@ class StepEngine:
         peer links), so a child that reports a step this node decided may never get it
         (it rejoined after the sum went round, or its chunks were lost): it is told the
         verdict, a result as lost there (its processes take the others' state)."""
-        if (self.place is None or self.place.scheme not in PEER_SCHEMES
-                or not self.is_decided(step) or step in self.decisions.failed_here):
+        if (not self._sums_over_peers or not self.is_decided(step)
+                or step in self.decisions.failed_here):
             return False
         outcome = self.outcome(step)
         if isinstance(outcome, Resolved):

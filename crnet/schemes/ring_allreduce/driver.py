@@ -220,6 +220,7 @@ class RingStep:
 class RingAllreduce(Scheme):
     """rar: every member, the master included, runs one RingStep per step."""
 
+    SUMS_OVER_PEERS = True
     TAKES = (Takes(Segment, Origin.PEER, "segment", dest="segment_dest"),)   # from the predecessor
 
     def __init__(self, place: Place, ports: Ports):

@@ -58,6 +58,7 @@ RELAYED_SHARE = defaults.PACED_UNSENT
 class Spread(Scheme):
     """spread: one SpreadStep per step at every host."""
 
+    SUMS_OVER_PEERS = True
     TAKES = (Takes(Piece, Origin.PEER, "piece", dest="piece_dest",
                    beyond=lambda msg: msg.phase is Phase.GATHER),   # a chunk of the tree's sum
              Takes(Moot, Origin.PEER, "moot"),
