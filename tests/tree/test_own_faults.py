@@ -194,9 +194,10 @@ def test_row_7_as_the_issue_ran_it(local_tree, monkeypatch):
     """Row 7 with the issue's own settings: --timeout 5, processes stepping every 0.1 s;
     the layer-1 node 0 killed and started again 2 s later, the master killed 12 s after
     that and started again 2 s later. Before, every worker's call for the step in flight
-    returned after 8.15 s; the bound is --timeout + grace (5 + 1.25 s), +0.5 s for the trip."""
+    returned after 8.15 s (6.27 s on 02cb988 in another run); the bound is the promise
+    itself, --timeout + grace (5 + 1.25 s), with nothing for the trip."""
     timeout, steps = 5.0, 320
     hosts, grads = two_restarts(local_tree, monkeypatch, steps=steps, piece_s=0.05, first=3.0,
                                 second=12.0, timeout=timeout, seed=16)
-    assert_replicas_equal_single_process(hosts, grads, steps, bound=timeout + 1.25 + 0.5)
+    assert_replicas_equal_single_process(hosts, grads, steps, bound=timeout + 1.25)
     assert_survived(hosts, "0")
