@@ -9,16 +9,19 @@ exact steps again within RECOVERY seconds. A 512 KiB vector on the 7 hosts has 7
 """
 
 import asyncio
+import math
 import random
 import re
 import signal
 import time
+from datetime import datetime
 
 import numpy as np
 import pytest
 
 from crnet import StepFailed, StepLost
 from crnet.coding.plan import Tree
+from crnet.defaults import STALL_SHARE
 from crnet.schemes.spread.owners import owner_count, owners
 from crnet.tools.launch import MASTER
 
@@ -28,6 +31,7 @@ from ..helpers.vectors import gradients, rel_error
 from ..helpers.waits import timed, wait_for_log, wait_until
 from .test_faults import (
     BOUND,
+    GRACE,
     RECOVERY,
     SEEDS,
     TIMEOUT,
@@ -41,6 +45,7 @@ pytestmark = pytest.mark.timeout(240)
 
 TREE = Tree.regular(2, 2, 1)      # master; 0, 1; 0.0, 0.1, 1.0, 1.1: s = 1 of 2 at every parent
 NAMES = list(TREE.names())
+STALL_AFTER = TIMEOUT * STALL_SHARE   # a peer silent this long is cut off as frozen
 M, DIM, CHUNK = 28, 1 << 16, 16 << 10
 VICTIM = "1.0"                    # a leaf: the tree goes on without its vector
 
@@ -105,6 +110,15 @@ async def owns_again(lt, clients, grads, first, within=20):
     await exact_steps(clients, grads, step, 3)
 
 
+def found_frozen(lt, name: str, since: float) -> float:
+    """Seconds from ``since`` (wall clock) until the master cut ``name`` off as frozen: nothing,
+    not even a heartbeat, came from it (``node/peers/liveness.py``)."""
+    for line in lt.log_path(MASTER).read_text().splitlines():
+        if f"peer rank {rank(name)} sent nothing" in line:
+            return datetime.fromisoformat(re.search(r"ts=(\S+)", line)[1]).timestamp() - since
+    return math.inf
+
+
 def assert_excluded(lt, name: str) -> None:
     """The master excluded ``name`` from owning chunks at some step. A live host next to it
     in the ring, whose piece the master could do without, may be suspected with it."""
@@ -142,9 +156,12 @@ async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(l
     others = {n: c for n, c in clients.items() if n != VICTIM}
     try:
         await exact_steps(clients, grads, 0, 1)
-        frozen = time.monotonic()
-        outcomes = await fault_mid_step(lt, others, grads, 1,
-                                        lambda: lt.signal(VICTIM, signal.SIGSTOP))
+        frozen, stopped = time.monotonic(), [0.0]
+
+        def stop():
+            stopped[0] = time.time()
+            lt.signal(VICTIM, signal.SIGSTOP)
+        outcomes = await fault_mid_step(lt, others, grads, 1, stop)
         for result, took in outcomes:   # its chunks of step 1 never come: the deadline
             assert isinstance(result, StepFailed) and took < BOUND, (result, took)
             missing = re.search(r"the sum's chunks from owner rank\(s\) ([\d, ]+)", result.reason)
@@ -152,6 +169,10 @@ async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(l
         step = await steps_complete_again(others, grads, 2,
                                           within=RECOVERY - (time.monotonic() - frozen))
         await exact_steps(others, grads, step + 1, 3)   # while it stays frozen
+        # Found by its silence within stall_after plus the grace, whatever the buffers hold.
+        found = found_frozen(lt, VICTIM, stopped[0])
+        print(f"\nthe frozen owner was cut off {found:.2f} s after SIGSTOP")
+        assert found <= STALL_AFTER + GRACE
         lt.signal(VICTIM, signal.SIGCONT)
         thawed = time.monotonic()
         newest = max(c.tree_step for c in clients.values())
@@ -178,12 +199,16 @@ async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(local_tree
     others = {n: c for n, c in clients.items() if n != VICTIM}
     try:
         await exact_steps(clients, grads, 0, 1)
+        stopped = time.time()
         lt.signal(VICTIM, signal.SIGSTOP)
         frozen = time.monotonic()
         step = await steps_complete_again(others, grads, 1, within=RECOVERY)
         assert time.monotonic() - frozen < RECOVERY
         await exact_steps(others, grads, step + 1, 3)   # while it stays frozen
         await wait_for_log(lt, MASTER, f"peer rank {rank(VICTIM)} sent nothing")
+        found = found_frozen(lt, VICTIM, stopped)
+        print(f"\nthe frozen relay was cut off {found:.2f} s after SIGSTOP")
+        assert found <= STALL_AFTER + GRACE
     finally:
         lt.signal(VICTIM, signal.SIGCONT)
         close_all(clients)
