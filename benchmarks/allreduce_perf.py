@@ -1,6 +1,6 @@
 """Back-to-back allreduce per vector size and scheme, as nccl-tests' all_reduce_perf prints it.
 
-    python -m benchmarks.allreduce_perf [--hosts 4] [--schemes rar,spread,cr]
+    python -m benchmarks.allreduce_perf [--hosts 4] [--schemes rar,spread,cr,gloo]
         [--sizes 1M 16M 64M] [--dtype float32] [--steps N] [--rounds 3] [--json out.json]
 
 What runs: for every round, size and scheme (the schemes alternating, so that a busy
@@ -10,12 +10,16 @@ layer, no stragglers) and on every host one training process (a process of its o
 blocking ``Client``, as a user's would be). Each step all of them meet at a barrier, then
 call ``allreduce`` at once; the master's process (which adds nothing in cr and spread)
 takes the result too. Every result is checked against the exact sum (integers in
-float32: exact whatever the order of the additions).
+float32: exact whatever the order of the additions). ``gloo`` is PyTorch's Gloo
+``all_reduce`` (its ring, for CPU tensors) between ``--hosts`` processes on 127.0.0.1, all of
+them contributing (``benchmarks/gloo_peer.py``: back to back, each step's sum checked); it
+is there where torch is installed (the ``bench`` extra), and has no daemons.
 
 Per size and scheme it prints (the median step over ``--steps`` measured steps, after
 ``--warmup``; the best round's median, and the spread of the rounds):
 
-* time: from the last process leaving the barrier to the last holding its result;
+* time: from the last process leaving the barrier (Gloo: calling all_reduce) to the last
+  holding its result;
 * algbw: vector bytes / time; busbw: algbw x 2(N-1)/N, N the hosts (nccl-tests' bus
   bandwidth for allreduce: what each link must carry, comparable across host counts);
 * failed: steps that raised (StepFailed, StepLost, a timeout) instead of a result;
@@ -30,22 +34,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from crnet.coding.plan import Tree
-from crnet.tools.launch import LocalTree
+from crnet.tools.launch import LocalTree, free_port
 
 from .bench_step import parse_size
 
-SCHEMES = ("rar", "spread", "cr")
+SCHEMES = ("rar", "spread", "cr", "gloo")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -152,11 +159,38 @@ def run_tree(scheme: str, hosts: int, sizes: list[int], dtype: str, steps: dict,
     return rows
 
 
+def run_gloo(hosts: int, nbytes: int, dtype: str, steps: int, warmup: int,
+             timeout: float) -> dict:
+    """PyTorch's Gloo: ``hosts`` peers on 127.0.0.1, ``warmup + steps`` all_reduce back to back."""
+    from .gloo_run import run_gloo as gloo
+
+    with tempfile.TemporaryDirectory(prefix="crnet-perf-gloo-") as workdir:
+        got = gloo(lambda i, argv, env: subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                                         stdout=subprocess.DEVNULL),
+                   ["127.0.0.1"] * hosts, None, elements=nbytes // np.dtype(dtype).itemsize,
+                   dtype=dtype, steps=warmup + steps, compute="fixed:0", loads=[1] * hosts,
+                   seed=0, deadline=3600.0, timeout=timeout, workdir=Path(workdir),
+                   port=free_port())
+    records = [r for r in got["records"] if r is not None]
+    done = got["steps_completed"]
+    times = [max(r["completion_times"][t] for r in records) - max(r["start_times"][t] for r in records)
+             for t in range(warmup, done)] if len(records) == hosts else []
+    med = statistics.median(times) if times else float("nan")
+    return dict(scheme="gloo", bytes=nbytes, hosts=hosts, time=med, algbw=nbytes / med,
+                busbw=nbytes / med * 2 * (hosts - 1) / hosts,
+                failed=warmup + steps - done, wrong=0 if got["correct"] else 1,
+                daemon_cpu=None, client_cpu=None)
+
+
 def fmt_bytes(n: int) -> str:
     for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= f:
             return f"{n / f:g}{unit}"
     return str(n)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
 def print_table(results: dict, sizes: list[int], schemes: list[str], hosts: int) -> None:
@@ -172,7 +206,7 @@ def print_table(results: dict, sizes: list[int], schemes: list[str], hosts: int)
                   f"{best['algbw'] / 1e9:11.3f} {best['busbw'] / 1e9:11.3f} "
                   f"{sum(r['failed'] for r in rows):7d} "
                   f"{'yes' if not any(r['wrong'] for r in rows) else 'NO':>6} "
-                  f"{best['daemon_cpu'] * 1e3:15.1f} {best['client_cpu'] * 1e3:13.1f}  "
+                  f"{_ms(best['daemon_cpu']):>15} {_ms(best['client_cpu']):>13}  "
                   + "[" + ", ".join(f"{r['time'] * 1e3:.1f}" for r in rows) + "]")
 
 
@@ -180,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.allreduce_perf", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", type=int, default=4, help="crnetd processes, the master included")
-    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--schemes", default=",".join(
+        s for s in SCHEMES if s != "gloo" or importlib.util.find_spec("torch") is not None),
+        help=f"from {','.join(SCHEMES)} (default: all; gloo where torch is installed)")
     ap.add_argument("--sizes", nargs="+", default=["1M", "16M", "64M"],
                     help="vector bytes (K, M, G suffixes: powers of 2)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -193,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     if not schemes or set(schemes) - set(SCHEMES):
         ap.error(f"--schemes: from {', '.join(SCHEMES)}")
+    if "gloo" in schemes and importlib.util.find_spec("torch") is None:
+        ap.error("--schemes: gloo needs torch (pip install -e '.[bench]')")
     if args.hosts < 2:
         ap.error("--hosts: at least 2")
     itemsize = np.dtype(args.dtype).itemsize
@@ -206,9 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         for nbytes in sizes:
             for scheme in order:   # a tree per size: its daemons' CPU is that size's
                 t0 = time.monotonic()
-                for row in run_tree(scheme, args.hosts, [nbytes], args.dtype, steps,
-                                    args.warmup, args.timeout):
-                    results[(scheme, row["bytes"])].append(row)
+                if scheme == "gloo":
+                    results[(scheme, nbytes)].append(run_gloo(
+                        args.hosts, nbytes, args.dtype, steps[nbytes], args.warmup, args.timeout))
+                else:
+                    for row in run_tree(scheme, args.hosts, [nbytes], args.dtype, steps,
+                                        args.warmup, args.timeout):
+                        results[(scheme, row["bytes"])].append(row)
                 print(f"round {r + 1}: {fmt_bytes(nbytes)} {scheme} in "
                       f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     print_table(results, sizes, schemes, args.hosts)
