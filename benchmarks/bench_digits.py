@@ -44,7 +44,7 @@ from crnet.tools.procs import stop_processes
 from crnet.tools.run import seats, training_env
 
 from . import ROOT, child_env
-from .netns import EmulatedCluster, requirements
+from .netns import EmulatedCluster, hosting, requirements
 
 EXAMPLE = ROOT / "examples" / "train_digits.py"
 DDP_PORT = 29500
@@ -102,7 +102,7 @@ def run_crnet(cluster: EmulatedCluster, tree: Tree, a: argparse.Namespace, workd
     beyond = {"beyond_s": beyond_s, **({"patience": a.patience}
                                        if beyond_s == "approximate" and a.patience else {})}
     lt = LocalTree(tree, a.samples, workdir=workdir, log_level="warning", **beyond,
-                   **cluster.hosting(names))
+                   **hosting(cluster, names))
     out = workdir / "rank0.json"
     procs: list[subprocess.Popen] = []
     logs: list[Path] = []

@@ -404,13 +404,6 @@ class EmulatedCluster:
         self._procs.append(proc)
         return proc
 
-    def hosting(self, names: Sequence[str]) -> dict:
-        """``LocalTree`` options that put tree node ``names[i]`` on host i: its address
-        there, and its daemon started there."""
-        host_of = {n: i for i, n in enumerate(names)}
-        return dict(addresses={n: self.addresses[host_of[n]] for n in names},
-                    spawn=lambda name, argv, kw: self.popen(host_of[name], argv, **kw))
-
     def run(self, host: int, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
         """``subprocess.run(argv, **kw)`` inside host ``host``."""
         return subprocess.run(self.exec_argv(host, argv), **kw)
@@ -424,6 +417,15 @@ class EmulatedCluster:
     def _add_ns(self, name: str) -> None:
         _cmd(["ip", "netns", "add", name])   # fails if it exists: never adopt someone else's
         self._created.append(name)
+
+
+def hosting(cluster, names: Sequence[str]) -> dict:
+    """``LocalTree`` options that put tree node ``names[i]`` on host i of ``cluster`` (an
+    ``EmulatedCluster``, or anything with its ``addresses`` and ``popen``): its address there,
+    and its daemon started there."""
+    host_of = {n: i for i, n in enumerate(names)}
+    return dict(addresses={n: cluster.addresses[host_of[n]] for n in names},
+                spawn=lambda name, argv, kw: cluster.popen(host_of[name], argv, **kw))
 
 
 def _register_atexit(cluster: EmulatedCluster):

@@ -40,7 +40,7 @@ from crnet.tune.workload import ComputeModel
 from crnet.units import parse_bandwidth
 
 from . import child_env
-from .netns import EmulatedCluster
+from .netns import EmulatedCluster, hosting
 from .presets import Preset
 
 NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
@@ -100,7 +100,7 @@ def run_crnet_jobs(cluster: EmulatedCluster, preset: Preset, scheme: str, workdi
     lt = LocalTree(tree, preset.samples, workdir=workdir, timeout=preset.timeout,
                    chunk_bytes=preset.chunk_bytes, scheme=scheme, log_level="warning",
                    keep_results=max(8, preset.steps), strict=strict, **options,
-                   **cluster.hosting(names))
+                   **hosting(cluster, names))
     out: list[dict] = []
     workers: list[subprocess.Popen] = []
     try:

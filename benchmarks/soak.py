@@ -566,7 +566,7 @@ async def soak_main(args) -> int:
                          keep_results=8)
     if use_netns:
         cluster = netns.EmulatedCluster(len(names), rate=None, prefix=args.netns_prefix).up()
-        options.update(cluster.hosting(names))
+        options.update(netns.hosting(cluster, names))
     lt = LocalTree(tree, SAMPLES, **options)
     soak = None
     try:

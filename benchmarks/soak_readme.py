@@ -263,7 +263,7 @@ def soak_main(args) -> int:
     cluster = None
     if use_netns:
         cluster = netns.EmulatedCluster(len(names), rate=None, prefix=args.netns_prefix).up()
-        options.update(cluster.hosting(names))
+        options.update(netns.hosting(cluster, names))
     lt = LocalTree(tree, samples, **options)
     env = child_env()
     env.update(CRNET_WORLD_SIZE=str(len(names)))
