@@ -68,7 +68,9 @@ class Liveness:
             self._said.pop(rank, None)
         for rank, conns in links.items():
             conns = [c for c in conns if not c.is_closing]
-            if not conns:
+            if not conns:   # going: its next links are judged afresh
+                self._heard.pop(rank, None)
+                self._said.pop(rank, None)
                 continue
             got = sum(c.bytes_in for c in conns)
             heard = self._heard.get(rank)
