@@ -1,19 +1,21 @@
 """Back-to-back allreduce per vector size and scheme, as nccl-tests' all_reduce_perf prints it.
 
     python -m benchmarks.allreduce_perf [--hosts 4] [--schemes rar,spread,cr,gloo]
-        [--sizes 1M 16M 64M] [--dtype float32] [--steps N] [--rounds 3] [--json out.json]
+        [--sizes 1M 16M 64M] [--dtype float32] [--steps N] [--rounds 3] [--mtu 1500]
+        [--json out.json]
 
-What runs: for every round, size and scheme (the schemes alternating, so that a busy
-machine weighs on all of them alike), a tree of its own of ``--hosts`` crnetd processes
-on 127.0.0.1 (``crnet.tools.launch.LocalTree``: the master and ``hosts - 1`` workers, one
-layer, no stragglers) and on every host one training process (a process of its own, the
-blocking ``Client``, as a user's would be). Each step all of them meet at a barrier, then
-call ``allreduce`` at once; the master's process (which adds nothing in cr and spread)
-takes the result too. Every result is checked against the exact sum (integers in
+What runs: for every round, size and scheme (the schemes alternating, so that a busy machine
+weighs on all of them alike), a tree of its own of ``--hosts`` crnetd processes on 127.0.0.1
+(with ``--mtu``, as root: each in a network namespace of its own, on unshaped veth links of
+that MTU, ``benchmarks/netns.py``): ``crnet.tools.launch.LocalTree``, the master and
+``hosts - 1`` workers, one layer, no stragglers; and on every host one training process (a process
+of its own, the blocking ``Client``, as a user's would be). Each step all of them meet at a
+barrier, then call ``allreduce`` at once; the master's process (which adds nothing in cr and
+spread) takes the result too. Every result is checked against the exact sum (integers in
 float32: exact whatever the order of the additions). ``gloo`` is PyTorch's Gloo
-``all_reduce`` (its ring, for CPU tensors) between ``--hosts`` processes on 127.0.0.1, all of
-them contributing (``benchmarks/gloo_peer.py``: back to back, each step's sum checked); it
-is there where torch is installed (the ``bench`` extra), and has no daemons.
+``all_reduce`` (its ring, for CPU tensors) between ``--hosts`` processes on the same hosts, all
+of them contributing (``benchmarks/gloo_peer.py``: back to back, each step's sum checked);
+it is there where torch is installed (the ``bench`` extra), and has no daemons.
 
 Per size and scheme it prints (the median step over ``--steps`` measured steps, after
 ``--warmup``; the best round's median, and the spread of the rounds):
@@ -37,7 +39,6 @@ import contextlib
 import importlib.util
 import json
 import multiprocessing as mp
-import os
 import statistics
 import subprocess
 import sys
@@ -50,21 +51,11 @@ import numpy as np
 from crnet.coding.plan import Tree
 from crnet.tools.launch import LocalTree, free_port
 
+from . import netns
 from .bench_step import parse_size
+from .runner import cpu_seconds
 
 SCHEMES = ("rar", "spread", "cr", "gloo")
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process ``pid`` so far (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def default_steps(nbytes: int) -> int:
     return 40 if nbytes <= 1 << 20 else 20 if nbytes <= 16 << 20 else 8
 
@@ -118,10 +109,13 @@ def host(name: str, socket_path: str, sizes: list[int], dtype: str, steps: dict,
 
 
 def run_tree(scheme: str, hosts: int, sizes: list[int], dtype: str, steps: dict,
-             warmup: int, timeout: float) -> list[dict]:
+             warmup: int, timeout: float, cluster=None) -> list[dict]:
+    """``cluster``: an ``EmulatedCluster`` whose hosts the daemons run on (the training
+    processes stay here: their daemons' sockets are files)."""
     tree = Tree.regular(hosts - 1, 1, 0)
     names = list(tree.names())
-    lt = LocalTree(tree, hosts - 1, scheme=scheme, timeout=timeout, log_level="warning")
+    lt = LocalTree(tree, hosts - 1, scheme=scheme, timeout=timeout, log_level="warning",
+                   **({} if cluster is None else netns.hosting(cluster, names)))
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(names))
     out = ctx.Queue()
@@ -129,14 +123,14 @@ def run_tree(scheme: str, hosts: int, sizes: list[int], dtype: str, steps: dict,
     try:
         lt.start(wait=60)
         daemons = [lt.procs[n].pid for n in names]
-        cpu0 = sum(map(cpu_seconds, daemons))
+        cpu0 = cpu_seconds(daemons)
         for name in names:
             p = ctx.Process(target=host, args=(name, lt.socket_path(name), sizes, dtype, steps,
                                                warmup, barrier, out), daemon=True)
             p.start()
             procs.append(p)
         reports = dict(out.get(timeout=1800) for _ in names)
-        daemon_cpu = sum(map(cpu_seconds, daemons)) - cpu0
+        daemon_cpu = cpu_seconds(daemons) - cpu0
     finally:
         for p in procs:
             p.join(10)
@@ -160,14 +154,20 @@ def run_tree(scheme: str, hosts: int, sizes: list[int], dtype: str, steps: dict,
 
 
 def run_gloo(hosts: int, nbytes: int, dtype: str, steps: int, warmup: int,
-             timeout: float) -> dict:
-    """PyTorch's Gloo: ``hosts`` peers on 127.0.0.1, ``warmup + steps`` all_reduce back to back."""
+             timeout: float, cluster=None) -> dict:
+    """PyTorch's Gloo: ``hosts`` peers (on ``cluster``'s hosts, else 127.0.0.1),
+    ``warmup + steps`` all_reduce back to back."""
     from .gloo_run import run_gloo as gloo
 
+    def spawn(i: int, argv: list, env: dict) -> subprocess.Popen:
+        start = subprocess.Popen if cluster is None else (
+            lambda argv, **kw: cluster.popen(i, argv, **kw))
+        return start(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    where = ["127.0.0.1"] * hosts if cluster is None else cluster.addresses
+    ifnames = None if cluster is None else [cluster.interface] * hosts
     with tempfile.TemporaryDirectory(prefix="crnet-perf-gloo-") as workdir:
-        got = gloo(lambda i, argv, env: subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                                         stdout=subprocess.DEVNULL),
-                   ["127.0.0.1"] * hosts, None, elements=nbytes // np.dtype(dtype).itemsize,
+        got = gloo(spawn, where, ifnames, elements=nbytes // np.dtype(dtype).itemsize,
                    dtype=dtype, steps=warmup + steps, compute="fixed:0", loads=[1] * hosts,
                    seed=0, deadline=3600.0, timeout=timeout, workdir=Path(workdir),
                    port=free_port())
@@ -193,8 +193,9 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
-def print_table(results: dict, sizes: list[int], schemes: list[str], hosts: int) -> None:
-    print(f"\nallreduce, {hosts} hosts on 127.0.0.1; the best round's median step "
+def print_table(results: dict, sizes: list[int], schemes: list[str], hosts: int,
+                where: str) -> None:
+    print(f"\nallreduce, {hosts} hosts, {where}; the best round's median step "
           "(all rounds' medians in brackets)")
     print(f"{'size':>6} {'scheme':>7} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
           f"{'failed':>7} {'exact':>6} {'daemons CPU ms':>15} {'procs CPU ms':>13}  rounds ms")
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=30.0, help="crnetd --timeout")
+    ap.add_argument("--mtu", type=int, default=None,
+                    help="hosts in network namespaces on unshaped veth links of this MTU (root), "
+                         "instead of 127.0.0.1")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
@@ -239,21 +243,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sizes: each at least one element per host")
     steps = {s: args.steps or default_steps(s) for s in sizes}
     results: dict = {(s, n): [] for s in schemes for n in sizes}
-    for r in range(args.rounds):
-        order = schemes if r % 2 == 0 else schemes[::-1]
-        for nbytes in sizes:
-            for scheme in order:   # a tree per size: its daemons' CPU is that size's
-                t0 = time.monotonic()
-                if scheme == "gloo":
-                    results[(scheme, nbytes)].append(run_gloo(
-                        args.hosts, nbytes, args.dtype, steps[nbytes], args.warmup, args.timeout))
-                else:
-                    for row in run_tree(scheme, args.hosts, [nbytes], args.dtype, steps,
-                                        args.warmup, args.timeout):
-                        results[(scheme, row["bytes"])].append(row)
-                print(f"round {r + 1}: {fmt_bytes(nbytes)} {scheme} in "
-                      f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    print_table(results, sizes, schemes, args.hosts)
+    cluster = None
+    if args.mtu is not None:
+        if (why := netns.requirements()) is not None:
+            ap.error(f"--mtu: {why}")
+        cluster = netns.EmulatedCluster(args.hosts, rate=None, mtu=args.mtu, prefix="crp").up()
+    try:
+        run_rounds(args, schemes, sizes, steps, results, cluster)
+    finally:
+        if cluster is not None:
+            cluster.down()
+    print_table(results, sizes, schemes, args.hosts,
+                "127.0.0.1" if cluster is None else f"unshaped veth, MTU {args.mtu}")
     if args.json:
         with contextlib.suppress(OSError):
             Path(args.json).write_text(json.dumps(
@@ -261,6 +262,25 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1))
     bad = any(r["failed"] or r["wrong"] for rows in results.values() for r in rows)
     return 1 if bad else 0
+
+
+def run_rounds(args, schemes: list[str], sizes: list[int], steps: dict, results: dict,
+               cluster) -> None:
+    for r in range(args.rounds):
+        order = schemes if r % 2 == 0 else schemes[::-1]
+        for nbytes in sizes:
+            for scheme in order:   # a tree per size: its daemons' CPU is that size's
+                t0 = time.monotonic()
+                if scheme == "gloo":
+                    results[(scheme, nbytes)].append(run_gloo(
+                        args.hosts, nbytes, args.dtype, steps[nbytes], args.warmup, args.timeout,
+                        cluster))
+                else:
+                    for row in run_tree(scheme, args.hosts, [nbytes], args.dtype, steps,
+                                        args.warmup, args.timeout, cluster):
+                        results[(scheme, row["bytes"])].append(row)
+                print(f"round {r + 1}: {fmt_bytes(nbytes)} {scheme} in "
+                      f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

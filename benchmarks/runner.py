@@ -106,7 +106,7 @@ def run_crnet_jobs(cluster: EmulatedCluster, preset: Preset, scheme: str, workdi
     try:
         lt.start(wait=60)
         for j, (job, steps) in enumerate(jobs):
-            daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values())
+            daemons_cpu = cpu_seconds(p.pid for p in lt.procs.values())
             job_dir = workdir if len(jobs) == 1 else workdir / f"job{j}"
             job_dir.mkdir(parents=True, exist_ok=True)
             workers = []
@@ -133,7 +133,7 @@ def run_crnet_jobs(cluster: EmulatedCluster, preset: Preset, scheme: str, workdi
             # The observer (the master's client) sees every step; a frozen worker never exits.
             _wait(workers[:1], preset.deadline + 4 * preset.timeout + 30)
             _wait(workers[1:], 2 * preset.timeout + 5)
-            daemons_cpu = _cpu_seconds(p.pid for p in lt.procs.values()) - daemons_cpu
+            daemons_cpu = cpu_seconds(p.pid for p in lt.procs.values()) - daemons_cpu
             stop_processes(workers, grace=5.0, term=False)   # what still runs is frozen or stuck
             out.append(_job_summary(row, preset, names, job_dir, daemons_cpu))
             if between is not None and j < len(jobs) - 1:
@@ -368,7 +368,7 @@ def _wait(procs, limit: float) -> None:
             p.wait(max(0.1, deadline - time.monotonic()))
 
 
-def _cpu_seconds(pids) -> float:
+def cpu_seconds(pids) -> float:
     """User + system CPU seconds the processes ``pids`` have used so far (Linux /proc)."""
     total = 0
     for pid in pids:

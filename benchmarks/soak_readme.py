@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from crnet import defaults
 from crnet.coding.plan import Tree
+from crnet.node.steps.settings import EngineSettings
 from crnet.tools.launch import LocalTree
 
 from . import child_env, netns
@@ -256,8 +256,7 @@ def soak_main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     names = list(tree.names())
     samples = 4 * len(names)
-    grace = min(defaults.GRACE_MAX, max(defaults.GRACE_MIN, defaults.GRACE_SHARE * args.timeout))
-    bound = args.timeout + grace + TRIP
+    bound = EngineSettings(timeout=args.timeout).answer_within + TRIP
     options: dict = dict(workdir=workdir, timeout=args.timeout, log_level="warning",
                          scheme=args.scheme)
     cluster = None

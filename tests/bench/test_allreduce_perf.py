@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from benchmarks import child_env
+from benchmarks import child_env, netns
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,3 +41,20 @@ def test_a_bad_option_is_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.allreduce_perf", "--schemes", "ring"],
                           env=child_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--schemes: from rar, spread, cr, gloo" in proc.stderr
+
+
+@pytest.mark.skipif(netns.requirements() is not None,
+                    reason=f"emulated hosts need netns: {netns.requirements()}")
+def test_on_unshaped_veth_links_every_result_is_exact_and_no_namespace_is_left(tmp_path):
+    out = tmp_path / "perf.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.allreduce_perf", "--mtu", "9000",
+                           "--schemes", "rar,spread", "--sizes", "1M", "--rounds", "1",
+                           "--steps", "3", "--json", str(out)],
+                          env=child_env(), capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "unshaped veth, MTU 9000" in proc.stdout
+    rows = json.loads(out.read_text())
+    assert sorted(r["scheme"] for r in rows) == ["rar", "spread"]
+    assert all(r["failed"] == 0 and r["wrong"] == 0 for r in rows), rows
+    assert netns.cluster_namespaces("crp") == []

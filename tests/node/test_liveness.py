@@ -5,10 +5,12 @@ late tick judges nobody; heartbeats go only where nothing else went for a beat."
 
 import asyncio
 
+import msgpack
 import pytest
 
 from crnet.node.peers.liveness import BEATS, Liveness
-from crnet.protocol.messages import Heartbeat
+from crnet.protocol.messages import Heartbeat, parse
+from crnet.protocol.wire import PREFIX, MsgType
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -23,9 +25,13 @@ class Link:
         self.sent: list = []
         self.aborted: str | None = None
 
-    def send(self, msg, payload=None) -> bool:
-        self.sent.append(msg)
-        self.bytes_out += 30
+    def write(self, frame: list) -> bool:
+        """A frame as ``Connection.write`` takes it: kept as the message it encodes."""
+        data = b"".join(frame)
+        _, _, kind, hlen, _ = PREFIX.unpack_from(data)
+        header = msgpack.unpackb(data[PREFIX.size:PREFIX.size + hlen])
+        self.sent.append(parse(MsgType(kind), header, 0))
+        self.bytes_out += len(data)
         return True
 
     def abort(self, reason: str) -> None:

@@ -290,3 +290,20 @@ async def test_random_faults(local_tree, seed):
     bound, every result is exact, and the tree is healthy again soon after the last fault."""
     rng = random.Random(seed)
     await random_faults(spread_tree(local_tree, keep_results=8), gradients(seed, M, DIM), rng)
+
+
+async def test_an_idle_tree_cuts_no_live_host_off(local_tree):
+    """Between steps nothing but heartbeats goes between the hosts (node/peers/liveness.py):
+    idle for many times stall_after, no live host is taken for frozen, and the next steps
+    are exact everywhere."""
+    lt = spread_tree(local_tree)
+    grads = gradients(7, M, DIM)
+    clients = await connect_all(lt, NAMES)
+    try:
+        await exact_steps(clients, grads, 0, 1)
+        await asyncio.sleep(6 * STALL_AFTER)
+        await exact_steps(clients, grads, 1, 2)
+    finally:
+        close_all(clients)
+    for name in NAMES:
+        assert "sent nothing" not in lt.log_path(name).read_text(), name

@@ -9,9 +9,10 @@ relays the sum past it, the master leaves it out of the owners) and it is dialed
 to be taken back once it answers.
 
 Why not the send side, as before: a frozen host's kernel goes on taking bytes, as many as
-its receive buffer and the sender's send buffer hold. With those buffers sized to the link
-(megabytes on loopback, where a 32 KiB send buffer made every write wait for a delayed
-ACK) a frozen relay would swallow a whole step's chunks of the sum and nobody would notice;
+its receive buffer (megabytes on loopback, by the kernel's autotuning) and the sender's
+send buffer hold. With send buffers of a few segments (256 KiB on loopback, where 32 KiB
+made every write wait for a delayed ACK) a frozen relay swallows a whole step's chunks of
+the sum, and a sender never waits on it long enough to notice;
 judged by what it delivers, it is found within ``stall_after`` whatever the buffers.
 
 Judged on ticks of a beat, between steps too: a live daemon always owes its heartbeats,
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ...protocol.messages import Heartbeat
 from ...protocol.transport import Connection
@@ -38,6 +40,20 @@ BEATS = 4   # heartbeats a peer has the chance to send within stall_after
 # Each peer rank's links here, the one this node writes its heartbeat on first.
 Links = Callable[[], dict[int, list[Connection]]]
 
+BEAT_FRAME = Heartbeat().frame()   # encoded once: it is the same every time
+
+
+@dataclass
+class _Peer:
+    """What this node knows of one peer rank: the bytes in from it on its links and since
+    when that count stood; the link it writes its heartbeats on and that link's bytes out
+    at the last beat."""
+
+    heard: int
+    since: float
+    beat_on: Connection | None = None
+    said: int = 0
+
 
 class Liveness:
     def __init__(self, links: Links, stall_after: float,
@@ -48,8 +64,7 @@ class Liveness:
         self.stall_after = stall_after
         self.beat = stall_after / BEATS
         self.name = name
-        self._heard: dict[int, tuple[int, float]] = {}   # rank -> (bytes in, since when)
-        self._said: dict[int, tuple[Connection, int]] = {}   # rank -> (link, bytes out)
+        self._peers: dict[int, _Peer] = {}
         self._due: float | None = None
         self.cut_off = 0   # peers cut as silent (metrics, tests)
 
@@ -63,37 +78,36 @@ class Liveness:
         late = self._due is not None and now > self._due + self.beat
         self._due = now + self.beat
         links = self.links()
-        for rank in [r for r in self._heard if r not in links]:
-            del self._heard[rank]
-            self._said.pop(rank, None)
+        for rank in [r for r in self._peers if r not in links]:
+            del self._peers[rank]
         for rank, conns in links.items():
             conns = [c for c in conns if not c.is_closing]
             if not conns:   # going: its next links are judged afresh
-                self._heard.pop(rank, None)
-                self._said.pop(rank, None)
+                self._peers.pop(rank, None)
                 continue
             got = sum(c.bytes_in for c in conns)
-            heard = self._heard.get(rank)
-            if heard is None or heard[0] != got or late:
-                self._heard[rank] = (got, now)
-            elif now - heard[1] >= self.stall_after:
-                self._cut(rank, conns, now - heard[1])
+            peer = self._peers.get(rank)
+            if peer is None:
+                peer = self._peers[rank] = _Peer(got, now)
+            elif peer.heard != got or late:
+                peer.heard, peer.since = got, now
+            elif now - peer.since >= self.stall_after:
+                self._cut(rank, conns, now - peer.since)
                 continue
-            self._heartbeat(rank, conns[0])
+            self._heartbeat(peer, conns[0])
 
-    def _heartbeat(self, rank: int, conn: Connection) -> None:
-        """A heartbeat to ``rank`` unless this node wrote it something else since the last
+    @staticmethod
+    def _heartbeat(peer: _Peer, conn: Connection) -> None:
+        """A heartbeat on ``conn`` unless this node wrote it something else since the last
         beat (it goes straight to the link, past the sends waiting their turn: those wait
         for other links, and the peer must hear from this node meanwhile)."""
-        said = self._said.get(rank)
-        if said is not None and said[0] is conn and said[1] == conn.bytes_out:
-            conn.send(Heartbeat())
-        self._said[rank] = (conn, conn.bytes_out)
+        if peer.beat_on is conn and peer.said == conn.bytes_out:
+            conn.write(BEAT_FRAME)
+        peer.beat_on, peer.said = conn, conn.bytes_out
 
     def _cut(self, rank: int, conns: list[Connection], silent: float) -> None:
         self.cut_off += 1
-        del self._heard[rank]
-        self._said.pop(rank, None)
+        del self._peers[rank]
         log.warning("peer %s sent nothing, not even a heartbeat, for %.1f s: cut off as frozen "
                     "(it is dialed again)", self.name(rank), silent)
         for conn in conns:

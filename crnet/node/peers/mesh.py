@@ -36,7 +36,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ... import defaults
 from ...coding.plan import Tree
 from ...errors import JoinRefused, NotThatHost, ProtocolError
 from ...peer_text import shown
@@ -74,15 +73,15 @@ class Mesh:
 
     def __init__(self, neighbours: Neighbours, dial: PeerDialer | None,
                  lost: Callable[[int], None], unreachable: Callable[[int], None] = lambda rank: None,
-                 names: bool = False, disowned: Callable[[int], None] = lambda rank: None,
-                 stall_after: float = defaults.TIMEOUT * defaults.STALL_SHARE):
+                 names: bool = False, disowned: Callable[[int], None] = lambda rank: None, *,
+                 stall_after: float):
         """``dial(address, peer, host)`` dials a peer (None: the one at the parent's
         address, the master), whose link reports to ``peer``; ``lost(rank)`` hears that a
         peer's link to this node is gone; ``unreachable(rank)`` that this node's link to it
         is (or could not be dialed). ``names``: --tls-names (spread's links checked);
         ``disowned(rank)``: then, that the rank was left out, or that another host
         answered at its address (``NotThatHost``). A peer that sends nothing for
-        ``stall_after`` is cut off (``liveness.py``)."""
+        ``stall_after`` (``EngineSettings.stall_after``) is cut off (``liveness.py``)."""
         self.neighbours = neighbours
         self._dial = dial
         self._lost = lost
