@@ -1,5 +1,6 @@
 """Shared fixtures: real crnetd trees on 127.0.0.1, always torn down; a node's membership over
-no sockets; the TLS tests' certificates. The helpers the tests share are in ``tests/helpers/``."""
+no sockets; a step engine over fake links; the TLS tests' certificates. The helpers the
+tests share are in ``tests/helpers/``."""
 
 import asyncio
 import logging
@@ -10,6 +11,7 @@ from crnet.coding.plan import Tree
 from crnet.tools.launch import LocalTree
 
 from .helpers.certs import have_openssl, make_cluster_certs
+from .helpers.engines import make_engine
 from .tiers import BOTH_LOOPS_FILES, file_of, is_quick
 
 
@@ -55,6 +57,21 @@ class _Kept(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+@pytest.fixture
+def engine_at():
+    """``engine_at(place, children, parent=None, **settings)``: a started StepEngine over fake
+    links (``helpers.engines.make_engine``), closed after the test."""
+    engines = []
+
+    def make(place, children, parent=None, **settings):
+        engines.append(make_engine(place, children, parent, **settings))
+        return engines[-1]
+
+    yield make
+    for engine in engines:
+        engine.close()
 
 
 @pytest.fixture(autouse=True)

@@ -151,6 +151,13 @@ class Steps(Protocol):
         """``step`` can no longer finish here (not enough children left): say so now
         instead of at its deadline."""
 
+    def settle(self, step: int) -> None:
+        """The master's word came that every host has ``step``'s sum (spread's SETTLED): the
+        node keeps it with the step, whatever becomes of the scheme's own state of it."""
+
+    def is_settled(self, step: int) -> bool:
+        """Whether ``settle`` was said of ``step`` (while the step is held here)."""
+
     @property
     def timeout(self) -> float:
         """Seconds a step may take at this node before it fails here (--timeout)."""

@@ -11,8 +11,7 @@ import pytest
 from crnet import defaults
 from crnet.coding.plan import Tree, plan
 from crnet.errors import ProtocolError
-from crnet.measure.stats import Stats
-from crnet.node.neighbours import ChildSlot, Neighbours
+from crnet.node.neighbours import ChildSlot
 from crnet.node.steps import (
     EngineSettings,
     Failed,
@@ -20,98 +19,28 @@ from crnet.node.steps import (
     Mismatched,
     Refused,
     Resolved,
-    StepEngine,
 )
 from crnet.node.steps.settings import physical_memory
 from crnet.protocol.messages import Chunk, Fail, FailKind, Open, Result
 from crnet.schemes import Origin, Place
 from crnet.schemes.chunks import ChunkLayout
 
+from ..helpers.engines import (
+    PAIR,
+    STAR,
+    master,
+    node,
+    recorder,
+    send_chunk,
+    send_result,
+    send_vector,
+)
 from ..helpers.fake_links import FakeLink, not_held
 from ..helpers.waits import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
-STAR = Tree((3,), (1,))            # the master decodes any 2 of its 3 children
-PAIR = Tree((2,), (1,))            # the master decodes from either of its 2 children
-TWO_LAYERS = Tree.regular(3, 2, 1)  # node "0" decodes any 2 of its 3 children
 SLACK = 0.005                      # timer slack when comparing the loop's clock
-
-
-@pytest.fixture
-def engine_at():
-    """``engine_at(place, children, parent=None, **settings)``: a started StepEngine whose
-    child slots hold ``children`` (FakeLinks, or None for an empty slot)."""
-    engines = []
-
-    def make(place, children, parent=None, **settings):
-        neighbours = Neighbours()
-        neighbours.parent = parent
-        neighbours.slots = [ChildSlot(link=link) for link in children]
-        engine = StepEngine(EngineSettings(**settings), Stats(), neighbours)
-        engine.start(place)
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.close()
-
-
-def master(tree=STAR, chunk_bytes=32):
-    return Place("", 0, tree, "cr", "auto", chunk_bytes)
-
-
-def node(name, tree=TWO_LAYERS, chunk_bytes=32):
-    return Place(name, tree.layer(name), tree, "cr", "auto", chunk_bytes)
-
-
-def recorder(loop=None):
-    """An ``answer`` for ``engine.request`` that records each outcome; given the loop, also
-    when it came (``times``) and a future resolved with the first."""
-    got, times = [], []
-    future = None if loop is None else loop.create_future()
-
-    def answer(outcome):
-        got.append(outcome)
-        if future is not None:
-            times.append(loop.time())
-            if not future.done():
-                future.set_result(outcome)
-    answer.got, answer.times, answer.future = got, times, future
-    return answer
-
-
-def send_chunk(engine, k, step, chunk, vector, chunk_bytes=32):
-    """Child ``k``'s chunk of ``vector`` through the engine, as ChildLink does; returns
-    whether the engine took the payload."""
-    layout = ChunkLayout.of(vector.size, vector.dtype, chunk_bytes)
-    a, b = layout.bounds(chunk)
-    msg = Chunk(step, chunk, vector.size, vector.dtype.name)
-    dest = engine.piece_dest(Origin.CHILD, k, msg, layout.nbytes(chunk))
-    if dest is None:
-        return False
-    np.frombuffer(dest, vector.dtype)[:] = vector[a:b]
-    engine.piece(Origin.CHILD, k, msg, dest)
-    return True
-
-
-def send_vector(engine, k, step, vector, chunk_bytes=32):
-    """Every chunk of child ``k``'s ``vector``: whether the engine took each."""
-    layout = ChunkLayout.of(vector.size, vector.dtype, chunk_bytes)
-    return [send_chunk(engine, k, step, c, vector, chunk_bytes) for c in range(layout.chunks)]
-
-
-def send_result(engine, step, vector, chunk_bytes=32):
-    """The parent's RESULT chunks of ``vector`` for ``step``, as ParentLink hands them over."""
-    layout = ChunkLayout.of(vector.size, vector.dtype, chunk_bytes)
-    for c in range(layout.chunks):
-        a, b = layout.bounds(c)
-        msg = Result(step, c, vector.size, vector.dtype.name)
-        dest = engine.piece_dest(Origin.PARENT, 0, msg, layout.nbytes(c))
-        assert dest is not None, f"the engine dropped RESULT chunk {c} of step {step}"
-        np.frombuffer(dest, vector.dtype)[:] = vector[a:b]
-        engine.piece(Origin.PARENT, 0, msg, dest)
 
 
 def coded(tree, dim=10, samples=24, seed=1):
@@ -1054,11 +983,11 @@ async def test_the_masters_bookkeeping_stays_bounded_over_a_long_run(engine_at):
     assert engine.window.tree_step == STEPS - 1 and engine.stats.steps_done == STEPS
     peaks.pop("kept_bytes")
     assert dict(peaks) == {"open": 1, "decided": s.behind, "kept": s.keep_results,
-                           "waiting": 1, "told": s.behind}
+                           "waiting": 1, "told": s.behind, "records": s.behind + 1}
     book = engine.bookkeeping()
     assert book.pop("kept_bytes") <= s.keep_results * 8 * 8   # the kept vectors, no more
     assert book == {"open": 0, "decided": s.behind, "kept": s.keep_results,
-                    "waiting": 0, "told": s.behind}
+                    "waiting": 0, "told": s.behind, "records": s.behind}
     scheme = engine.scheme
     assert scheme.ups == {} and scheme.down == {} and scheme._ahead == {}
     assert len(links[1].messages(Result)) == 2 * STEPS    # broadcast, plus the catch-up
@@ -1081,11 +1010,11 @@ async def test_a_node_counts_the_steps_resolved_without_it_and_stays_bounded(eng
     assert len(parent.messages(Chunk)) == STEPS // 4
     peaks.pop("kept_bytes")
     assert dict(peaks) == {"open": 1, "decided": s.behind, "kept": s.keep_results,
-                           "waiting": 1, "told": 0}
+                           "waiting": 1, "told": 0, "records": s.behind + 1}
     book = engine.bookkeeping()
     book.pop("kept_bytes")
     assert book == {"open": 0, "decided": s.behind, "kept": s.keep_results,
-                    "waiting": 0, "told": 0}
+                    "waiting": 0, "told": 0, "records": s.behind}
     assert engine.scheme.ups == {} and engine.scheme.down == {}
 
 
@@ -1106,7 +1035,7 @@ async def test_a_run_of_failed_steps_keeps_the_bookkeeping_bounded(engine_at):
     assert engine.window.tree_step == STEPS - 1 and engine.stats.steps_failed == STEPS
     assert engine.window.tree_vector is None
     assert dict(peaks) == {"open": 0, "decided": s.behind, "kept": s.keep_results,
-                           "kept_bytes": 0, "waiting": 0, "told": 0}
+                           "kept_bytes": 0, "waiting": 0, "told": 0, "records": s.behind}
     assert engine.scheme._ahead == {} and engine.scheme.ups == {}
 
 

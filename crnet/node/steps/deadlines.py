@@ -34,6 +34,7 @@ from ... import defaults
 from ...protocol.messages import Fail, FailKind, Open
 from ...schemes import Place, Stall
 from ..neighbours import Neighbours
+from .record import Event, StepRecord, StepState
 from .settings import EngineSettings
 from .window import StepWindow
 
@@ -48,25 +49,18 @@ LoseFn = Callable[[int, str], None]           # (step, reason): decisions.lose
 
 
 class Deadlines:
+    """The clocks of the steps this node holds (each in its ``record.StepRecord``)."""
+
     def __init__(self, settings: EngineSettings, window: StepWindow, neighbours: Neighbours, *,
                  stalled: Callable[[int], Stall | None], fail: FailFn, lose: LoseFn):
         self.settings = settings
         self.window = window
+        self.records = window.steps
         self.neighbours = neighbours
         self._stalled = stalled                 # the scheme says what a step lacks
         self._fail = fail
         self._lose = lose
         self.place: Place | None = None
-        self._open: dict[int, list[asyncio.TimerHandle]] = {}   # step -> its deadlines
-        # Open steps without a clock: the children (slot k) and peers (("peer", rank)) that
-        # began them.
-        self._openers: dict[int, set[int | tuple[str, int]]] = {}
-        self._began: dict[int, float] = {}      # step -> when it began here (loop time)
-        # ... and by a fine clock: uvloop's loop time counts whole milliseconds and stands
-        # still within a loop turn, so a step decided within a millisecond measured 0.0 ms.
-        self._clock: dict[int, float] = {}
-        self._reported: set[int] = set()        # steps this node told its parent it stalled
-        self._sent_up: set[int] = set()         # steps this node sent a chunk of up
         self._last_stall = ""                   # why, as last logged
 
     @property
@@ -79,10 +73,10 @@ class Deadlines:
 
     @property
     def steps(self) -> list[int]:
-        return sorted(self._open)
+        return self.records.open_steps()
 
     def is_open(self, step: int) -> bool:
-        return step in self._open
+        return self.records.state(step).is_open
 
     def open(self, step: int, announce: bool, child: int | None = None,
              peer: int | None = None) -> bool:
@@ -90,54 +84,54 @@ class Deadlines:
         node's own process): its deadline runs from now, or once s + 1 children or
         ``PEER_VOUCHERS`` peers said so (the module's docstring). True the first time (not
         if it is open or decided already)."""
-        handles = self._open.get(step)
-        if handles is not None:
-            if not handles:      # open, no clock yet: does this child or peer start it?
-                self._began_below(step, announce, child, peer)
+        record = self.records.get(step)
+        if record is not None and record.is_open:
+            if record.state in (StepState.WAITING, StepState.PAUSED):
+                self._began_below(record, announce, child, peer)   # does this one start it?
             return False
         if self.window.is_decided(step):
             return False
         self.window.seen(step)
-        self._open[step] = []
+        record = self.records.make(step)
+        record.move(Event.BEGIN)
         # It began here now, clock or not: a parent may decode from n - s children before
         # s + 1 said so (n < 2s + 1), and the step's time is from its first sign here.
-        self._began[step] = asyncio.get_running_loop().time()
-        self._clock[step] = time.perf_counter()
-        self._began_below(step, announce, child, peer)
+        # (uvloop's loop time counts whole milliseconds and stands still within a loop
+        # turn, so the step's measured time is on a fine clock too.)
+        record.began = asyncio.get_running_loop().time()
+        record.clock = time.perf_counter()
+        self._began_below(record, announce, child, peer)
         return True
 
-    def _began_below(self, step: int, announce: bool, child: int | None, peer: int | None) -> None:
+    def _began_below(self, record: StepRecord, announce: bool, child: int | None,
+                     peer: int | None) -> None:
         if child is not None or peer is not None:
-            openers = self._openers.setdefault(step, set())
-            who: int | tuple[str, int]
-            if child is not None:
-                who = child
-            else:
-                assert peer is not None
-                who = ("peer", peer)
-            if who in openers:
+            who: int | tuple[str, int] = child if child is not None else ("peer", peer or 0)
+            if who in record.openers:
                 return
-            openers.add(who)
-            if not self._vouched(step, openers):
+            record.openers.add(who)
+            if not self._vouched(record):
                 return
-        self._start(step, announce)
+        self._start(record, announce)
 
-    def _vouched(self, step: int, openers: set[int | tuple[str, int]]) -> bool:
-        """Do the children and peers that said ``step`` began start its clock here?"""
+    def _vouched(self, record: StepRecord) -> bool:
+        """Do the children and peers that said the step began start its clock here?"""
+        openers = record.openers
         peers = sum(1 for o in openers if isinstance(o, tuple))
         if len(openers) - peers >= self._vouchers():
             return True
-        return peers >= PEER_VOUCHERS and step <= self.window.newest_decided + 1
+        return peers >= PEER_VOUCHERS and record.step <= self.window.newest_decided + 1
 
-    def _start(self, step: int, announce: bool) -> None:
-        self._openers.pop(step, None)
+    def _start(self, record: StepRecord, announce: bool) -> None:
+        record.move(Event.START)
+        record.openers.clear()
         loop = asyncio.get_running_loop()
-        handles = self._open[step]
-        handles.append(loop.call_later(self.settings.timeout, self._deadline, step))
+        step = record.step
+        record.handles.append(loop.call_later(self.settings.timeout, self._deadline, record))
         if announce and not self.is_master:
             # Unless this node's first chunk of the step goes up soon (the usual case,
             # and the parent then knows), tell the parent the step began here.
-            handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
+            record.handles.append(loop.call_later(defaults.OPEN_DELAY, self._announce, step))
 
     def _vouchers(self) -> int:
         """How many children must say a step began below for its clock to start here."""
@@ -147,61 +141,58 @@ class Deadlines:
         connected = sum(1 for slot in self.neighbours.slots if slot.link is not None)
         return max(1, min(place.tree.stragglers[place.layer] + 1, connected))
 
-    def took(self, step: int) -> float | None:
-        """Seconds since ``step`` began here (a fine clock), if it is open here."""
-        began = self._clock.get(step)
-        return None if began is None else time.perf_counter() - began
+    def took(self, record: StepRecord) -> float | None:
+        """Seconds since the step began here (a fine clock), if it did (and its clocks
+        have not stopped: ``close``)."""
+        return None if record.clock is None else time.perf_counter() - record.clock
 
     def sent_up(self, step: int) -> None:
         """A chunk of ``step`` went to the parent: it knows the step began here."""
-        self._sent_up.add(step)
+        record = self.records.get(step)
+        if record is not None:
+            record.sent_up = True
 
-    def close(self, step: int) -> float | None:
-        """``step`` is decided: its clocks stop. When it began here, if it did."""
-        for handle in self._open.pop(step, ()):
-            handle.cancel()
-        self._reported.discard(step)
-        self._sent_up.discard(step)
-        self._openers.pop(step, None)
-        self._clock.pop(step, None)
-        after = step + 1     # its peers' vouchers may count now (the module's docstring)
-        openers = self._openers.get(after)
-        if openers is not None and self._open.get(after) == [] and self._vouched(after, openers):
+    def close(self, record: StepRecord) -> float | None:
+        """The step is being decided: its clocks stop. When it began here, if it did."""
+        record.cancel_clocks()
+        record.reported = record.sent_up = False
+        record.openers.clear()
+        record.clock = None
+        began, record.began = record.began, None
+        after = self.records.get(record.step + 1)   # its peers' vouchers may count now
+        if (after is not None and after.state in (StepState.WAITING, StepState.PAUSED)
+                and after.openers and self._vouched(after)):
             self._start(after, announce=self.place is not None and not self.place.is_leaf)
-        return self._began.pop(step, None)
+        return began
 
     def pause(self, step: int) -> None:
         """``step`` stays open with its clock stopped (whoever waited was answered): the
         next process to ask for it starts it again (``open``)."""
-        if step in self._open:
-            for handle in self._open[step]:
-                handle.cancel()
-            self._open[step] = []
-            self._reported.discard(step)
-            self._openers.pop(step, None)
+        record = self.records.get(step)
+        if record is not None and record.is_open:
+            record.move(Event.PAUSE)
+            record.cancel_clocks()
+            record.reported = False
+            record.openers.clear()
 
     def close_all(self) -> None:
-        for handles in self._open.values():
-            for handle in handles:
-                handle.cancel()
-        self._open.clear()
-        self._openers.clear()
-        self._began.clear()
-        self._clock.clear()
-        self._reported.clear()
-        self._sent_up.clear()
+        """Every clock stops (the node closes, or a new job begins)."""
+        for record in self.records:
+            record.cancel_clocks()
 
     def _announce(self, step: int) -> None:
-        if not self.window.is_decided(step) and step not in self._sent_up:
+        record = self.records.get(step)
+        if record is not None and record.is_open and not record.sent_up:
             self.neighbours.to_parent(Open(step))
 
-    def _deadline(self, step: int) -> None:
-        if self.window.is_decided(step):
+    def _deadline(self, record: StepRecord) -> None:
+        step = record.step
+        if record.state is not StepState.RUNNING or self.records.get(step) is not record:
             return
         if not self.is_master:   # the last chance for the master's decision to come
-            handles = self._open.setdefault(step, [])
-            handles.append(asyncio.get_running_loop().call_later(
-                self.settings.grace, self._give_up, step))
+            record.move(Event.DEADLINE)
+            record.handles.append(asyncio.get_running_loop().call_later(
+                self.settings.grace, self._give_up, record))
         if not self.is_master and self.neighbours.parent is None:
             self._fail(step, f"{self.label} has no parent (it is reconnecting) and could not "
                              f"get step {step} decided within {self.settings.timeout:g} s", False)
@@ -211,11 +202,12 @@ class Deadlines:
             self.stall(step, f"{self.label} did not get {stall.lacking} within "
                              f"{self.settings.timeout:g} s", stall.here)
 
-    def _give_up(self, step: int) -> None:
+    def _give_up(self, record: StepRecord) -> None:
         """No decision reached this node from the master in time: its parent is gone or
         frozen. Its subtree's processes must not wait longer. (Unless the master's word
         came, and what the step lacks here will not: then it is lost here.)"""
-        if self.window.is_decided(step):
+        step = record.step
+        if record.state is not StepState.OVERDUE or self.records.get(step) is not record:
             return
         stall = self._stalled(step)
         if stall is not None and stall.lost:
@@ -234,8 +226,9 @@ class Deadlines:
         if self.is_master:
             self._fail(step, reason, True)
             return
-        if step not in self._reported:
-            self._reported.add(step)
+        record = self.records.make(step)
+        if not record.reported:
+            record.reported = True
             # Said loudly when it changes; a node that stays degraded says it once.
             why = reason.partition(":")[2] or reason
             level = logging.DEBUG if why == self._last_stall else logging.WARNING

@@ -33,6 +33,7 @@ from ..signal import Signal
 from .deadlines import Deadlines
 from .lending import Lending
 from .outcomes import Decision, Failed, Kept, Lost, Mismatched, Outcome, Resolved, fail_of
+from .record import Event, StepState
 from .settings import EngineSettings
 from .window import StepWindow
 
@@ -58,11 +59,7 @@ class Decisions:
         # Told of every decision, and of a tree_step learned from a peer (step None):
         # the training processes' shared progress (links/client_steps.py).
         self.decided: Signal[int | None] = Signal()
-        self.waiters: dict[int, list[Answer]] = {}
-        # Undecided steps this host's vector went into: its length and dtype.
-        self.contributed: dict[int, tuple[int, np.dtype]] = {}
-        # Steps failed here only (cut off from the master): open to the tree's verdict.
-        self.failed_here: set[int] = set()
+        self.records = window.steps             # every step's record (record.py)
         self.keep_open_here = False   # a failure here answers, and leaves the step open
         # The master, restarted: steps up to this one its predecessor may have decided (the
         # children's claims): one of them that cannot finish now is lost, not failed.
@@ -81,6 +78,28 @@ class Decisions:
 
     def stall(self, step: int, reason: str, here: bool = False) -> None:
         self.deadlines.stall(step, reason, here)
+
+    def settle(self, step: int) -> None:
+        self.records.make(step).settled = True
+
+    def is_settled(self, step: int) -> bool:
+        record = self.records.get(step)
+        return record is not None and record.settled
+
+    def failed_here(self, step: int) -> bool:
+        """Whether ``step`` is decided here only as a failure of this node's alone."""
+        return self.records.state(step) is StepState.FAILED_HERE
+
+    def waiting(self, step: int, answer: Answer) -> None:
+        """``answer`` waits on ``step`` (open here) for its decision."""
+        self.records.make(step).waiters.append(answer)
+
+    def _answers(self, step: int) -> list[Answer]:
+        record = self.records.get(step)
+        if record is None:
+            return []
+        answers, record.waiters = record.waiters, []
+        return answers
 
     @property
     def timeout(self) -> float:
@@ -119,9 +138,7 @@ class Decisions:
             self._answer_here(step, reason)
             return
         here = not tree_wide and not self.window.is_decided(step)
-        if here:   # (before the decision is told: the processes' progress leaves it out)
-            self.failed_here.add(step)
-        if not self.decide(step, Failed(step, reason, tree_wide)):
+        if not self.decide(step, Failed(step, reason, tree_wide), here=here):
             return
         log.error("step %d failed%s: %s", step, "" if tree_wide else " here", reason,
                   extra={"step": step})
@@ -137,14 +154,16 @@ class Decisions:
         self.stats.steps_failed += 1
         self.stats.steps_failed_here += 1
         self.deadlines.pause(step)
-        for answer in self.waiters.pop(step, []):
+        for answer in self._answers(step):
             answer(Failed(step, reason, tree_wide=False))
 
     def lose(self, step: int, reason: str) -> None:
         """The master decided ``step``, and what it lacks here will not come (``Stall.lost``):
         its processes get ``Lost`` and take the others' state. Its children are not told:
         they may have the step's outcome themselves."""
-        self.failed_here.discard(step)
+        record = self.records.get(step)
+        if record is not None and record.state is StepState.FAILED_HERE:
+            record.move(Event.REOPEN)   # (the failure here is no longer its word)
         if self.decide(step, Lost(step, f"{reason}; the master decided step {step} without "
                                         "it reaching this host: take the others' state"),
                        tell=False):
@@ -156,11 +175,10 @@ class Decisions:
         the master's verdict comes): the failure here is forgotten, as if the step had
         not begun here. False if the step is not one this node failed alone (it stays as
         decided)."""
-        if step not in self.failed_here:
+        record = self.records.get(step)
+        if record is None or record.state is not StepState.FAILED_HERE:
             return False
-        self.failed_here.discard(step)
-        self.window.unmark(step)
-        self.kept.drop(step)
+        record.move(Event.REOPEN)
         log.info("step %d is open again here (its failure here was not the tree's word)", step,
                  extra={"step": step})
         return True
@@ -168,11 +186,14 @@ class Decisions:
     def refuse_local(self, step: int, reason: str) -> None:
         """This host's vector for ``step`` does not fit: its processes are told; the step
         goes on without it."""
-        for answer in self.waiters.pop(step, []):
+        for answer in self._answers(step):
             answer(Mismatched(step, reason))
 
     # -- the outcome of a decided step
     def outcome(self, step: int) -> Outcome:
+        record = self.records.get(step)
+        if record is not None and record.state is StepState.FAILED_HERE:
+            return record.failure
         found = self.kept.get(step)
         if found is not None:
             return found
@@ -183,24 +204,29 @@ class Decisions:
                           "checkpoint) and go on after it")
 
     def decide(self, step: int, outcome: Decision, by_scheme: bool = False,
-               tell: bool = True) -> bool:
+               tell: bool = True, here: bool = False) -> bool:
         """``step`` is decided here: stop its clocks, tell the subtree (unless not ``tell``),
         drop the scheme's state (unless the scheme decided it: ``by_scheme``, it did that
-        itself), answer whoever waits. False if it already was."""
+        itself), answer whoever waits. ``here``: a failure of this node's alone
+        (``FAILED_HERE``). False if it already was decided."""
         window = self.window
-        if step in window.decided or (window.is_decided(step) and not self.deadlines.is_open(step)
-                                      and step not in self.waiters):
+        record = self.records.get(step)
+        if record is not None and record.is_decided:
             return False
-        window.mark(step)
-        took = self.deadlines.took(step)
-        began = self.deadlines.close(step)
+        if step <= window.low and (record is None or not (record.is_open or record.waiters)):
+            return False   # behind the window: decided (as Lost) already
+        record = self.records.make(step)
+        window.decided_here(step)   # (first: the next step's peers' vouchers count at close)
+        took = self.deadlines.took(record)
+        began = self.deadlines.close(record)
+        record.move(Event.FAIL_HERE if here else Event.DECIDE)
         if took is not None and isinstance(outcome, (Resolved, Failed)):   # once per step
             self.stats.times.step_seconds.observe(took)
             if isinstance(outcome, Resolved) and outcome.approx is None:
                 self.stats.times.recent_seconds.append(took)   # the patience's measure
         if isinstance(outcome, Resolved):
             self.stats.measured.decided(step)                  # crnet tune's step period
-        self.contributed.pop(step, None)
+        record.contributed = None
         if isinstance(outcome, Resolved):
             if step >= window.tree_step:   # the newest result's layout is the tree's
                 window.tree_vector = (outcome.layout.total, outcome.layout.dtype_name)
@@ -209,7 +235,9 @@ class Decisions:
                 if slot.link is not None:
                     slot.link.send(fail_of(outcome))
         owner = self.lending.owner(step)
-        if not isinstance(outcome, Lost):
+        if here:
+            record.failure = outcome   # not the tree's word: not kept past a reopening
+        elif not isinstance(outcome, Lost):
             kept: Decision = outcome
             if owner is not None and isinstance(outcome, Resolved):
                 # Its vector is the owner's memory, which it changes once answered.
@@ -225,7 +253,7 @@ class Decisions:
         if by_master and window.advance(step):   # before the answers: they say where the tree is
             self.prune()
         self.decided.emit(step)
-        answers = self.waiters.pop(step, [])
+        answers, record.waiters = record.waiters, []
         # The host's other processes copy a result from the owner's memory now, while the
         # owner waits; the owner is answered last (Lending.give_back).
         owners = [] if owner is None else [a for a in answers if a == owner.answer]
@@ -243,20 +271,17 @@ class Decisions:
         """The window moved: forget what lies behind it; steps still open there were
         passed over by the tree."""
         low = self.window.low
-        for step in sorted(s for s in set(self.deadlines.steps) | set(self.waiters) if s <= low):
+        for record in self.records.unsettled(low):
+            step = record.step
             self.decide(step, Lost(step, f"step {step} was passed over: the tree went on to "
                                          f"step {self.window.tree_step} before it was decided here"))
         self.window.forget_behind()
-        self.contributed = {s: v for s, v in self.contributed.items() if s > low}
-        self.failed_here = {s for s in self.failed_here if s > low}
         for slot in self.neighbours.slots:
             slot.told = {s for s in slot.told if s > low}
 
     def reset(self) -> dict[int, list[Answer]]:
         """A new job: nothing is decided or waited on any more; returns who waited."""
-        waiting, self.waiters = self.waiters, {}
+        waiting = {r.step: r.waiters for r in self.records.clear() if r.waiters}
         self.kept.clear()
-        self.contributed.clear()
-        self.failed_here.clear()
         self.settled_before = -1
         return waiting

@@ -112,7 +112,7 @@ class StepEngine:
 
     def decided_steps(self) -> list[int]:
         """The steps decided here that the window still tracks."""
-        return sorted(self.window.decided)
+        return self.window.steps.decided_steps()
 
     def is_decided(self, step: int) -> bool:
         return self.window.is_decided(step)
@@ -120,7 +120,7 @@ class StepEngine:
     def failed_here(self, step: int) -> bool:
         """Whether ``step`` is decided here only as a failure of this node's alone (cut off
         from the master): asked for again, it is reopened (``Decisions.reopen``)."""
-        return step in self.decisions.failed_here
+        return self.decisions.failed_here(step)
 
     def refusal(self, step: int) -> str | None:
         return self.window.refusal(step)
@@ -157,9 +157,10 @@ class StepEngine:
 
     def bookkeeping(self) -> dict[str, int]:
         """How many steps each table tracks: bounded by the window, whatever the run's length."""
-        return {"open": len(self.deadlines.steps), "decided": len(self.window.decided),
+        records = self.window.steps
+        return {"open": len(records.open_steps()), "decided": len(records.decided_steps()),
                 "kept": len(self.decisions.kept), "kept_bytes": self.decisions.kept.held,
-                "waiting": len(self.decisions.waiters),
+                "waiting": sum(1 for r in records if r.waiters), "records": len(records),
                 "told": sum(len(slot.told) for slot in self.neighbours.slots)}
 
     # -- the node's life
@@ -259,8 +260,8 @@ class StepEngine:
         if refusal is not None:
             answer(Refused(step, refusal))
             return
-        contributed = self.decisions.contributed
-        given = None if vector is None else contributed.get(step)
+        record = self.window.steps.get(step)
+        given = None if vector is None or record is None else record.contributed
         if given is not None:
             # A host adds one vector to a step: a second (a process re-submitting after
             # a restart, or a client retrying) waits for the result and adds nothing,
@@ -282,12 +283,12 @@ class StepEngine:
             if problem is not None:
                 answer(Mismatched(step, problem))
                 return
-            contributed[step] = (vector.size, vector.dtype)
+            self.window.steps.make(step).contributed = (vector.size, vector.dtype)
         self._open(step, announce=True)
         if self.is_decided(step):   # at once: children out of it before it opened here
             answer(self.outcome(step))
             return
-        self.decisions.waiters.setdefault(step, []).append(answer)
+        self.decisions.waiting(step, answer)
 
     @property
     def _sums_over_peers(self) -> bool:
@@ -299,7 +300,7 @@ class StepEngine:
         way there (the owners', the ring's sends): a host that failed such a step alone
         after the tree decided it cannot get it again, and says so (``Lost``: the
         process takes the others' state), once the tree is past it."""
-        if step not in self.decisions.failed_here:
+        if not self.failed_here(step):
             return False
         if self._sums_over_peers and step <= self.tree_step:
             answer(Lost(step, f"the tree decided step {step} while {self.label} was cut off "
@@ -315,7 +316,7 @@ class StepEngine:
         spread send their pieces to peers, not up: their steps go on.)"""
         if self.scheme is None or self._sums_over_peers:
             return
-        for step in sorted(set(self.deadlines.steps) | set(self.decisions.waiters)):
+        for step in [r.step for r in self.window.steps.unsettled()]:
             self.decisions.fail(step, f"{self.label} reconnected to its parent while step "
                                       f"{step} was under way: ask again", tree_wide=False)
 
@@ -419,7 +420,7 @@ class StepEngine:
         (it rejoined after the sum went round, or its chunks were lost): it is told the
         verdict, a result as lost there (its processes take the others' state)."""
         if (not self._sums_over_peers or not self.is_decided(step)
-                or step in self.decisions.failed_here):
+                or self.failed_here(step)):
             return False
         outcome = self.outcome(step)
         if isinstance(outcome, Resolved):
@@ -516,7 +517,7 @@ class StepEngine:
     def parent_lost(self, reason: str) -> None:
         """Steps under way here cannot be decided without the master: fail them here (for
         now: ``Decisions.reopen``)."""
-        for step in sorted(set(self.deadlines.steps) | set(self.decisions.waiters)):
+        for step in [r.step for r in self.window.steps.unsettled()]:
             self.decisions.fail(step, f"{self.label} {reason}", tree_wide=False)
 
     # -- peers: the ring predecessor (rar), the other hosts (spread)

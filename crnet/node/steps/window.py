@@ -5,10 +5,13 @@ failure): after an error a training process goes on at ``tree_step + 1``, so
 processes that drifted apart meet again on the same step. Steps more than
 ``ahead`` past it (past step 0 before the tree decided any) are refused to whoever
 sent them: no step number from a peer moves the tree far ahead. Steps ``behind`` or
-more behind it count as decided. Pure state: no clocks, no sockets.
+more behind it count as decided; the records of those within (``steps``, a
+``record.StepTable``) say the rest. Pure state: no clocks, no sockets.
 """
 
 from __future__ import annotations
+
+from .record import StepTable
 
 __all__ = ["StepWindow", "vouched"]
 
@@ -21,16 +24,16 @@ class StepWindow:
         self.tree_vector: tuple[int, str] | None = None   # (length, dtype) of the tree's vectors
         self.newest_step = -1                   # the newest step seen here in any form
         self.newest_decided = -1                # the newest step decided here in any way
-        self.decided: set[int] = set()          # decided steps within the window behind
+        self.steps = StepTable()                # the records of the steps within the window
 
     def reset(self) -> None:
         """A new job: steps count from 0 again, and the tree's vector is not known."""
         self.tree_step = self.newest_step = self.newest_decided = -1
         self.tree_vector = None
-        self.decided.clear()
+        self.steps.clear()
 
     def is_decided(self, step: int) -> bool:
-        return step in self.decided or step <= self.tree_step - self.behind
+        return step <= self.tree_step - self.behind or self.steps.state(step).is_decided
 
     @property
     def end(self) -> int:
@@ -64,18 +67,10 @@ class StepWindow:
         self.seen(tree_step)
         return True
 
-    def mark(self, step: int) -> bool:
-        """``step`` is decided here; False if it already was."""
-        if step in self.decided:
-            return False
-        self.decided.add(step)
+    def decided_here(self, step: int) -> None:
+        """``step`` was decided here (its record says how)."""
         self.seen(step)
         self.newest_decided = max(self.newest_decided, step)
-        return True
-
-    def unmark(self, step: int) -> None:
-        """``step`` is open again here (a failure that was this node's alone, reopened)."""
-        self.decided.discard(step)
 
     def advance(self, step: int) -> bool:
         """The master decided ``step``: True if the tree moved on to it."""
@@ -85,8 +80,7 @@ class StepWindow:
         return True
 
     def forget_behind(self) -> None:
-        low = self.low
-        self.decided = {s for s in self.decided if s > low}
+        self.steps.drop_through(self.low)
 
 
 def vouched(claims: list[int], stragglers: int, ahead: int) -> int:

@@ -288,7 +288,7 @@ class Spread(Scheme):
                     self._relay_copy(st, c)
 
     def _check_complete(self, st: SpreadStep) -> None:
-        if not st.complete or not st.settled or self.steps.get(st.step) is not st:
+        if not st.complete or not self._settled(st.step) or self.steps.get(st.step) is not st:
             return
         del self.steps[st.step]
         assert st.result is not None
@@ -312,8 +312,13 @@ class Spread(Scheme):
         if not _fits(st, msg.total, msg.dtype):
             raise ProtocolError(f"SETTLED: step {msg.step}'s sum is {msg.total} x {msg.dtype}, "
                                 f"but the step's vector is {st.layout.describe()} here")
-        st.settled = True
+        self.ports.steps.settle(msg.step)
         self._check_complete(st)
+
+    def _settled(self, step: int) -> bool:
+        """The master has the step's whole sum (it is the master, or its word came: kept in
+        the node's record of the step, so a step begun again here keeps it)."""
+        return self.place.is_master or self.ports.steps.is_settled(step)
 
     # -- the map of owners
     def owners(self, rank: int, msg: Owners) -> None:
@@ -340,7 +345,6 @@ class Spread(Scheme):
         if st.decoded or st.gathered:
             return
         again = self.steps[st.step] = self._new_step(st.step, st.layout.total, st.layout.dtype_name)
-        again.settled = st.settled   # the master's word stands: it may have come already
         if st.mine is not None:
             ready = again.local_arrived(st.mine, copied=True)
             self._send_pieces(again)
@@ -393,9 +397,7 @@ class Spread(Scheme):
                         "again", step, st.layout.describe(),
                         "this host's vector" if local else "the tree's", total, dtype)
         self.newest = max(self.newest, step)
-        settled = st is not None and st.settled   # the master's word stands, begun again
         st = self.steps[step] = self._new_step(step, total, dtype)
-        st.settled = st.settled or settled
         return st
 
     def _cut(self, step: int, total: int, dtype: str):
@@ -460,7 +462,8 @@ class Spread(Scheme):
             lacking = ("the pieces of the step" if self.place.is_master
                        else "this host's training process's vector and the sum")
             return Stall(lacking)
-        return Stall(st.waiting_for(), lost=st.settled and not self.place.is_master)
+        settled = self._settled(step)
+        return Stall(st.waiting_for(settled), lost=settled and not self.place.is_master)
 
     def forget(self, step: int, resolved: bool) -> None:
         self.steps.pop(step, None)

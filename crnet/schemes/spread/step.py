@@ -107,7 +107,6 @@ class SpreadStep:
         self.relayed: dict[int, int] | None = None
         self.not_needed: set[int] = set()            # chunks whose owners need not this host's piece (MOOT)
         self.decoded = 0
-        self.settled = rank == 0                     # the master's word came (SETTLED); its own
 
     # -- where pieces land
     def piece_dest(self, sender: int, chunk: int) -> memoryview:
@@ -238,7 +237,9 @@ class SpreadStep:
         return weights
 
     # -- what is missing
-    def waiting_for(self) -> str:
+    def waiting_for(self, settled: bool = True) -> str:
+        """What the step still lacks here; ``settled``: the master's word came (the node
+        keeps it: ``Steps.is_settled``)."""
         # (Per owner and from either end, not per chunk: a step may claim millions.)
         missing_sum = sorted({r for r in self.owners.ranks if r != self.rank and any(
             c not in self.gathered for c in self.owners.chunks_of(r))})
@@ -252,7 +253,7 @@ class SpreadStep:
                          f"(pieces from {len(self.senders)} of {self.recursion.hosts - 1} hosts)")
         if missing_sum:
             parts.append(f"the sum's chunks from owner rank(s) {', '.join(map(str, missing_sum))}")
-        if not self.settled:
+        if not settled:
             parts.append("the master's word that it has the whole sum")
         return "; ".join(parts) or "nothing"
 
