@@ -2,16 +2,18 @@
 
     python -m benchmarks.allreduce_perf [--hosts 4] [--schemes rar,spread,cr,gloo]
         [--sizes 1M 16M 64M] [--dtype float32] [--steps N] [--rounds 3] [--mtu 1500]
-        [--json out.json]
+        [--rate 10gbit] [--json out.json] [--plot busbw.png]
 
 What runs: for every round, size and scheme (the schemes alternating, so that a busy machine
 weighs on all of them alike), a tree of its own of ``--hosts`` crnetd processes on 127.0.0.1
 (with ``--mtu``, as root: each in a network namespace of its own, on unshaped veth links of
-that MTU, ``benchmarks/netns.py``): ``crnet.tools.launch.LocalTree``, the master and
-``hosts - 1`` workers, one layer, no stragglers; and on every host one training process (a process
-of its own, the blocking ``Client``, as a user's would be). Each step all of them meet at a
-barrier, then call ``allreduce`` at once; the master's process (which adds nothing in cr and
-spread) takes the result too. Every result is checked against the exact sum (integers in
+that MTU, ``benchmarks/netns.py``; with ``--rate`` too, each link shaped to that rate both
+ways with tbf, as ``python -m benchmarks`` shapes its presets' links):
+``crnet.tools.launch.LocalTree``, the master and ``hosts - 1`` workers, one layer, no
+stragglers; and on every host one training process (a process of its own, the blocking
+``Client``, as a user's would be). Each step all of them meet at a barrier, then call
+``allreduce`` at once; the master's process (which adds nothing in cr and spread) takes
+the result too. Every result is checked against the exact sum (integers in
 float32: exact whatever the order of the additions). ``gloo`` is PyTorch's Gloo
 ``all_reduce`` (its ring, for CPU tensors) between ``--hosts`` processes on the same hosts, all
 of them contributing (``benchmarks/gloo_peer.py``: back to back, each step's sum checked);
@@ -28,8 +30,9 @@ Per size and scheme it prints (the median step over ``--steps`` measured steps, 
 * exact: every result equal to the exact sum;
 * CPU per step: the daemons' (all of them, /proc) and the training processes' own.
 
-Sizes are bytes of the vector (``1M`` = 2^20 bytes). Exit 1 if any step failed or any
-result was wrong; 2 on bad options.
+``--plot FILE``: busbw against size, one line per scheme (the best round's). Sizes are
+bytes of the vector (``1M`` = 2^20 bytes). Exit 1 if any step failed or any result was
+wrong; 2 on bad options.
 """
 
 from __future__ import annotations
@@ -228,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mtu", type=int, default=None,
                     help="hosts in network namespaces on unshaped veth links of this MTU (root), "
                          "instead of 127.0.0.1")
+    ap.add_argument("--rate", default=None,
+                    help="shape every link to this rate with tbf (e.g. 1gbit, 10gbit; root; "
+                         "MTU 1500 unless --mtu)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="busbw against size, one line per scheme (PNG)")
     args = ap.parse_args(argv)
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     if not schemes or set(schemes) - set(SCHEMES):
@@ -244,17 +251,28 @@ def main(argv: list[str] | None = None) -> int:
     steps = {s: args.steps or default_steps(s) for s in sizes}
     results: dict = {(s, n): [] for s in schemes for n in sizes}
     cluster = None
-    if args.mtu is not None:
+    where = "127.0.0.1"
+    if args.rate is not None:
+        try:
+            netns.tbf_args(args.rate)
+        except ValueError as e:
+            ap.error(f"--rate: {e}")
+    if args.mtu is not None or args.rate is not None:
         if (why := netns.requirements()) is not None:
-            ap.error(f"--mtu: {why}")
-        cluster = netns.EmulatedCluster(args.hosts, rate=None, mtu=args.mtu, prefix="crp").up()
+            ap.error(f"--{'mtu' if args.mtu is not None else 'rate'}: {why}")
+        mtu = args.mtu or 1500
+        cluster = netns.EmulatedCluster(args.hosts, rate=args.rate, mtu=mtu, prefix="crp").up()
+        where = f"{'unshaped' if args.rate is None else args.rate} veth, MTU {mtu}"
     try:
         run_rounds(args, schemes, sizes, steps, results, cluster)
     finally:
         if cluster is not None:
             cluster.down()
-    print_table(results, sizes, schemes, args.hosts,
-                "127.0.0.1" if cluster is None else f"unshaped veth, MTU {args.mtu}")
+    print_table(results, sizes, schemes, args.hosts, where)
+    if args.plot:
+        why = plot(results, sizes, schemes, args.hosts, where, Path(args.plot))
+        if why is not None:
+            print(f"no plot: {why}", file=sys.stderr)
     if args.json:
         with contextlib.suppress(OSError):
             Path(args.json).write_text(json.dumps(
@@ -262,6 +280,33 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1))
     bad = any(r["failed"] or r["wrong"] for rows in results.values() for r in rows)
     return 1 if bad else 0
+
+
+def plot(results: dict, sizes: list[int], schemes: list[str], hosts: int, where: str,
+         path: Path) -> str | None:
+    """busbw (the best round's) against the vector's size, one line per scheme; None, or why
+    there is no plot."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]')"
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for s in schemes:
+        best = [min(results[(s, n)], key=lambda r: r["time"]) for n in sizes]
+        ax.plot(sizes, [r["busbw"] / 1e9 for r in best], marker="o", label=s)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [fmt_bytes(n) for n in sizes])
+    ax.set_xlabel("vector size")
+    ax.set_ylabel("busbw GB/s")
+    ax.set_title(f"allreduce, {hosts} hosts, {where}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
 
 
 def run_rounds(args, schemes: list[str], sizes: list[int], steps: dict, results: dict,

@@ -405,12 +405,18 @@ class AsyncClient:
         request, and hands the new daemon shared memory; ``reconnect`` s after the
         connection closed, DaemonNotRunning says the daemon did not come back. A step's
         request keeps to the daemon's bound: under way when the connection closed, or made
-        while the daemon is not back within the bound, it fails here (StepFailed, not
-        tree-wide: nothing was applied; asked again, the new daemon takes the step up, or
-        answers StepLost once the tree is past it). Any other request is made again on the
-        new connection (``again``; else it is dropped)."""
+        while the daemon is away, it fails here (StepFailed, not tree-wide: nothing was
+        applied; asked again, the new daemon takes the step up, or answers StepLost once
+        the tree is past it): at once, or once the daemon is back, or at the bound if it is
+        not (the new daemon's own bound would come on top of the wait). Any other request
+        is made again on the new connection (``again``; else it is dropped)."""
         if self._lost_at is not None:
-            await self._back(step)
+            away = await self._back(step)
+            if step is not None and away:
+                raise StepFailed(step, f"crnetd at {self.path} was restarting when step {step} "
+                                       f"was asked for; it is back now (the tree is at step "
+                                       f"{self._tree_step}): ask for the step again",
+                                 self._tree_step, tree_wide=False)
         try:
             return await call()
         except DaemonNotRunning:
@@ -429,16 +435,18 @@ class AsyncClient:
             return None  # type: ignore[return-value]
         return await call()
 
-    async def _back(self, step: int | None) -> None:
+    async def _back(self, step: int | None) -> bool:
         """A new connection to the daemon at ``path`` (started again), as the same process
         of the same job: what it knows of the tree (its step, this host's share) comes
-        anew; the replica is as it was (``stale`` only if it was)."""
+        anew; the replica is as it was (``stale`` only if it was). True if the daemon was
+        not back at the first try (this waited for it)."""
         assert self._lost_at is not None
         loop = asyncio.get_running_loop()
         deadline = self._lost_at + self.reconnect
         until = deadline if step is None else min(
             deadline, loop.time() + self.default_timeout - REPLY_MARGIN)
         why = "nothing listens there"
+        away = False
         while True:
             now = loop.time()
             if now >= until:
@@ -455,7 +463,7 @@ class AsyncClient:
                 conn, replies, welcome = await _attach(self.path, self._job, until - now)
                 break
             except (DaemonNotRunning, CrnetTimeout) as e:
-                why = str(e)
+                why, away = str(e), True
                 await asyncio.sleep(min(defaults.CLIENT_RECONNECT_PAUSE, max(0.0, until - now)))
         self._conn.close()
         self._conn, self._replies, self._token = conn, replies, welcome.token
@@ -473,6 +481,7 @@ class AsyncClient:
         self.reconnects += 1
         log.warning("reconnected to crnetd at %s (the tree is at step %d)", self.path,
                     welcome.tree_step)
+        return away
 
     async def _request(self, kind: type[Submit], step: int, like: np.ndarray,
                        out: np.ndarray | None, timeout: float | None) -> np.ndarray:

@@ -37,10 +37,14 @@ def test_every_scheme_is_exact_and_the_table_says_so(tmp_path):
         proc.stdout
 
 
-def test_a_bad_option_is_a_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.allreduce_perf", "--schemes", "ring"],
+@pytest.mark.parametrize("argv, said", [
+    (["--schemes", "ring"], "--schemes: from rar, spread, cr, gloo"),
+    (["--rate", "fast"], "--rate: "),
+])
+def test_a_bad_option_is_a_usage_error(argv, said):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.allreduce_perf", *argv],
                           env=child_env(), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--schemes: from rar, spread, cr, gloo" in proc.stderr
+    assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.skipif(netns.requirements() is not None,
@@ -57,4 +61,19 @@ def test_on_unshaped_veth_links_every_result_is_exact_and_no_namespace_is_left(t
     rows = json.loads(out.read_text())
     assert sorted(r["scheme"] for r in rows) == ["rar", "spread"]
     assert all(r["failed"] == 0 and r["wrong"] == 0 for r in rows), rows
+    assert netns.cluster_namespaces("crp") == []
+
+
+@pytest.mark.skipif(netns.requirements() is not None,
+                    reason=f"emulated hosts need netns: {netns.requirements()}")
+def test_on_shaped_links_every_result_is_exact_and_the_plot_is_drawn(tmp_path):
+    plot = tmp_path / "busbw.png"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.allreduce_perf", "--rate", "1gbit",
+                           "--hosts", "3", "--schemes", "rar,spread", "--sizes", "64K", "1M",
+                           "--rounds", "1", "--steps", "3", "--plot", str(plot)],
+                          env=child_env(), capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1gbit veth, MTU 1500" in proc.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert netns.cluster_namespaces("crp") == []

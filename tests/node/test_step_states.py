@@ -5,6 +5,8 @@ children, its clock, its deadline and grace, a failure here and its reopening, a
 kept open for its peers' sum, and one prune for whole records."""
 
 import asyncio
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,6 +57,20 @@ def test_the_table_covers_every_state_and_every_event():
     for state in OPEN:                         # an open step can always be decided, or fail here
         assert MOVES[state][E.DECIDE] is S.DECIDED and MOVES[state][E.FAIL_HERE] is S.FAILED_HERE
     assert MOVES[S.FAILED_HERE] == {E.REOPEN: S.NEW}   # the tree's verdict reopens it first
+
+
+def test_docs_development_md_tabulates_exactly_these_moves():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "development.md").read_text()
+    documented = {}
+    for name, cell in re.findall(r"^\| ([A-Z_]+) \| [^|]+ \| ([^|]+) \|$", text, re.M):
+        moves = {}
+        for part in filter(None, (p.strip() for p in cell.strip().split(";"))):
+            if part == "none":
+                continue
+            event, after = part.rsplit(":", 1)
+            moves[Event(re.sub(r" \(.*\)$", "", event))] = StepState[after.strip()]
+        documented[StepState[name]] = moves
+    assert documented == MOVES
 
 
 def test_a_reopened_record_forgets_its_failure_and_keeps_the_masters_word():

@@ -238,6 +238,38 @@ async def test_a_layer_1_node_that_cannot_decode_fails_the_step_everywhere_at_th
         assert rel_error(r, want) <= 1e-9
 
 
+async def test_a_step_asked_for_while_its_daemon_restarts_keeps_to_the_bound(local_tree):
+    """The README's promise, every call returns within the daemon's bound, for a call made
+    while its own daemon is away: it waits for the daemon to come back, then fails here
+    (ask again), since the new daemon's own bound would come on top of that wait; the
+    call after it gets the sum. (Found by the README-loop soak: the master's process asked
+    while its daemon restarted, and waited the restart plus a whole --timeout.)"""
+    tree = Tree.regular(2, 1, 0)
+    grads = np.ones((4, 3))
+    lt = local_tree(tree, 4, timeout=2)
+    clients = await connect_all(lt, workers(tree))
+    bound = 2 + 0.5 + 0.5          # --timeout, the grace, the trip
+    try:
+        await step_everywhere(clients, grads, 0)
+        lt.signal("1", KILL)
+        lt.procs["1"].wait(10)
+        c = clients["1"]
+        with pytest.raises(StepFailed, match="closed the connection"):   # under way: at once
+            await c.allreduce(local_gradient(c.assignment, grads), step=1, timeout=10)
+        loop = asyncio.get_running_loop()
+        loop.call_later(1.0, lt.start_node, "1")       # back after a second
+        began = time.monotonic()
+        with pytest.raises(StepFailed, match="was restarting when step 1 was asked for") as e:
+            await c.allreduce(local_gradient(c.assignment, grads), step=1, timeout=10)
+        assert not e.value.tree_wide and 1.0 <= time.monotonic() - began < bound
+        assert c.reconnects == 1
+        for t in (1, 2):     # the others went on without it, or wait for it: both exact
+            got = await step_everywhere(clients, grads, t)
+            assert all(rel_error(v, grads.sum(axis=0)) <= 1e-12 for v in got.values())
+    finally:
+        close_all(clients)
+
+
 async def test_sigterm_stops_a_daemon_in_order(local_tree):
     tree = Tree.regular(2, 1, 0)
     lt = local_tree(tree, 4)

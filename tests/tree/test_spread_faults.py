@@ -1,6 +1,7 @@
 """spread's faults: an owner (a host that decodes chunks of the sum) killed, frozen or
-restarted mid-step, a host that only relays the sum frozen, the master restarted, and all
-of them at random.
+restarted mid-step, a host that only relays the sum frozen (on 127.0.0.1, and on unshaped
+veth links between network namespaces, where the links' buffers differ), the master
+restarted, and all of them at random.
 
 As tests/tree/test_faults.py does for CodedReduce's tree (its helpers and bounds): every wait
 ends within BOUND, every result is exact or the step fails cleanly, and the tree completes
@@ -19,6 +20,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 
+from benchmarks import netns
 from crnet import StepFailed, StepLost
 from crnet.coding.plan import Tree
 from crnet.defaults import STALL_SHARE
@@ -48,6 +50,25 @@ NAMES = list(TREE.names())
 STALL_AFTER = TIMEOUT * STALL_SHARE   # a peer silent this long is cut off as frozen
 M, DIM, CHUNK = 28, 1 << 16, 16 << 10
 VICTIM = "1.0"                    # a leaf: the tree goes on without its vector
+
+
+@pytest.fixture(params=["loopback", "veth"])
+def links(request):
+    """Where the hosts are: all on 127.0.0.1 (``{}``), or host i in network namespace i
+    behind an unshaped veth link at MTU 1500 (``local_tree``'s options that put them there:
+    ``netns.hosting``; root). The daemons stop before the namespaces go: a test takes
+    ``links`` before ``local_tree``."""
+    if request.param == "loopback":
+        yield {}
+        return
+    reason = netns.requirements()
+    if reason is not None:
+        pytest.skip(f"emulated cluster: {reason}")
+    cluster = netns.EmulatedCluster(len(NAMES), rate=None, prefix="crsf").up()
+    try:
+        yield netns.hosting(cluster, NAMES)
+    finally:
+        cluster.down()
 
 
 def spread_tree(local_tree, **options):
@@ -149,8 +170,8 @@ async def test_an_owner_killed_mid_step_fails_the_step_and_the_tree_goes_on_with
     assert_excluded(lt, VICTIM)
 
 
-async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(local_tree):
-    lt = spread_tree(local_tree)
+async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(links, local_tree):
+    lt = spread_tree(local_tree, **links)
     grads = gradients(2, M, DIM)
     clients = await connect_all(lt, NAMES)
     others = {n: c for n, c in clients.items() if n != VICTIM}
@@ -185,7 +206,7 @@ async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(l
     assert_excluded(lt, VICTIM)
 
 
-async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(local_tree):
+async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(links, local_tree):
     """A vector of 3 x 64 KiB has 3 owners of the 7 hosts (ranks 0, 2, 4): the victim (rank
     5) decodes nothing and only relays the sum round the ring. Frozen, its kernel takes rank
     4's chunks (as many as the buffers, sized to the link, hold) and it passes none on; its
@@ -193,7 +214,7 @@ async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(local_tree
     cut it off, the master excludes it, and the others relay past it within RECOVERY."""
     dim = 3 * (64 << 10) // 8
     assert owners(dim, "float64", CHUNK, len(NAMES)).ranks == (0, 2, 4) and rank(VICTIM) == 5
-    lt = spread_tree(local_tree)
+    lt = spread_tree(local_tree, **links)
     grads = gradients(3, M, dim)
     clients = await connect_all(lt, NAMES)
     others = {n: c for n, c in clients.items() if n != VICTIM}

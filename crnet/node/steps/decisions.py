@@ -8,12 +8,14 @@ bound, but it is not the tree's word. The master may still decide the step eithe
 (it was cut off, not the step), so the node takes the master's verdict when it comes
 (a parent's result or FAIL: ``reopen``), and a process that asks for the step again
 reopens it: it takes part anew, or gets the tree's verdict (the README's loop asks
-again). A scheme with peers (rar, spread) sends its pieces to its peers, not up: its
-steps stay open instead, without a clock, for the sum and the master's word that may
-still come (``keep_open_here``); a process that asks again waits for them, on a clock of
-its own. A decision stops the step's clocks, tells the subtree (a result went down chunk by chunk
-already; a failure goes now), drops the scheme's state, keeps the outcome for whoever
-asks late, and answers every process waiting on the step. This is also what a scheme
+again). The step's record says which (``record.py``: FAILED_HERE, reopened to NEW, or
+DECIDED). A scheme with peers (rar, spread) sends its pieces to its peers, not up: its
+steps stay open instead (PAUSED), without a clock, for the sum and the master's word
+that may still come (``keep_open_here``: the scheme's ``SUMS_OVER_PEERS``); a process
+that asks again waits for them, on a clock of its own. A decision stops the step's
+clocks, tells the subtree (a result went down chunk by chunk already; a failure goes
+now), drops the scheme's state, keeps the outcome for whoever asks late, and answers
+every process waiting on the step. This is also what a scheme
 sees of its step (``schemes.Steps``): whether a step is decided or open, and its verdicts.
 """
 

@@ -9,7 +9,9 @@ only if its step is in the window and not decided, opens the step (its deadline 
 passes it on; the scheme combines pieces, sends them on and gives its verdict
 through narrow ports (``Sends`` below, ``decisions.py``, ``lending.py``). The rooms:
 
+- ``record.py``     a step at this node: one record, one state, the table of its moves;
 - ``window.py``     which steps are decided, and which may take part (``tree_step``);
+                    the records of the steps within it;
 - ``deadlines.py``  a deadline for every step under way (the stall inspector);
 - ``decisions.py``  a step resolves or fails; whoever waits is answered;
 - ``outcomes.py``   what a step came to, and the outcomes kept (the result cache);
