@@ -90,7 +90,7 @@ _BOOTSTRAP = ("import sys; sys.path[:] = [p for p in sys.path if p]; r = {root!r
 
 def crnet_argv(*args: str) -> list[str]:
     """``python -m crnet ARGS`` that the current directory cannot shadow."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])   # the folder that holds the crnet package
     return [sys.executable, "-c", _BOOTSTRAP.format(root=root), *args]
 
 

@@ -41,6 +41,25 @@ def test_daemons_start_from_a_directory_holding_a_crnet_folder(shadowing_dir, mo
     assert not lt.problems()
 
 
+def test_daemons_import_crnet_from_where_the_launcher_did(tmp_path):
+    """``crnet_argv``'s processes import the crnet the launching process imported, whatever
+    else the path offers first (here a stand-in package on PYTHONPATH): a benchmark run
+    from another checkout measures that checkout's daemons, not the installed ones. (The
+    path it put first was the package's own folder, so any crnet found first won.)"""
+    import crnet
+    decoy = tmp_path / "decoy" / "crnet"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    argv = crnet_argv()
+    argv[2] = argv[2].replace("from crnet.cli import main; main(prog_name='crnet')",
+                              "import crnet; print(crnet.__file__)")
+    assert "print(crnet.__file__)" in argv[2]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(decoy.parent)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == crnet.__file__
+
+
 def test_demo_from_a_directory_holding_a_crnet_folder(shadowing_dir):
     """``crnet demo`` from the directory that holds the clone: the daemons and the training
     processes it starts, and --json's summary whole."""
