@@ -114,6 +114,30 @@ def local_tree(tmp_path):
         pytest.fail("\n".join(problems), pytrace=False)
 
 
+@pytest.fixture(params=["loopback", "veth"])
+def links(request):
+    """Where a test's hosts are: ``links(names)`` gives ``local_tree`` the options that put
+    tree node ``names[i]`` on host i: all on 127.0.0.1 (``{}``), or each in a network
+    namespace of its own behind an unshaped veth link at MTU 1500 (root; skipped
+    without). The daemons stop before the namespaces go: a test takes ``links`` before
+    ``local_tree``."""
+    clusters = []
+
+    def place(names) -> dict:
+        if request.param == "loopback":
+            return {}
+        from benchmarks import netns
+        reason = netns.requirements()
+        if reason is not None:
+            pytest.skip(f"emulated cluster: {reason}")
+        clusters.append(netns.EmulatedCluster(len(names), rate=None, prefix="crtl").up())
+        return netns.hosting(clusters[-1], list(names))
+
+    yield place
+    for cluster in clusters:
+        cluster.down()
+
+
 @pytest.fixture
 def membership():
     """``membership(place=None, samples=None, dial_peer=None)``: a Membership over a fresh

@@ -18,10 +18,19 @@ from __future__ import annotations
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from .transport import Connection
+__all__ = ["TcpInfo", "read", "tcp_info"]
 
-__all__ = ["TcpInfo", "tcp_info"]
+
+class Link(Protocol):
+    """What ``tcp_info`` reads a link through (a ``transport.Connection``, which imports
+    this module to follow its paced links: ``read``)."""
+
+    transport: Any
+
+    @property
+    def is_closing(self) -> bool: ...
 
 # Offsets in Linux's struct tcp_info (include/uapi/linux/tcp.h); busy_time came with 4.10.
 _RTT, _MIN_RTT = 68, 148                       # u32, microseconds
@@ -43,13 +52,18 @@ class TcpInfo:
         return self.bytes_acked / self.busy_seconds if self.busy_seconds > 0 else None
 
 
-def tcp_info(conn: Connection | None) -> TcpInfo | None:
+def tcp_info(conn: Link | None) -> TcpInfo | None:
     """``conn``'s TCP_INFO, or None where there is none to read."""
     option = getattr(socket, "TCP_INFO", None)
     if conn is None or conn.transport is None or conn.is_closing or option is None:
         return None
-    sock = conn.transport.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    return read(conn.transport.get_extra_info("socket"))
+
+
+def read(sock) -> TcpInfo | None:
+    """A TCP socket's TCP_INFO, or None where there is none to read."""
+    option = getattr(socket, "TCP_INFO", None)
+    if sock is None or option is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return None
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, option, _SIZE)

@@ -34,6 +34,8 @@ from .. import defaults
 from ..errors import ProtocolError
 from ..peer_text import Throttle
 from .messages import Message, parse
+from .pacing import send_buffer
+from .tcp_info import read as read_tcp_info
 from .wire import FrameReader, Limits, MsgType
 
 log = logging.getLogger("crnet.protocol.transport")
@@ -50,7 +52,7 @@ DEFAULT_LIMITS = Limits()
 LOWAT_MIN = 16 << 10
 LOWAT_MAX = 256 << 10
 
-PACED_SEGMENTS = 4   # segments a paced link's send buffer holds at least
+PACED_SEGMENTS = 4   # segments a paced link's send buffer holds at least (pacing.py)
 
 __all__ = ["Connection", "Handler", "address_group", "closing", "loop_name", "new_loop", "run"]
 
@@ -92,6 +94,9 @@ class Connection(asyncio.BufferedProtocol):
         self.bytes_out = 0
         self._sock: socket.socket | None = None   # a plain TCP socket: its SO_RCVLOWAT is ours
         self._lowat = 1
+        # Paced (``pace``): the send buffer's floor, and what it is now (pacing.py).
+        self._paced_floor = 0
+        self._sndbuf = 0
         # The bug (an exception other than ProtocolError, out of parsing or the handler)
         # that aborted this connection: the handler's ``lost`` can tell it from the peer
         # going away.
@@ -186,6 +191,8 @@ class Connection(asyncio.BufferedProtocol):
     def resume_writing(self):
         self.writing_paused = False
         if self.on_drained is not None:
+            if self._paced_floor:
+                self._follow_link()
             self.on_drained()
 
     def pace(self, unsent: int) -> None:
@@ -205,13 +212,37 @@ class Connection(asyncio.BufferedProtocol):
             # The send buffer holds the bytes in flight too: below a few segments, the
             # receiver's delayed ACK (it acknowledges every second segment, or after
             # 40 ms) stalls every write (on loopback, segments of 32-64 KiB: spread's 4 MB
-            # step took 13x the ring's). At MTU 1500 this is ``unsent`` as before (the
-            # shaped links' incast), at 9000 about as much. A frozen peer is found by what
-            # it no longer sends (node/peers/liveness.py), not by this buffer filling.
+            # step took 13x the ring's). From there it follows the link (pacing.py),
+            # looked at each time the link drains. A frozen peer is found by what it no
+            # longer sends (node/peers/liveness.py), not by this buffer filling.
             mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
-                            max(unsent, PACED_SEGMENTS * mss))
+            self._paced_floor = self._sndbuf = max(unsent, PACED_SEGMENTS * mss)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._sndbuf)
         transport.set_write_buffer_limits(high=0, low=0)
+
+    @property
+    def send_buffer(self) -> int:
+        """A paced link's send buffer now (SO_SNDBUF as set; 0: not paced)."""
+        return self._sndbuf
+
+    def _follow_link(self) -> None:
+        """The paced link drained: its send buffer follows the link as TCP measured it
+        (``pacing.send_buffer``)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        sock = self._sock if self._sock is not None else transport.get_extra_info("socket")
+        info = read_tcp_info(sock)
+        if info is None:
+            return
+        size = send_buffer(self._paced_floor, self._sndbuf, info.delivery_rate, info.min_rtt)
+        if size == self._sndbuf:
+            return
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        except OSError:   # the socket is going: nothing to follow
+            return
+        self._sndbuf = size
 
     # -- sending ----------------------------------------------------------------
     @property

@@ -294,11 +294,14 @@ async def _children_are(client, up):
     return (await stats(client))["links"]["children"] == up
 
 
-async def test_a_frozen_node_costs_its_processes_at_most_one_step_lost(local_tree):
+async def test_a_frozen_node_costs_its_processes_at_most_one_step_lost(links, local_tree):
+    """A layer-1 node frozen (SIGSTOP): the tree goes on without its subtree, found by what
+    it no longer delivers (its parent decodes from the others), on 127.0.0.1 and on veth
+    links; thawed, its processes catch up, at most one step lost each."""
     tree = Tree.regular(3, 2, 1)
     grads = gradients(10, 60, 8)
     want = grads.sum(axis=0)
-    lt = local_tree(tree, 60, timeout=TIMEOUT, keep_results=2)
+    lt = local_tree(tree, 60, timeout=TIMEOUT, keep_results=2, **links(list(tree.names())))
     clients = await connect_all(lt, lt.procs)
     below = ("0", "0.0", "0.1", "0.2")
     others = {n: c for n, c in clients.items() if n not in below}

@@ -20,7 +20,6 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from benchmarks import netns
 from crnet import StepFailed, StepLost
 from crnet.coding.plan import Tree
 from crnet.defaults import STALL_SHARE
@@ -50,25 +49,6 @@ NAMES = list(TREE.names())
 STALL_AFTER = TIMEOUT * STALL_SHARE   # a peer silent this long is cut off as frozen
 M, DIM, CHUNK = 28, 1 << 16, 16 << 10
 VICTIM = "1.0"                    # a leaf: the tree goes on without its vector
-
-
-@pytest.fixture(params=["loopback", "veth"])
-def links(request):
-    """Where the hosts are: all on 127.0.0.1 (``{}``), or host i in network namespace i
-    behind an unshaped veth link at MTU 1500 (``local_tree``'s options that put them there:
-    ``netns.hosting``; root). The daemons stop before the namespaces go: a test takes
-    ``links`` before ``local_tree``."""
-    if request.param == "loopback":
-        yield {}
-        return
-    reason = netns.requirements()
-    if reason is not None:
-        pytest.skip(f"emulated cluster: {reason}")
-    cluster = netns.EmulatedCluster(len(NAMES), rate=None, prefix="crsf").up()
-    try:
-        yield netns.hosting(cluster, NAMES)
-    finally:
-        cluster.down()
 
 
 def spread_tree(local_tree, **options):
@@ -171,7 +151,7 @@ async def test_an_owner_killed_mid_step_fails_the_step_and_the_tree_goes_on_with
 
 
 async def test_a_frozen_owner_fails_steps_cleanly_and_owns_again_once_it_thaws(links, local_tree):
-    lt = spread_tree(local_tree, **links)
+    lt = spread_tree(local_tree, **links(NAMES))
     grads = gradients(2, M, DIM)
     clients = await connect_all(lt, NAMES)
     others = {n: c for n, c in clients.items() if n != VICTIM}
@@ -214,7 +194,7 @@ async def test_a_frozen_host_that_only_relays_the_sum_is_relayed_past(links, loc
     cut it off, the master excludes it, and the others relay past it within RECOVERY."""
     dim = 3 * (64 << 10) // 8
     assert owners(dim, "float64", CHUNK, len(NAMES)).ranks == (0, 2, 4) and rank(VICTIM) == 5
-    lt = spread_tree(local_tree, **links)
+    lt = spread_tree(local_tree, **links(NAMES))
     grads = gradients(3, M, dim)
     clients = await connect_all(lt, NAMES)
     others = {n: c for n, c in clients.items() if n != VICTIM}

@@ -11,7 +11,8 @@ import pytest
 
 from crnet import defaults
 from crnet.protocol.messages import Chunk, Fail, Hello, Joined, Result
-from crnet.protocol.transport import LOWAT_MAX, Connection
+from crnet.protocol.pacing import FOLLOW_MAX
+from crnet.protocol.transport import LOWAT_MAX, PACED_SEGMENTS, Connection
 from crnet.protocol.wire import PREFIX, VERSION, MsgType, encode
 from crnet.schemes.ring_allreduce.messages import Phase, Segment
 
@@ -329,6 +330,43 @@ async def test_pacing_a_link_that_is_closing_or_gone_does_nothing(when):
             await asyncio.wait_for(client.closed, 10)
         client.pace(1 << 15)
         assert client.write(Joined(1).frame()) is False
+        await close(client, conn)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_paced_link_drains_and_its_send_buffer_follows_the_link():
+    """A paced link (spread's peer links) starts at its floor (``unsent``, or four segments)
+    and, each time it drains, follows the link as TCP measured it (``pacing.send_buffer``):
+    never below the floor, never past FOLLOW_MAX, the kernel's SO_SNDBUF as set (Linux
+    doubles what it is given). Every byte arrives, in order."""
+    loop = asyncio.get_running_loop()
+    accepted = loop.create_future()
+    vector = np.zeros(1 << 20, np.float32)
+    peer = Peer(into(vector))
+    server = await loop.create_server(lambda: _resolve(accepted, Connection(peer)),
+                                      "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        _, client = await loop.create_connection(lambda: Connection(Peer()), "127.0.0.1", port)
+        conn = await asyncio.wait_for(accepted, 10)
+        client.pace(1 << 15)
+        sock = client.transport.get_extra_info("socket")
+        mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+        floor = max(1 << 15, PACED_SEGMENTS * mss)
+        assert client.send_buffer == floor
+        drains = []
+        client.on_drained = lambda: drains.append(client.send_buffer)
+        sent = np.arange(1 << 20, dtype=np.float32)
+        for step in range(8):
+            sent[0] = step
+            client.write(Chunk(step, 0, sent.size, "float32").frame(sent))
+            msg, _ = await peer.next()
+            assert msg.step == step and np.array_equal(vector, sent)
+        assert drains, "a 4 MiB frame over a paced link never waited for the kernel"
+        assert all(floor <= size <= FOLLOW_MAX for size in drains), drains
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * client.send_buffer
         await close(client, conn)
     finally:
         server.close()
