@@ -51,13 +51,9 @@ class StepState(enum.Enum):
     FAILED_HERE = "failed here"
     DECIDED = "decided"
 
-    @property
-    def is_open(self) -> bool:
-        return self in _OPEN
-
-    @property
-    def is_decided(self) -> bool:
-        return self in (StepState.FAILED_HERE, StepState.DECIDED)
+    # is_open, is_decided: plain attributes of each member (set below), read on every piece
+    is_open: bool
+    is_decided: bool
 
 
 class Event(enum.Enum):
@@ -72,6 +68,9 @@ class Event(enum.Enum):
 
 S, E = StepState, Event
 _OPEN = frozenset({S.WAITING, S.RUNNING, S.OVERDUE, S.PAUSED})
+for _state in StepState:
+    _state.is_open = _state in _OPEN
+    _state.is_decided = _state in (S.FAILED_HERE, S.DECIDED)
 _ENDS = {E.PAUSE: S.PAUSED, E.FAIL_HERE: S.FAILED_HERE, E.DECIDE: S.DECIDED}
 
 # state -> event -> the state it moves to. A step is decided from any state it can be in
@@ -163,6 +162,10 @@ class StepTable:
     def state(self, step: int) -> StepState:
         record = self._records.get(step)
         return StepState.NEW if record is None else record.state
+
+    def is_decided(self, step: int) -> bool:
+        record = self._records.get(step)
+        return record is not None and record.state.is_decided
 
     def open_steps(self) -> list[int]:
         return sorted(s for s, r in self._records.items() if r.is_open)

@@ -33,7 +33,7 @@ class StepWindow:
         self.steps.clear()
 
     def is_decided(self, step: int) -> bool:
-        return step <= self.tree_step - self.behind or self.steps.state(step).is_decided
+        return step <= self.tree_step - self.behind or self.steps.is_decided(step)
 
     @property
     def end(self) -> int:
