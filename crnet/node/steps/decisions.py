@@ -35,7 +35,7 @@ from ..signal import Signal
 from .deadlines import Deadlines
 from .lending import Lending
 from .outcomes import Decision, Failed, Kept, Lost, Mismatched, Outcome, Resolved, fail_of
-from .record import Event, StepState
+from .record import Answer, Event, StepState
 from .settings import EngineSettings
 from .window import StepWindow
 
@@ -43,7 +43,6 @@ log = logging.getLogger("crnet.node")
 
 __all__ = ["Answer", "Decisions"]
 
-Answer = Callable[[Outcome], None]
 
 
 class Decisions:
@@ -194,7 +193,7 @@ class Decisions:
     # -- the outcome of a decided step
     def outcome(self, step: int) -> Outcome:
         record = self.records.get(step)
-        if record is not None and record.state is StepState.FAILED_HERE:
+        if record is not None and record.failure is not None:   # (FAILED_HERE)
             return record.failure
         found = self.kept.get(step)
         if found is not None:
@@ -238,6 +237,7 @@ class Decisions:
                     slot.link.send(fail_of(outcome))
         owner = self.lending.owner(step)
         if here:
+            assert isinstance(outcome, Failed)   # (fail(): only a failure is this node's alone)
             record.failure = outcome   # not the tree's word: not kept past a reopening
         elif not isinstance(outcome, Lost):
             kept: Decision = outcome

@@ -35,11 +35,12 @@ import asyncio
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-__all__ = ["MOVES", "Event", "IllegalMove", "StepRecord", "StepState", "StepTable"]
+from .outcomes import Failed, Outcome
+
+__all__ = ["MOVES", "Answer", "Event", "IllegalMove", "StepRecord", "StepState", "StepTable"]
 
 
 class StepState(enum.Enum):
@@ -90,8 +91,8 @@ class IllegalMove(AssertionError):
     """A step was moved along an edge ``MOVES`` does not have: a bug in the step core."""
 
 
-# What a training process waiting on a step is answered with (decisions.Answer).
-Answer = Callable[[Any], None]
+# Whoever waits on a step (a training process's request): called once with its outcome.
+Answer = Callable[[Outcome], None]
 
 
 @dataclass(eq=False)
@@ -108,7 +109,7 @@ class StepRecord:
     # -- its answers (decisions.py)
     waiters: list[Answer] = field(default_factory=list)
     contributed: tuple[int, np.dtype] | None = None   # this host's vector: its length, dtype
-    failure: Any = None              # FAILED_HERE: the failure this node's processes got
+    failure: Failed | None = None    # FAILED_HERE: the failure this node's processes got
     # The master said every host has the step's sum (spread's SETTLED): it stands whatever
     # becomes of the scheme's own state of the step (begun again with new owners, say).
     settled: bool = False
