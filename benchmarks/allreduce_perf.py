@@ -28,7 +28,9 @@ Per size and scheme it prints (the median step over ``--steps`` measured steps, 
   bandwidth for allreduce: what each link must carry, comparable across host counts);
 * failed: steps that raised (StepFailed, StepLost, a timeout) instead of a result;
 * exact: every result equal to the exact sum;
-* CPU per step: the daemons' (all of them, /proc) and the training processes' own.
+* CPU per step: the daemons' (all of them, /proc, over the tree's whole run) and the
+  training processes' inside their allreduce calls (Gloo's peers': inside all_reduce, from
+  their second step on), all hosts together; CPU ns/B: both per byte of the vector.
 
 ``--plot FILE``: busbw against size, one line per scheme (the best round's). Sizes are
 bytes of the vector (``1M`` = 2^20 bytes). Exit 1 if any step failed or any result was
@@ -84,29 +86,29 @@ def host(name: str, socket_path: str, sizes: list[int], dtype: str, steps: dict,
         res = np.empty(n, dt)
         res.fill(0)
         starts, ends, failed, wrong = [], [], 0, 0
-        cpu0 = time.process_time()
+        cpu = 0.0   # this process's CPU inside allreduce, measured steps only
         for t in range(warmup + steps[nbytes]):
             scale = 1 + step % 5
             np.multiply(base, dt.type(weight * scale), out=vec)
             barrier.wait()
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.process_time()
             try:
                 c.allreduce(vec, step=step, out=res, timeout=120)
             except CrnetError:
                 ok = False
             else:
                 ok = True
-            t1 = time.monotonic()
+            t1, c1 = time.monotonic(), time.process_time()
             step += 1
             if t >= warmup:
                 starts.append(t0)
                 ends.append(t1)
                 failed += not ok
+                cpu += c1 - c0
             barrier.wait()    # nobody checks while a step runs
             if ok and t >= warmup:
                 wrong += not np.array_equal(res, base * dt.type(samples * scale))
-        report.append(dict(starts=starts, ends=ends, failed=failed, wrong=wrong,
-                           cpu=time.process_time() - cpu0))
+        report.append(dict(starts=starts, ends=ends, failed=failed, wrong=wrong, cpu=cpu))
     c.close()
     out.put((name, report))
 
@@ -152,7 +154,7 @@ def run_tree(scheme: str, hosts: int, sizes: list[int], dtype: str, steps: dict,
                          algbw=nbytes / med, busbw=nbytes / med * 2 * (hosts - 1) / hosts,
                          failed=max(r["failed"] for r in per), wrong=sum(r["wrong"] for r in per),
                          daemon_cpu=daemon_cpu / (total_steps + warmup * len(sizes)),
-                         client_cpu=sum(r["cpu"] for r in per) / (k + warmup)))
+                         client_cpu=sum(r["cpu"] for r in per) / k))
     return rows
 
 
@@ -179,10 +181,13 @@ def run_gloo(hosts: int, nbytes: int, dtype: str, steps: int, warmup: int,
     times = [max(r["completion_times"][t] for r in records) - max(r["start_times"][t] for r in records)
              for t in range(warmup, done)] if len(records) == hosts else []
     med = statistics.median(times) if times else float("nan")
+    # Each peer's CPU inside all_reduce per step from its step 1 on (gloo_peer: step 0 holds
+    # the start-up), summed over the peers, as the crnet rows sum their processes'.
+    per_step = [r["cpu_allreduce_s"] / r["cpu_steps"] for r in records if r.get("cpu_steps")]
     return dict(scheme="gloo", bytes=nbytes, hosts=hosts, time=med, algbw=nbytes / med,
                 busbw=nbytes / med * 2 * (hosts - 1) / hosts,
                 failed=warmup + steps - done, wrong=0 if got["correct"] else 1,
-                daemon_cpu=None, client_cpu=None)
+                daemon_cpu=None, client_cpu=sum(per_step) if len(per_step) == hosts else None)
 
 
 def fmt_bytes(n: int) -> str:
@@ -196,12 +201,20 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
+def cpu_per_byte(row: dict) -> str:
+    """Every host's CPU for one step (daemons and processes) per byte of the vector, in ns."""
+    if row["client_cpu"] is None:
+        return "-"
+    return f"{(row['client_cpu'] + (row['daemon_cpu'] or 0.0)) / row['bytes'] * 1e9:.2f}"
+
+
 def print_table(results: dict, sizes: list[int], schemes: list[str], hosts: int,
                 where: str) -> None:
     print(f"\nallreduce, {hosts} hosts, {where}; the best round's median step "
           "(all rounds' medians in brackets)")
     print(f"{'size':>6} {'scheme':>7} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
-          f"{'failed':>7} {'exact':>6} {'daemons CPU ms':>15} {'procs CPU ms':>13}  rounds ms")
+          f"{'failed':>7} {'exact':>6} {'daemons CPU ms':>15} {'procs CPU ms':>13} "
+          f"{'CPU ns/B':>9}  rounds ms")
     for nbytes in sizes:
         for s in schemes:
             rows = results[(s, nbytes)]
@@ -210,7 +223,8 @@ def print_table(results: dict, sizes: list[int], schemes: list[str], hosts: int,
                   f"{best['algbw'] / 1e9:11.3f} {best['busbw'] / 1e9:11.3f} "
                   f"{sum(r['failed'] for r in rows):7d} "
                   f"{'yes' if not any(r['wrong'] for r in rows) else 'NO':>6} "
-                  f"{_ms(best['daemon_cpu']):>15} {_ms(best['client_cpu']):>13}  "
+                  f"{_ms(best['daemon_cpu']):>15} {_ms(best['client_cpu']):>13} "
+                  f"{cpu_per_byte(best):>9}  "
                   + "[" + ", ".join(f"{r['time'] * 1e3:.1f}" for r in rows) + "]")
 
 

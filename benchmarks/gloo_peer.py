@@ -172,6 +172,7 @@ def run(a: argparse.Namespace, result: _Result) -> None:
         stop = time.time() - loop_start >= a.deadline
         tensor.fill_(a.rank + 1 + t + (vote if stop else 0))
         rec["start_times"].append(time.time())
+        cpu_at = time.process_time()
         try:
             dist.all_reduce(tensor)
         except Exception as e:  # noqa: BLE001 -- whatever failed the step goes in the record
@@ -184,6 +185,8 @@ def run(a: argparse.Namespace, result: _Result) -> None:
         rec["compute_s"].append(busy)
         rec["steps_completed"] = t + 1
         if t >= 1:
+            # (all_reduce's own CPU, Gloo's threads included: what allreduce_perf compares)
+            rec["cpu_allreduce_s"] = rec.get("cpu_allreduce_s", 0.0) + time.process_time() - cpu_at
             rec["cpu_steady_s"], rec["cpu_steps"] = time.process_time() - cpu_from, t
         lo, hi = (float(x) for x in torch.aminmax(tensor)) if a.elements else (want, want)
         voters = round((lo - want) / vote)

@@ -44,6 +44,7 @@ from .netns import EmulatedCluster, hosting
 from .presets import Preset
 
 NEVER = 1e9  # seconds: the compute time of a frozen host, for the model
+CALIBRATION_ELEMENTS = 5000  # the small vector that gives the latency on unshaped links
 # Benchmark schemes that are a crnet scheme with more crnetd options: name -> (scheme, options).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "cr-approx": ("cr", {"beyond_s": "approximate"})}
@@ -236,12 +237,18 @@ def resolve(preset: Preset, seed: int = 0) -> tuple[Preset, dict]:
 
 
 def calibrate(cluster: EmulatedCluster, preset: Preset, schemes, workdir: Path) -> dict:
-    """Per-message latency of each implementation, from a ring run without compute.
+    """Per-message latency of each implementation, from a ring run without compute; on
+    unshaped links, also the rate a host moves bytes at.
 
     A zero-compute ring step is 2(N-1) rounds of (latency + M/(N B)); the measured
     step gives the latency that the model then uses for every scheme of that
     implementation (crnet's daemons, or Gloo). It is measured on this cluster, with
     this machine's two cores shared by every emulated host, not assumed.
+
+    On an unshaped link (``preset.rate`` None) nothing but the hosts' CPUs bounds B, so B
+    is measured too: the latency from a ring run of a small vector (whose bytes cost
+    little), then B from the preset's vector, whose rounds cost latency + M/(N B). Returns
+    ``{impl: {"latency_s": ..., "bandwidth_Bps": ...}}``.
     """
     quiet = replace(preset, compute="fixed:0", steps=10, freeze=None, name="calibrate")
     n, b = preset.workers, _bandwidth(preset)
@@ -250,14 +257,34 @@ def calibrate(cluster: EmulatedCluster, preset: Preset, schemes, workdir: Path) 
     for impl, scheme in (("crnet", "rar"), ("gloo", "gloo")):
         if scheme == "gloo" and "gloo" not in schemes:
             continue
-        r = (run_gloo_scheme(cluster, quiet, workdir / f"calibrate-{scheme}") if scheme == "gloo"
-             else run_crnet(cluster, quiet, "rar", workdir / "calibrate-rar"))
-        if r["mean_s"]:
-            out[impl] = max(r["mean_s"] / rounds - preset.vector_bytes / n / b, 1e-6)
+
+        def ring(p: Preset, tag: str) -> float | None:
+            here = workdir / f"calibrate-{scheme}{tag}"
+            r = (run_gloo_scheme(cluster, p, here) if scheme == "gloo"
+                 else run_crnet(cluster, p, "rar", here))
+            return r["mean_s"]
+
+        if preset.rate is None:
+            small = replace(quiet, elements=CALIBRATION_ELEMENTS)
+            step, full = ring(small, "-small"), ring(quiet, "")
+            if not step or not full:
+                continue
+            latency = max(step / rounds - small.vector_bytes / n / b, 1e-6)
+            # (at least the rate of the small vector's rounds: a run too noisy to tell)
+            per_round = max(full / rounds - latency, small.vector_bytes / n / b)
+            out[impl] = {"latency_s": latency,
+                         "bandwidth_Bps": preset.vector_bytes / n / per_round}
+        elif (step := ring(quiet, "")):
+            out[impl] = {"latency_s": max(step / rounds - preset.vector_bytes / n / b, 1e-6),
+                         "bandwidth_Bps": b}
     return out
 
 
 def _bandwidth(preset: Preset) -> float:
+    """The model's per-host link rate, bytes/s: calibrated where the preset has one, else
+    its links' shaped rate (an unshaped link before calibration: 10 Gbit/s)."""
+    if preset.bandwidth is not None:
+        return preset.bandwidth
     return parse_bandwidth(preset.rate) if preset.rate else 1.25e9
 
 
@@ -301,18 +328,26 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
                calibrated: dict | None = None, strict: bool = False) -> dict:
     """All requested schemes of one preset on one cluster; returns the bench.json document."""
     results = {}
-    preset, auto = resolve(preset, seed)
-    cr = preset_tree(preset, "cr")
-    spread = preset_tree(preset, "spread")
-    log(f"  cr shape: fanout {list(cr.fanout)}, s {list(cr.stragglers)}; spread's: fanout "
-        f"{list(spread.fanout)}, s {list(spread.stragglers)}; "
-        f"tree fanout {list(preset_tree(preset, 'tree').fanout)}; gc s = {preset.gc_stragglers}; "
-        f"plan --auto picks {auto['scheme']} ({auto['shape']})")
+    given = preset
+    preset, auto = resolve(preset, seed)   # (calibration's ring needs a resolved preset)
     with EmulatedCluster(preset.workers + 1, rate=preset.rate, burst=preset.burst) as cluster:
         if calibrated is None:
             calibrated = calibrate(cluster, preset, schemes, workdir)
-            log("  latency calibrated: " + ", ".join(f"{k} {1e6 * v:.0f} us"
-                                                     for k, v in calibrated.items()))
+            log("  calibrated: " + ", ".join(
+                f"{k} latency {1e6 * v['latency_s']:.0f} us"
+                + ("" if preset.rate else f", {v['bandwidth_Bps'] / 1e6:.0f} MB/s per host")
+                for k, v in calibrated.items()))
+        if preset.rate is None and "crnet" in calibrated:
+            # Unshaped links: the CPUs bound the rate, and the shapes are chosen at the rate
+            # crnet's ring measured, as a user would give `crnet plan --auto --bandwidth`.
+            preset, auto = resolve(replace(given, bandwidth=calibrated["crnet"]["bandwidth_Bps"]),
+                                   seed)
+        cr = preset_tree(preset, "cr")
+        spread = preset_tree(preset, "spread")
+        log(f"  cr shape: fanout {list(cr.fanout)}, s {list(cr.stragglers)}; spread's: fanout "
+            f"{list(spread.fanout)}, s {list(spread.stragglers)}; "
+            f"tree fanout {list(preset_tree(preset, 'tree').fanout)}; gc s = "
+            f"{preset.gc_stragglers}; plan --auto picks {auto['scheme']} ({auto['shape']})")
         for scheme in schemes:
             started = time.monotonic()
             if scheme == "gloo":
@@ -320,10 +355,12 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
             else:
                 results[scheme] = run_crnet(cluster, preset, scheme, workdir / scheme, seed,
                                             strict)
-            impl = "gloo" if scheme == "gloo" else "crnet"
-            latency = calibrated.get(impl, preset.latency)
-            results[scheme]["model"] = predict(replace(preset, latency=latency), scheme, seed)
-            results[scheme]["model"]["latency_s"] = latency
+            impl = calibrated.get("gloo" if scheme == "gloo" else "crnet", {})
+            latency = impl.get("latency_s", preset.latency)
+            bandwidth = impl.get("bandwidth_Bps", _bandwidth(preset))
+            results[scheme]["model"] = predict(replace(preset, latency=latency,
+                                                       bandwidth=bandwidth), scheme, seed)
+            results[scheme]["model"].update(latency_s=latency, bandwidth_Bps=bandwidth)
             r = results[scheme]
             cpu = ", ".join(f"{who} {ms:.1f} ms" for who, ms in r.get("cpu_ms_per_step", {}).items()
                             if ms is not None)
@@ -333,7 +370,7 @@ def run_preset(preset: Preset, schemes, workdir: Path, seed: int = 0, log=print,
                 + (f"; {r['approximate_steps']} approximate steps, mean coverage "
                    f"{r['mean_coverage']:.3f}" if r.get("approximate_steps") else ""))
     return {"preset": preset.name, "about": preset.about, "config": _config(preset),
-            "calibrated_latency_s": calibrated, "plan_auto": auto, "schemes": results}
+            "calibrated": calibrated, "plan_auto": auto, "schemes": results}
 
 
 def _config(p: Preset) -> dict:
@@ -403,7 +440,7 @@ def run_sweep(base: Preset, schemes, workdir: Path, seed: int = 0, log=print,
     for k, preset in enumerate(sweep_points(base)):
         log(f"{preset.name}")
         doc = run_preset(preset, schemes, workdir / f"sweep{k}", seed, log, calibrated, strict)
-        calibrated = doc["calibrated_latency_s"]  # the same cluster shape: calibrate once
+        calibrated = doc["calibrated"]  # the same cluster shape: calibrate once
         compute = ComputeModel.parse(preset.compute)
         points.append({"prob": compute.prob, "factor": compute.factor, "schemes": doc["schemes"]})
     return points

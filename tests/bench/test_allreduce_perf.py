@@ -32,9 +32,12 @@ def test_every_scheme_is_exact_and_the_table_says_so(tmp_path):
     for r in rows:
         assert r["failed"] == 0 and r["wrong"] == 0 and r["time"] > 0, r
         assert r["busbw"] == pytest.approx(r["algbw"] * 2 * 3 / 4)
+        # Every row's processes' CPU per step, Gloo's peers too: the per-byte comparison.
+        assert r["client_cpu"] is not None and r["client_cpu"] > 0, r
     table = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] in (["64K"], ["1M"])]
     assert len(table) == 2 * len(schemes) and all(row[5:7] == ["0", "yes"] for row in table), \
         proc.stdout
+    assert all(float(row[9]) > 0 for row in table), proc.stdout   # CPU ns/B, Gloo's included
 
 
 @pytest.mark.parametrize("argv, said", [

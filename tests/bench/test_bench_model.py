@@ -122,3 +122,45 @@ def test_cr_approx_is_a_scheme_the_cli_knows():
     assert result.exit_code == 2 and "or cr-approx" in result.output
     help_text = CliRunner().invoke(main, ["--help"], prog_name="python -m benchmarks").output
     assert "cr-approx" in help_text and "correlated" in help_text
+
+
+def test_the_fast_presets_are_unshaped_and_differ_only_in_stragglers():
+    fast, calm = PRESETS["fast"], PRESETS["fast-calm"]
+    assert (fast.workers, fast.vector_bytes, fast.rate) == (8, 64 << 20, None)
+    assert replace(fast, name="fast-calm", compute=calm.compute, about=calm.about) == calm
+    # 200 ms of uncoded compute: 2,500 samples per worker at 80 us.
+    per_sample = ComputeModel.parse(calm.compute)
+    assert per_sample.compute_time(calm.samples // calm.workers, 0, 0, 0) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("bandwidth", [2e8, 1e9])
+def test_on_fast_links_the_model_picks_spread_with_stragglers_and_the_ring_without(bandwidth):
+    fast, _ = resolve(replace(PRESETS["fast"], bandwidth=bandwidth))
+    calm, auto = resolve(replace(PRESETS["fast-calm"], bandwidth=bandwidth))
+    assert auto["scheme"] == "rar"
+    got = {s: predict(fast, s, trials=500)["mean_s"] for s in ("spread", "rar")}
+    assert got["spread"] < got["rar"] / 1.5
+    quiet = {s: predict(calm, s, trials=500)["mean_s"] for s in ("spread", "rar")}
+    assert quiet["spread"] == pytest.approx(quiet["rar"], rel=0.05)
+
+
+def test_calibration_on_unshaped_links_measures_the_rate_a_host_moves_bytes_at(monkeypatch, tmp_path):
+    """A ring of N workers whose rounds cost latency + M/(N B): calibrate gives back both."""
+    from benchmarks import runner
+
+    latency, rate = 2e-3, 3e8
+    n = PRESETS["fast"].workers
+
+    def ring(cluster, preset, scheme, workdir, *rest):
+        assert scheme == "rar" and preset.compute == "fixed:0"
+        return {"mean_s": 2 * (n - 1) * (latency + preset.vector_bytes / n / rate)}
+
+    monkeypatch.setattr(runner, "run_crnet", ring)
+    got = runner.calibrate(None, PRESETS["fast"], ["spread", "rar"], tmp_path)
+    assert set(got) == {"crnet"}
+    # The small vector's bytes are counted at 10 Gbit/s there: a few us off, no more.
+    assert got["crnet"]["latency_s"] == pytest.approx(latency, rel=0.01)
+    assert got["crnet"]["bandwidth_Bps"] == pytest.approx(rate, rel=0.01)
+    # A shaped link's rate is the shaper's: only the latency is fitted.
+    shaped = runner.calibrate(None, replace(PRESETS["fast"], rate="1gbit"), ["rar"], tmp_path)
+    assert shaped["crnet"]["bandwidth_Bps"] == 1.25e8

@@ -103,6 +103,8 @@ def test_tbf_burst_is_4ms_of_the_rate_or_one_gso_packet():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_rates_parse(name):
     rate = PRESETS[name].rate
+    if rate is None:   # unshaped links (the fast presets): no shaper to spell
+        return
     bits = {"1gbit": 10**9, "100mbit": 10**8}[rate]
     assert tbf_value(netns.tbf_args(rate), "rate") == f"{bits}bit"
 
