@@ -11,7 +11,8 @@ that MTU, ``benchmarks/netns.py``; with ``--rate`` too, each link shaped to that
 ways with tbf, as ``python -m benchmarks`` shapes its presets' links):
 ``crnet.tools.launch.LocalTree``, the master and ``hosts - 1`` workers, one layer, no
 stragglers; and on every host one training process (a process of its own, the blocking
-``Client``, as a user's would be). Each step all of them meet at a barrier, then call
+``Client``, as a user's would be, on its zero-copy path: the vector in ``Client.buffer``,
+the sum into ``Client.result_buffer``). Each step all of them meet at a barrier, then call
 ``allreduce`` at once; the master's process (which adds nothing in cr and spread) takes
 the result too. Every result is checked against the exact sum (integers in
 float32: exact whatever the order of the additions). ``gloo`` is PyTorch's Gloo
@@ -82,9 +83,10 @@ def host(name: str, socket_path: str, sizes: list[int], dtype: str, steps: dict,
     for nbytes in sizes:
         n = nbytes // dt.itemsize
         base = (np.arange(n) % 13 - 6).astype(dt)
+        # The zero-copy path of the client's docs: the gradient computed into the shared
+        # input, the sum read from the shared output (Gloo's all_reduce is in place).
         vec = c.buffer(n, dt)
-        res = np.empty(n, dt)
-        res.fill(0)
+        res = c.result_buffer(n, dt)
         starts, ends, failed, wrong = [], [], 0, 0
         cpu = 0.0   # this process's CPU inside allreduce, measured steps only
         for t in range(warmup + steps[nbytes]):

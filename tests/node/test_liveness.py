@@ -21,9 +21,14 @@ BEAT = STALL / BEATS
 class Link:
     def __init__(self):
         self.bytes_in = self.bytes_out = 0
+        self.queued = 0   # arrived, held in the kernel below the receive low-water mark
         self.is_closing = False
         self.sent: list = []
         self.aborted: str | None = None
+
+    @property
+    def heard(self) -> int:
+        return self.bytes_in + self.queued
 
     def write(self, frame: list) -> bool:
         """A frame as ``Connection.write`` takes it: kept as the message it encodes."""
@@ -114,3 +119,16 @@ async def test_it_ticks_on_the_running_loop():
     finally:
         task.cancel()
     assert p.live.cut_off == 2     # nothing came from either
+
+
+def test_a_payload_held_below_the_low_water_mark_is_progress():
+    """A large payload crossing a slow link wakes the loop only once the rest of it is in:
+    its bytes waiting in the kernel keep the peer live meanwhile."""
+    p = Peers(ranks=(1,))
+    p.ticks(1)
+    for _ in range(3 * BEATS):          # 3 x stall_after, nothing read, bytes queued
+        p.links[1][1].queued += 1000
+        p.ticks(1)
+    assert p.live.cut_off == 0 and p.links[1][1].aborted is None
+    p.ticks(BEATS + 1)                  # then nothing at all: cut
+    assert p.live.cut_off == 1

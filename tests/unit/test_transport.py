@@ -399,10 +399,14 @@ async def test_a_payload_trickling_in_wakes_the_reader_once_and_never_stalls_it(
         data = bytes(head) + bytes(payload)
         marks = []
         cut = len(head) + 20000
-        for piece in (data[:cut], data[cut:-1000], data[-1000:]):   # the payload in 3 parts
+        for i, piece in enumerate((data[:cut], data[cut:-1000], data[-1000:])):   # 3 parts
             sender.sendall(piece)
             await asyncio.sleep(0.05)
             marks.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+            if i == 1:   # every byte in is heard (what liveness counts), read or not
+                assert conn.heard == len(data) - 1000
+                if count == 1 << 14:   # held below the mark, unread (the kernel may cap a
+                    assert conn.bytes_in < conn.heard   # larger mark at half its buffer)
         msg, _ = await peer.next()
         assert isinstance(msg, Chunk) and np.array_equal(vector, sent)
         expect_rest = len(payload) - 20000

@@ -1,7 +1,8 @@
 """Whether a peer is live: by what arrives from it, never by what the kernels' buffers take.
 
 A peer (spread: every other host; rar: the ring neighbours) is live while bytes come from
-it on any of its links here: pieces, sums, checks, or at least a HEARTBEAT, which each host
+it on any of its links here (read, or waiting in the kernel below the receive low-water
+mark: ``Connection.heard``): pieces, sums, checks, or at least a HEARTBEAT, which each host
 writes to every peer it wrote nothing else to for a beat (``stall_after / BEATS``). A peer
 from which nothing at all arrived for ``stall_after`` is frozen (SIGSTOP, a hung daemon) or
 cut off: every link to it is cut, as when it goes, so the steps route round it (spread
@@ -85,7 +86,7 @@ class Liveness:
             if not conns:   # going: its next links are judged afresh
                 self._peers.pop(rank, None)
                 continue
-            got = sum(c.bytes_in for c in conns)
+            got = sum(c.heard for c in conns)
             peer = self._peers.get(rank)
             if peer is None:
                 peer = self._peers[rank] = _Peer(got, now)
