@@ -257,16 +257,10 @@ def calibrate(cluster: EmulatedCluster, preset: Preset, schemes, workdir: Path) 
     for impl, scheme in (("crnet", "rar"), ("gloo", "gloo")):
         if scheme == "gloo" and "gloo" not in schemes:
             continue
-
-        def ring(p: Preset, tag: str) -> float | None:
-            here = workdir / f"calibrate-{scheme}{tag}"
-            r = (run_gloo_scheme(cluster, p, here) if scheme == "gloo"
-                 else run_crnet(cluster, p, "rar", here))
-            return r["mean_s"]
-
         if preset.rate is None:
             small = replace(quiet, elements=CALIBRATION_ELEMENTS)
-            step, full = ring(small, "-small"), ring(quiet, "")
+            step = _ring_step(cluster, scheme, small, workdir / f"calibrate-{scheme}-small")
+            full = _ring_step(cluster, scheme, quiet, workdir / f"calibrate-{scheme}")
             if not step or not full:
                 continue
             latency = max(step / rounds - small.vector_bytes / n / b, 1e-6)
@@ -274,10 +268,17 @@ def calibrate(cluster: EmulatedCluster, preset: Preset, schemes, workdir: Path) 
             per_round = max(full / rounds - latency, small.vector_bytes / n / b)
             out[impl] = {"latency_s": latency,
                          "bandwidth_Bps": preset.vector_bytes / n / per_round}
-        elif (step := ring(quiet, "")):
+        elif (step := _ring_step(cluster, scheme, quiet, workdir / f"calibrate-{scheme}")):
             out[impl] = {"latency_s": max(step / rounds - preset.vector_bytes / n / b, 1e-6),
                          "bandwidth_Bps": b}
     return out
+
+
+def _ring_step(cluster: EmulatedCluster, scheme: str, preset: Preset, workdir: Path) -> float | None:
+    """The mean step of a ring run of ``preset``: crnet's (``rar``) or Gloo's."""
+    r = (run_gloo_scheme(cluster, preset, workdir) if scheme == "gloo"
+         else run_crnet(cluster, preset, "rar", workdir))
+    return r["mean_s"]
 
 
 def _bandwidth(preset: Preset) -> float:
