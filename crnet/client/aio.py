@@ -29,6 +29,7 @@ from ..errors import (
     StepLost,
     StepRefused,
 )
+from ..protocol.local_peer import peer_credentials
 from ..protocol.messages import (
     Attach,
     Attached,
@@ -68,10 +69,12 @@ def client_socket_path(path) -> str:
     return str(path or os.environ.get("CRNET_CLIENT_SOCKET") or defaults.CLIENT_SOCKET)
 
 
-async def _attach(path: str, job: str, timeout: float | None
-                  ) -> tuple[Connection, Replies, ClientWelcome]:
-    """A connection to the daemon at ``path``, said hello to as a process of ``job``, and
-    its welcome (the tree's assignment, within ``timeout``)."""
+async def _attach(path: str, job: str, timeout: float | None, daemon_uid: int | None = None
+                  ) -> tuple[Connection, Replies, ClientWelcome, int]:
+    """A connection to the daemon at ``path``, said hello to as a process of ``job``, its
+    welcome (the tree's assignment, within ``timeout``) and the daemon's uid (the kernel's
+    word). ``daemon_uid``: the uid the daemon must run as (a reconnect: the first one's),
+    checked before this process says or hands over anything."""
     replies = Replies(path)
     loop = asyncio.get_running_loop()
     try:
@@ -80,12 +83,20 @@ async def _attach(path: str, job: str, timeout: float | None
     except OSError as e:
         raise DaemonNotRunning(f"no crnetd at {path}: {e.strerror or e}") from None
     try:
+        assert conn.transport is not None   # made: create_unix_connection returned it
+        _, uid, _ = peer_credentials(conn.transport.get_extra_info("socket"))
+        if daemon_uid is not None and uid != daemon_uid:
+            # The path is only a name: after the daemon stopped, another user may have
+            # bound it (a directory others can write), to be handed this process's memory.
+            raise DaemonNotRunning(
+                f"what listens at {path} runs as uid {uid}, not as the crnetd this process "
+                f"first connected to (uid {daemon_uid}): not a daemon to trust")
         conn.send(ClientHello(os.getpid(), job))
         welcome = await replies.next(ClientWelcome, timeout, "the tree's assignment")
     except BaseException:
         conn.close()
         raise
-    return conn, replies, welcome
+    return conn, replies, welcome, uid
 
 
 def _processes(processes: int | None, what: str) -> int | None:
@@ -133,6 +144,7 @@ class AsyncClient:
         self._abandoned: set[int] = set()
         self._numbered: dict[str, int] = {}   # numbered_key's count per prefix
         self._job = ""                         # the job it said it belongs to (connect)
+        self._daemon_uid: int | None = None    # the daemon's uid: a reconnect checks it
         self.reconnect = 0.0
         """Seconds to wait for the daemon to come back when it closed the connection
         (``connect``'s ``reconnect``); 0: DaemonNotRunning at once."""
@@ -165,10 +177,10 @@ class AsyncClient:
         says how each call fares); 0: DaemonNotRunning at once."""
         path = client_socket_path(socket_path)
         job = job if job is not None else os.environ.get("CRNET_JOB", "")
-        conn, replies, welcome = await _attach(path, job, timeout)
+        conn, replies, welcome, uid = await _attach(path, job, timeout)
         try:
             self = cls(path, conn, replies, welcome)
-            self._job, self.reconnect = job, reconnect
+            self._job, self.reconnect, self._daemon_uid = job, reconnect, uid
             await self._ensure(1 << 16)   # shared memory now: the tree's progress is in it
         except BaseException:
             conn.close()
@@ -460,7 +472,8 @@ class AsyncClient:
                                        f"connection: ask for step {step} again",
                                  self._tree_step, tree_wide=False)
             try:
-                conn, replies, welcome = await _attach(self.path, self._job, until - now)
+                conn, replies, welcome, _ = await _attach(self.path, self._job, until - now,
+                                                          self._daemon_uid)
                 break
             except (DaemonNotRunning, CrnetTimeout) as e:
                 why, away = str(e), True

@@ -22,13 +22,14 @@ import errno
 import logging
 import os
 import socket
-import struct
+import stat
 import weakref
 from collections.abc import Awaitable, Callable
 
 from .. import defaults
 from ..errors import ProtocolError
 from ..peer_text import Throttle
+from ..protocol.local_peer import peer_credentials
 from ..protocol.messages import Attach, Message, parse
 from ..protocol.shm import SharedRegion
 from ..protocol.wire import MAGIC, PREFIX, VERSION, FrameReader, Limits, MsgType
@@ -37,7 +38,6 @@ log = logging.getLogger("crnet.node")
 
 ATTACH_LIMITS = Limits(max_header=256, max_payload=0, max_str=128, max_items=8,
                        types=frozenset({MsgType.ATTACH}))
-_CREDS = struct.Struct("3i")         # struct ucred: pid, uid, gid
 # accept() failing with these is this process or host short of something, not the peer
 # gone: the listener waits this long and tries again (asyncio's ACCEPT_RETRY_DELAY).
 RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -45,12 +45,7 @@ ACCEPT_RETRY_DELAY = 1.0
 SUN_PATH_BYTES = 108                 # sizeof(sockaddr_un.sun_path) on Linux, its NUL included
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end, from the kernel."""
-    return _CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size))
-
-
-__all__ = ["ClientSocket", "peer_credentials"]
+__all__ = ["ClientSocket"]
 
 
 class ClientSocket:
@@ -129,6 +124,18 @@ class ClientSocket:
         never a whole chain of them (a mistyped path would leave one behind)."""
         directory = os.path.dirname(os.path.abspath(self.path))
         if os.path.isdir(directory):
+            mode = os.stat(directory).st_mode
+            if mode & stat.S_IWOTH:
+                # Sticky or not (/tmp), any user may create an entry there: once this daemon
+                # stops and removes its socket, another user's could take the path, and the
+                # training processes reconnecting would hand it their memory.
+                raise OSError(errno.EPERM,
+                              f"cannot create the client socket {self.path}: its directory "
+                              f"{directory} is writable by every user (mode "
+                              f"{stat.S_IMODE(mode):o}), so another user could put a socket of "
+                              "their own at that path while this daemon is stopped: choose a "
+                              "directory only this user (or --client-group) can write, e.g. "
+                              "/run/crnet (the default)")
             return
         try:
             os.mkdir(directory, 0o755)

@@ -1,20 +1,28 @@
 """The daemon's Unix socket: who may connect, shared memory by descriptor only, one daemon
 per socket path."""
 
+import ast
 import asyncio
+import contextlib
 import os
+import shutil
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from crnet import AsyncClient, RequestRejected
+from crnet import AsyncClient, DaemonNotRunning, RequestRejected
 from crnet.coding.plan import Tree
 from crnet.protocol.messages import Attach
 from crnet.protocol.shm import PROGRESS_BYTES
+from crnet.tools.launch import LocalTree
 
 from ..helpers.waits import wait_for_log
 
@@ -120,3 +128,83 @@ async def test_a_socket_path_too_long_names_the_limit_and_the_path(tmp_path):
     message = str(raised.value)
     assert path in message and "108 bytes" in message and "None" not in message
     sock.close()
+
+
+def test_a_client_socket_in_a_directory_every_user_can_write_is_refused(tmp_path):
+    """Once the daemon stopped (its socket removed), any user could bind the path there."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o1777)                # as /tmp is: sticky does not help
+    got = subprocess.run([sys.executable, "-m", "crnet", "daemon", "--role", "node",
+                          "--parent", "127.0.0.1:1", "--client-socket",
+                          str(open_dir / "crnetd.sock")],
+                         capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert got.returncode != 0 and "writable by every user (mode 1777)" in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr and not (open_dir / "crnetd.sock").exists()
+
+
+def _squat(path: str, report: int) -> None:
+    """As uid 65534: listen at ``path`` for 10 s; write to ``report`` how many connections
+    came and every byte they sent."""
+    code = 1
+    try:
+        os.setgid(65534)
+        os.setuid(65534)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(path)
+            s.listen(8)
+            s.settimeout(0.2)
+            came, said = 0, b""
+            until = time.monotonic() + 10
+            while time.monotonic() < until:
+                try:
+                    conn, _ = s.accept()
+                except TimeoutError:
+                    continue
+                came += 1
+                with conn:
+                    conn.settimeout(1)
+                    with contextlib.suppress(OSError):
+                        while chunk := conn.recv(4096):
+                            said += chunk
+            os.write(report, repr((came, said)).encode())
+        code = 0
+    finally:
+        os._exit(code)
+
+
+async def test_a_process_reconnects_only_to_a_daemon_of_its_first_daemons_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to listen as another user")
+    # A tree whose socket directory the other user can reach (pytest's tmp_path is root's
+    # alone): /tmp/<ours, 0711>/tree/.
+    top = tempfile.mkdtemp(prefix="crnet-squat-")
+    os.chmod(top, 0o711)
+    lt = LocalTree(TREE, 4, workdir=Path(top) / "tree", strict=True).start()
+    path = lt.socket_path("0")
+    try:
+        c = await AsyncClient.connect(path, timeout=30, reconnect=8)
+        lt.signal("0", signal.SIGTERM)         # a clean stop: the socket is removed
+        for _ in range(100):
+            if not lt.alive("0") and not os.path.exists(path):
+                break
+            await asyncio.sleep(0.05)
+        os.chmod(os.path.dirname(path), 0o1777)   # as if the socket had lived in /tmp
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            _squat(path, write)
+        os.close(write)
+        try:
+            with pytest.raises(DaemonNotRunning, match="runs as uid 65534, not as the crnetd"):
+                await c.broadcast(np.ones(8), "k", root=True)
+        finally:
+            c.close()
+            _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        came, said = ast.literal_eval(os.read(read, 1 << 16).decode())
+        os.close(read)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert came >= 1 and said == b""       # it was asked, and told nothing
+    finally:
+        lt.stop()
+        shutil.rmtree(top, ignore_errors=True)
