@@ -44,6 +44,7 @@ READERS_GRACE = 2.0      # seconds the last output lines may take to come throug
 DAEMON_FAILED = 70       # --strict: a daemon failed though every training process succeeded
                          # (EX_SOFTWARE, the code a strict daemon exits with)
 RESTART_PAUSE = 0.5      # seconds between a death and its restart (--max-restarts): no tight crash loop
+RESTART_BACKOFF = 16     # ... doubled for each earlier restart of the same seat or daemon, up to x16
 DAEMON_START_WAIT = 30.0  # seconds a restarted daemon may take to open its client socket
 
 
@@ -164,11 +165,13 @@ class Run:
     - SIGINT, SIGTERM and SIGHUP are forwarded to every training process group; what is
       left after ``stop_grace`` seconds (or at a second such signal) is SIGKILLed;
     - the daemons are stopped last (``LocalTree.stop``);
-    - a daemon that exits with no restart left is named on stderr (its processes then see
-      errors, not a hang); with ``strict``, every daemon is strict (an internal error stops
-      it with exit code 70): a daemon that exits with no restart left fails the run like a
-      training process that does, and at the end every daemon that failed or logged a
-      traceback (a restarted one's log keeps its earlier lives) is named with its log.
+    - a restart waits ``restart_pause``, doubled for each earlier restart of the same seat
+      or daemon (at most ``RESTART_BACKOFF`` times over);
+    - a daemon that exits with no restart left is named on stderr and fails the run like a
+      training process that does (its processes could not go on); with ``strict``, every
+      daemon is strict (an internal error stops it with exit code 70), and at the end every
+      daemon that failed or logged a traceback (a restarted one's log keeps its earlier
+      lives) is named with its log.
 
     Daemon logs go to ``<workdir>/logs``. Without ``workdir`` it is a fresh temporary
     directory, removed at the end unless ``keep_logs`` or the exit code is not 0 (then
@@ -200,6 +203,7 @@ class Run:
         self.max_restarts = max_restarts
         self.restart_pause = restart_pause
         self.restarts = 0                         # restarts taken so far, of processes and daemons
+        self._restarted: dict[Seat | str, int] = {}   # each seat's and daemon's (_pause)
         self.lines = _Lines(stdout, stderr)
         self.seats = seats(tree, local_processes)
         self.procs: dict[Seat, subprocess.Popen] = {}   # each seat's latest process
@@ -322,9 +326,10 @@ class Run:
                     continue
                 code = exit_code(proc.returncode)
                 if code != 0 and not stopping and self._take_restart():
+                    pause = self._pause(seat)
                     self.lines.say(f"[{seat.label}] exited with code {code}: "
-                                   f"{self._restart_taken()} in {self.restart_pause:g} s")
-                    seats_due[seat] = (now + self.restart_pause, code)
+                                   f"{self._restart_taken()} in {pause:g} s")
+                    seats_due[seat] = (now + pause, code)
                     continue
                 self.codes[seat] = code
                 if code != 0 and not stopping:
@@ -339,13 +344,17 @@ class Run:
                 said = (f"crnetd {LocalTree.filename(name)} exited with code "
                         f"{self.lt.procs[name].returncode}; its log: {self.lt.log_path(name)}")
                 if not stopping and self._take_restart():
-                    self.lines.say(f"{said}: {self._restart_taken()} in {self.restart_pause:g} s")
-                    daemons_due[name] = now + self.restart_pause
+                    pause = self._pause(name)
+                    self.lines.say(f"{said}: {self._restart_taken()} in {pause:g} s")
+                    daemons_due[name] = now + pause
                     continue
-                self.lines.say(said + self._none_left())  # its processes will see errors, not hang
-                if self.strict and not stopping:
-                    stopping = True      # a strict daemon's internal error fails the run
-                    self.lines.say(f"a daemon failed (--strict); the training processes get "
+                self.lines.say(said + self._none_left())
+                if not stopping:
+                    # Gone for good: its processes cannot go on (they would try to reconnect
+                    # for a minute first), so the run fails now, as when a process fails.
+                    stopping = True
+                    why = "(--strict)" if self.strict else "with no restart left"
+                    self.lines.say(f"a daemon failed {why}; the training processes get "
                                    f"{self.failure_grace:g} s, then SIGTERM")
                     term_at = now + self.failure_grace
             for sig in self._signals[handled:]:
@@ -394,6 +403,15 @@ class Run:
             return False
         self.restarts += 1
         return True
+
+    def _pause(self, who: Seat | str) -> float:
+        """How long before ``who`` (a seat, a daemon) starts again: ``restart_pause``, doubled
+        for each of its earlier restarts, at most ``RESTART_BACKOFF`` times over: what fails
+        at once again and again (a port another process holds) does not spend the run's
+        restarts in a few seconds."""
+        earlier = self._restarted.get(who, 0)
+        self._restarted[who] = earlier + 1
+        return self.restart_pause * min(2 ** earlier, RESTART_BACKOFF)
 
     def _restart_taken(self) -> str:
         return f"restart {self.restarts} of {self.max_restarts}"

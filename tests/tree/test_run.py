@@ -184,14 +184,16 @@ class Launches:
                         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         self.procs: list[subprocess.Popen] = []
 
-    def argv(self, *options: str, mode: str, loop: bool = False) -> list[str]:
+    def argv(self, *options: str, mode: str, loop: bool = False, strict: bool = True) -> list[str]:
         script = self.loop_script if loop else self.script
-        return [sys.executable, "-m", "crnet", "run", "--strict", *options, "--",
-                sys.executable, str(script), mode, str(self.pids)]
+        return [sys.executable, "-m", "crnet", "run", *(["--strict"] if strict else []),
+                *options, "--", sys.executable, str(script), mode, str(self.pids)]
 
-    def start(self, *options: str, mode: str, loop: bool = False) -> subprocess.Popen:
+    def start(self, *options: str, mode: str, loop: bool = False,
+              strict: bool = True) -> subprocess.Popen:
         """``loop``: the README's loop (LOOP_SCRIPT), else SCRIPT."""
-        proc = subprocess.Popen(self.argv(*options, mode=mode, loop=loop), cwd=REPO, env=self.env,
+        proc = subprocess.Popen(self.argv(*options, mode=mode, loop=loop, strict=strict),
+                                cwd=REPO, env=self.env,
                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.procs.append(proc)
         return proc
@@ -407,6 +409,28 @@ def test_with_strict_a_daemon_that_dies_fails_the_run_naming_it_and_its_log(laun
     assert daemons_under(workdir) == []
 
 
+def test_a_daemon_gone_for_good_ends_the_run_at_once(launches):
+    """Without --strict, as users run it: a daemon that exits with no restart left fails
+    the run within the failure grace, not after its processes spent a minute trying to
+    reconnect."""
+    workdir = launches.tmp / "w"
+    proc = launches.start(*SMALL, "--samples", "12", "--workdir", str(workdir), mode="wait",
+                          strict=False)
+    wait_for(lambda: launches.recorded().keys() >= {"rank0", "rank1", "rank2", "helper"},
+             "every process to start")
+    leaf = next(pid for pid in daemons_under(workdir)
+                if b"0.sock" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    killed = time.monotonic()
+    os.kill(leaf, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - killed
+    assert proc.returncode != 0, out + err
+    assert "crnet run: a daemon failed with no restart left; the training processes get 5 s" \
+        in err, err
+    assert took < 5 + 5 + 10, (took, err)      # the grace, SIGTERM's grace, slack for load
+    assert daemons_under(workdir) == []
+
+
 # ---- --max-restarts ---------------------------------------------------------------------
 
 def assert_single_process_training(launches, ranks) -> None:
@@ -482,8 +506,8 @@ def test_the_restarts_are_one_budget_and_the_failure_past_it_ends_the_run(launch
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 3, out + err
     announced = [line for line in err.splitlines() if ": restart " in line]
-    assert announced == [f"crnet run: [0] exited with code 3: restart {n} of 2 in 0.5 s"
-                         for n in (1, 2)], err
+    assert announced == [f"crnet run: [0] exited with code 3: restart {n} of 2 in {pause} s"
+                         for n, pause in ((1, "0.5"), (2, "1"))], err   # backing off
     assert ("crnet run: [0] failed first (exit code 3, no restart left of 2); the others still "
             "running get 5 s, then SIGTERM") in err, err
     assert err.index("restart 2 of 2") < err.index("failed first")
