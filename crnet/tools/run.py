@@ -135,10 +135,27 @@ def _forward_lines(pipe: BinaryIO, prefix: bytes, sink: BinaryIO, lines: _Lines)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    """``sig`` to the process group ``proc`` leads: the process and whatever it started."""
+    """``sig`` to the process group ``proc`` leads: the process and whatever it started.
+
+    Once ``proc`` is reaped its pid may be another process's: the kernel frees a pid only
+    when no process uses it as its pid or its group's, so while helpers of ``proc`` are
+    left in the group no other process can have it. A process now at that pid therefore
+    means the group is empty, and the number someone else's: nothing is signalled."""
+    if proc.returncode is not None and _exists(proc.pid):
+        return
     # Gone already (PermissionError: what macOS says for a group left with only a zombie).
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's
+        return True
+    return True
 
 
 class Run:

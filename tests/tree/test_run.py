@@ -9,12 +9,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from crnet.coding.plan import Tree
-from crnet.tools.run import Run
+from crnet.tools.run import Run, _signal_group
 
 from ..helpers import REPO
 from ..helpers.loop import single_process
@@ -429,6 +430,24 @@ def test_a_daemon_gone_for_good_ends_the_run_at_once(launches):
         in err, err
     assert took < 5 + 5 + 10, (took, err)      # the grace, SIGTERM's grace, slack for load
     assert daemons_under(workdir) == []
+
+
+def test_a_reaped_process_whose_pid_another_group_now_has_is_not_signalled():
+    """(issue 54 row 7) The end of a run kills the group of every process a seat ever had:
+    one reaped long ago may have left its pid to an unrelated process, here a session
+    leader of its own; that one is left alone, and a group still ours is killed."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        # A seat's earlier life, reaped, whose number `other` now has.
+        _signal_group(SimpleNamespace(pid=other.pid, returncode=0), signal.SIGKILL)
+        time.sleep(0.3)
+        assert other.poll() is None
+        _signal_group(other, signal.SIGKILL)                  # running: its group, as before
+        assert other.wait(5) == -signal.SIGKILL
+    finally:
+        other.kill()
+        other.wait()
 
 
 # ---- --max-restarts ---------------------------------------------------------------------
