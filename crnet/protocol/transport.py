@@ -132,8 +132,13 @@ class Connection(asyncio.BufferedProtocol):
             # A socket object of our own on a duplicate descriptor: uvloop's stand-in
             # for the transport's socket builds a socket object for every setsockopt.
             if transport.get_extra_info("sslcontext") is None and hasattr(socket, "SO_RCVLOWAT"):
-                self._sock = socket.socket(sock.family, sock.type, sock.proto,
-                                           fileno=os.dup(sock.fileno()))
+                try:
+                    fd = os.dup(sock.fileno())
+                except OSError as e:   # out of descriptors (EMFILE): a link without the mark
+                    log.warning("%s: no receive low-water mark (%s): every read wakes the loop",
+                                self.label, e.strerror or e)
+                else:
+                    self._sock = socket.socket(sock.family, sock.type, sock.proto, fileno=fd)
         peer = transport.get_extra_info("peername")
         if peer and self.label == "peer":
             self.label = _format_peer(peer)

@@ -3,6 +3,7 @@ memory, a bad frame closes one connection, a broken handler is reported to the l
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from crnet import defaults
+from crnet.protocol import transport
 from crnet.protocol.messages import Chunk, Fail, Hello, Joined, Result
 from crnet.protocol.pacing import FOLLOW_MAX
 from crnet.protocol.transport import LOWAT_MAX, PACED_SEGMENTS, Connection
@@ -307,6 +309,35 @@ async def test_a_tcp_connection_is_labelled_by_its_peer_and_sends_at_once():
                 probes = (sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
                           * sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT))
                 assert idle + probes <= defaults.LINK_TIMEOUT
+        await close(client, conn)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_made_when_descriptors_run_out_still_carries_frames(monkeypatch, caplog):
+    """(issue 39 row 6) The duplicate descriptor for the receive mark is a luxury: with none
+    left (EMFILE) the link goes on without it, warned of, not an internal error."""
+    def no_descriptor(fd):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(transport.os, "dup", no_descriptor)
+    loop = asyncio.get_running_loop()
+    accepted = loop.create_future()
+    peer = Peer(into(np.zeros(1 << 16, np.float32)))
+    server = await loop.create_server(lambda: _resolve(accepted, Connection(peer)),
+                                      "127.0.0.1", 0)
+    try:
+        _, client = await loop.create_connection(lambda: Connection(Peer()), "127.0.0.1",
+                                                 server.sockets[0].getsockname()[1])
+        conn = await asyncio.wait_for(accepted, 10)
+        sent = np.arange(1 << 16, dtype=np.float32)
+        client.write(list(encode(MsgType.CHUNK, {"step": 0, "chunk": 0, "total": 1 << 16,
+                                                 "dtype": "float32"}, sent)))
+        msg, _ = await peer.next()
+        assert isinstance(msg, Chunk) and conn.failure is None and not conn.is_closing
+        assert conn.heard == conn.bytes_in > 0
+        assert "no receive low-water mark (Too many open files)" in caplog.text
         await close(client, conn)
     finally:
         server.close()
