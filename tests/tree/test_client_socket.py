@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
@@ -94,26 +95,15 @@ async def test_a_process_of_another_user_is_refused(local_tree):
     os.chmod(lt.socket_path("0"), 0o666)
     path = f"/tmp/crnet-test-{os.getpid()}.sock"
     os.link(lt.socket_path("0"), path)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:                          # the other user's process
-        code = 1
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(path)
-                os.write(write, repr(s.recv(10)).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    _, status = await asyncio.to_thread(os.waitpid, pid, 0)
-    got = os.read(read, 100).decode()
-    os.close(read)
+
+    def connect() -> bytes:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            return s.recv(10)
+
+    got = await as_nobody(connect)()
     os.unlink(path)
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert got == "b''"                   # closed on it at once
+    assert got == b""                     # closed on it at once
     await wait_for_log(lt, "0", "refusing a training process of uid 65534")
 
 
@@ -143,34 +133,51 @@ def test_a_client_socket_in_a_directory_every_user_can_write_is_refused(tmp_path
     assert "Traceback" not in got.stderr and not (open_dir / "crnetd.sock").exists()
 
 
-def _squat(path: str, report: int) -> None:
-    """As uid 65534: listen at ``path`` for 10 s; write to ``report`` how many connections
-    came and every byte they sent."""
-    code = 1
-    try:
-        os.setgid(65534)
-        os.setuid(65534)
-        with socket.socket(socket.AF_UNIX) as s:
-            s.bind(path)
-            s.listen(8)
-            s.settimeout(0.2)
-            came, said = 0, b""
-            until = time.monotonic() + 10
-            while time.monotonic() < until:
-                try:
-                    conn, _ = s.accept()
-                except TimeoutError:
-                    continue
-                came += 1
-                with conn:
-                    conn.settimeout(1)
-                    with contextlib.suppress(OSError):
-                        while chunk := conn.recv(4096):
-                            said += chunk
-            os.write(report, repr((came, said)).encode())
-        code = 0
-    finally:
-        os._exit(code)
+def as_nobody(work: Callable[[], object]) -> Callable[[], Awaitable[object]]:
+    """Run ``work()`` now in a forked process as uid 65534 (root only); what it returns
+    (a literal) is awaited by calling what this returns."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                          # the other user's process
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write, repr(work()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+
+    async def result() -> object:
+        _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        got = os.read(read, 1 << 16).decode()
+        os.close(read)
+        assert os.waitstatus_to_exitcode(status) == 0
+        return ast.literal_eval(got)
+    return result
+
+
+def squat(path: str) -> tuple[int, bytes]:
+    """Listen at ``path`` for 10 s: how many connections came, and every byte they sent."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(path)
+        s.listen(8)
+        s.settimeout(0.2)
+        came, said = 0, b""
+        until = time.monotonic() + 10
+        while time.monotonic() < until:
+            try:
+                conn, _ = s.accept()
+            except TimeoutError:
+                continue
+            came += 1
+            with conn:
+                conn.settimeout(1)
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(4096):
+                        said += chunk
+        return came, said
 
 
 async def test_a_process_reconnects_only_to_a_daemon_of_its_first_daemons_user():
@@ -190,20 +197,13 @@ async def test_a_process_reconnects_only_to_a_daemon_of_its_first_daemons_user()
                 break
             await asyncio.sleep(0.05)
         os.chmod(os.path.dirname(path), 0o1777)   # as if the socket had lived in /tmp
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            _squat(path, write)
-        os.close(write)
+        squatted = as_nobody(lambda: squat(path))
         try:
             with pytest.raises(DaemonNotRunning, match="runs as uid 65534, not as the crnetd"):
                 await c.broadcast(np.ones(8), "k", root=True)
         finally:
             c.close()
-            _, status = await asyncio.to_thread(os.waitpid, pid, 0)
-        came, said = ast.literal_eval(os.read(read, 1 << 16).decode())
-        os.close(read)
-        assert os.waitstatus_to_exitcode(status) == 0
+            came, said = await squatted()
         assert came >= 1 and said == b""       # it was asked, and told nothing
     finally:
         lt.stop()
