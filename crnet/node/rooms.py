@@ -31,7 +31,8 @@ class Rooms:
         m = membership
         nb, engine = m.neighbours, m.engine
         broadcasts = Broadcasts(nb, lambda: m.place, engine.settings.max_vector_bytes,
-                                m.jobs.below, m.jobs.here, window=engine.settings.broadcast_window)
+                                m.jobs.below, m.jobs.here, window=engine.settings.broadcast_window,
+                                tree_step=lambda: engine.tree_step)
         barriers = Barriers(nb, lambda: m.place, m.jobs.below)
         status = StatusService(StatusView(
             place=lambda: m.place, assigned=lambda: m.state is JoinState.ASSIGNED,

@@ -35,15 +35,15 @@ STATE = np.arange(6.0) * 0.25 + 1.0     # the job's state, as the honest process
 FORGED = np.full(6, 666.0)
 
 
-async def forge_state_answer(spy) -> int:
+async def forge_state_answer(spy, after: int = 0) -> int:
     """Read what the master sends the insider until its state request comes; answer it at
-    once with ``FORGED`` (as the state after step 0). Returns the request's nonce."""
+    once with ``FORGED`` (as the state after step ``after``). Returns the request's nonce."""
     while True:
         got = await spy.recv(timeout=20)
         assert got is not None, "the master closed the insider's link"
         if isinstance(got[0], WantState):
             nonce = got[0].nonce
-            spy.send(Bcast(state_key(nonce), 7, 0, 0, FORGED.size, "float64", root="2"),
+            spy.send(Bcast(state_key(nonce), 7, after, 0, FORGED.size, "float64", root="2"),
                      FORGED.tobytes())
             return nonce
 
@@ -89,11 +89,13 @@ async def test_with_no_process_on_the_masters_host_that_can_answer_a_forged_answ
     answer reaches the master first, the honest processes on 0 and 1 answer 1 s after
     they see the request. Before the fix the asker got [666 ...] (the first answer from
     any host); now it gets the state that slots 0 and 1 agree on, exactly, at once."""
+    grads = gradients(41, SAMPLES, DIM)
     with tree(tmp_path) as lt:
         spy, _ = await insider(peers, lt)
         clients = await connect_all(lt, [MASTER, "0", "1"], starting=True)
         try:
             spy.send_bytes(job_frame("", 1))     # it speaks for a process of the job
+            assert exact(await step(clients, grads, 0), grads.sum(axis=0))   # (answers name it)
             forging = asyncio.ensure_future(forge_state_answer(spy))
             honest = [asyncio.ensure_future(answer_late(clients[n], 1.0)) for n in ("0", "1")]
             state, after = await clients[MASTER].request_state(np.zeros(6), timeout=20)
@@ -113,9 +115,11 @@ async def test_a_lone_answer_is_taken_at_once_when_the_other_slot_only_asks(tmp_
     come: the master takes the lone one as soon as it is in, not after the window (the
     daemons' ``--timeout``): waiting could not outvote it, and would hold up a job whose
     processes all missed a step but one subtree's."""
+    grads = gradients(41, SAMPLES, DIM)
     with running(tmp_path / "tree", STAR, 30, secret=True) as lt:      # every daemon real
         clients = await connect_all(lt, ["0", "1"], starting=True)
         try:
+            assert exact(await step(clients, grads, 0), grads.sum(axis=0))   # (the answer names it)
             honest = asyncio.ensure_future(answer_late(clients["0"], 0.0))
             began = asyncio.get_running_loop().time()
             state, after = await clients["1"].request_state(np.zeros(6), timeout=20)
@@ -163,9 +167,12 @@ async def test_honest_answers_after_different_steps_are_asked_again_not_given_up
     the first request with its state after step 1, the one on 0 after step 0. Their
     answers split, so the master asks once more, and their next answers (both after step
     0) decide. Without asking again, the asker timed out."""
+    grads = gradients(41, SAMPLES, DIM)
     with running(tmp_path / "tree", STAR, 30, secret=True) as lt:      # every daemon real
         clients = await connect_all(lt, [MASTER, "0", "1"], starting=True)
         try:
+            for t in (0, 1):    # the tree decided both steps the answers name
+                assert exact(await step(clients, grads, t), grads.sum(axis=0))
             honest = [asyncio.ensure_future(answer_each(clients["0"], [0, 0])),
                       asyncio.ensure_future(answer_each(clients["1"], [1, 0]))]
             state, after = await clients[MASTER].request_state(np.zeros(6), timeout=3 * TIMEOUT)
@@ -173,5 +180,34 @@ async def test_honest_answers_after_different_steps_are_asked_again_not_given_up
             np.testing.assert_array_equal(state, STATE)
             assert after == 0
             assert "(asking once more)" in lt.log_path(MASTER).read_text()
+        finally:
+            close_all(clients)
+
+
+async def test_a_state_answer_from_past_the_trees_step_is_refused_and_no_host_jumps_ahead(
+        tmp_path, peers):
+    """(issue 54 row 4) The insider answers the state request of the master's process alone,
+    as the state after step 10**6. Before the fix the master took the lone answer after
+    the window and every other host learned step 10**6 (tree_step 1000000, every later
+    step refused). Now the master refuses it (no process can be past the tree's decided
+    step): the asker times out, no host's tree_step moves, and the next step is exact."""
+    grads = gradients(41, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with tree(tmp_path) as lt:
+        spy, _ = await insider(peers, lt)
+        clients = await connect_all(lt, [MASTER, "0", "1"], starting=True)
+        try:
+            spy.send_bytes(job_frame("", 1))
+            assert exact(await step(clients, grads, 0), want)
+            forging = asyncio.ensure_future(forge_state_answer(spy, after=10**6))
+            with pytest.raises(CrnetTimeout):
+                got = await clients[MASTER].request_state(np.zeros(6), timeout=3 * TIMEOUT)
+                raise AssertionError(f"the asker was given {got}")
+            await asyncio.wait_for(forging, 5)
+            for name in ("0", "1"):
+                assert (await clients[name].stats())["tree_step"] == 0, name
+            assert exact(await step(clients, grads, 1), want)
+            assert "after step 1000000, but the tree has decided only up to step 0: refused" \
+                in lt.log_path(MASTER).read_text()
         finally:
             close_all(clients)

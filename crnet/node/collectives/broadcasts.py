@@ -141,12 +141,15 @@ class Broadcasts:
                  max_bytes: int = defaults.MAX_VECTOR_BYTES,
                  attached_below: Callable[[int], int] | None = None,
                  here: Callable[[], Collection[object]] | None = None,
-                 window: float = defaults.TIMEOUT):
+                 window: float = defaults.TIMEOUT,
+                 tree_step: Callable[[], int] | None = None):
         """``attached_below(k)``: the processes of the job attached below child slot ``k``
         (None: not counted); ``here()``: this host's (``JobCounts.here``); ``window``: the
-        daemons' step timeout (``state_answers.py``)."""
+        daemons' step timeout (``state_answers.py``); ``tree_step()``: the newest step the
+        tree decided, as this node knows it (None: not checked)."""
         self.neighbours = neighbours
         self._place = place
+        self._tree_step = tree_step
         self.max_bytes = max_bytes     # the largest vector a peer may claim (this host's memory)
         self.states = StateRequests(neighbours, place, self._give_state, attached_below, here,
                                     window)
@@ -391,6 +394,14 @@ class Broadcasts:
         host's process's, or the one decided among the children's): it goes down."""
         key = at[0]
         place = self._place()
+        if key.startswith(STATE) and self._tree_step is not None and step > self._tree_step():
+            # A process sends its state after a step the tree decided, and the master decides
+            # every step: an answer from further on is a lie, and every host below would
+            # learn its step (refusing every honest step until the tree caught up).
+            log.warning("a state answer (from %s) after step %d, but the tree has decided "
+                        "only up to step %d: refused", root or "the master's host", step,
+                        self._tree_step())
+            return
         if key.startswith(STATE):        # the children's copies still under way are moot
             for up in [u for u in self._up if u[0] == key]:
                 del self._up[up]
