@@ -257,20 +257,20 @@ def calibrate(cluster: EmulatedCluster, preset: Preset, schemes, workdir: Path) 
     for impl, scheme in (("crnet", "rar"), ("gloo", "gloo")):
         if scheme == "gloo" and "gloo" not in schemes:
             continue
-        if preset.rate is None:
-            small = replace(quiet, elements=CALIBRATION_ELEMENTS)
-            step = _ring_step(cluster, scheme, small, workdir / f"calibrate-{scheme}-small")
-            full = _ring_step(cluster, scheme, quiet, workdir / f"calibrate-{scheme}")
-            if not step or not full:
-                continue
-            latency = max(step / rounds - small.vector_bytes / n / b, 1e-6)
-            # (at least the rate of the small vector's rounds: a run too noisy to tell)
-            per_round = max(full / rounds - latency, small.vector_bytes / n / b)
-            out[impl] = {"latency_s": latency,
-                         "bandwidth_Bps": preset.vector_bytes / n / per_round}
-        elif (step := _ring_step(cluster, scheme, quiet, workdir / f"calibrate-{scheme}")):
-            out[impl] = {"latency_s": max(step / rounds - preset.vector_bytes / n / b, 1e-6),
+        full = _ring_step(cluster, scheme, quiet, workdir / f"calibrate-{scheme}")
+        if not full:
+            continue
+        if preset.rate is not None:    # the shaper's rate: only the latency is fitted
+            out[impl] = {"latency_s": max(full / rounds - preset.vector_bytes / n / b, 1e-6),
                          "bandwidth_Bps": b}
+            continue
+        small = replace(quiet, elements=CALIBRATION_ELEMENTS)
+        step = _ring_step(cluster, scheme, small, workdir / f"calibrate-{scheme}-small")
+        if not step:
+            continue
+        latency = max(step / rounds - small.vector_bytes / n / b, 1e-6)
+        per_round = max(full / rounds - latency, 1e-6)   # (a run too noisy to tell: a floor)
+        out[impl] = {"latency_s": latency, "bandwidth_Bps": preset.vector_bytes / n / per_round}
     return out
 
 

@@ -17,7 +17,6 @@ loop's exception handler: it is logged with its traceback, and in strict mode
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -417,11 +416,6 @@ def run_node(settings: Settings) -> int:
             _stop_when_stdin_closes(loop, node)
         joined = node.membership   # log lines carry node=<slot> once it has one
         logs.name_node(lambda: None if joined.place is None else joined.place.name or "master")
-        # What start-up allocated (modules, classes, settings: most of the daemon's objects)
-        # lives as long as the daemon: out of the collector's generations, the collections
-        # the per-frame objects trigger no longer walk it (collected first: no garbage frozen).
-        gc.collect()
-        gc.freeze()
         return await node.serve()
 
     return run(main())

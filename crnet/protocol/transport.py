@@ -54,7 +54,8 @@ DEFAULT_LIMITS = Limits()
 # or the last bytes would not wake it at all; back to 1 between payloads.
 # Liveness counts the bytes that wait below the mark (``Connection.heard``), so the mark
 # may be large: 1 MiB (256 KiB woke a 4-host ring on 127.0.0.1 1,500 times per 256 MB step
-# and daemon; 1 MiB took its step from 431-454 ms to 395-425 ms).
+# and daemon; 1 MiB took its step from 431-454 ms to 395-425 ms there, and from 553-680 ms
+# to 518-546 ms on unshaped veth at MTU 1500, within that run's noise: Gloo's own 519-630).
 LOWAT_MIN = 16 << 10
 LOWAT_MAX = 1 << 20
 _INT = bytes(4)   # FIONREAD's answer

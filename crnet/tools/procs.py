@@ -8,7 +8,7 @@ import subprocess
 import time
 from collections.abc import Iterable
 
-__all__ = ["stop_processes"]
+__all__ = ["pid_in_use", "stop_processes"]
 
 POLL = 0.02   # seconds between looks at processes that have not exited yet
 
@@ -37,15 +37,22 @@ def stop_processes(procs: Iterable[subprocess.Popen | int], grace: float, *,
     return [p.wait() if isinstance(p, subprocess.Popen) else None for p in procs]
 
 
-def _running(p: subprocess.Popen | int) -> bool:
-    if isinstance(p, subprocess.Popen):
-        return p.poll() is None   # reaps it if it has exited
+def pid_in_use(pid: int) -> bool:
+    """Whether a process has the number ``pid`` now: any user's, a zombie too."""
     try:
-        os.kill(p, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def _running(p: subprocess.Popen | int) -> bool:
+    if isinstance(p, subprocess.Popen):
+        return p.poll() is None   # reaps it if it has exited
+    if not pid_in_use(p):
+        return False
     try:   # a zombie has exited: waiting for its parent to reap it gains nothing
         with open(f"/proc/{p}/stat") as f:
             return f.read().rpartition(")")[2].split()[0] != "Z"

@@ -31,6 +31,7 @@ from ..coding.plan import Tree
 from ..defaults import TIMEOUT
 from ..errors import CrnetTimeout, LaunchError
 from .launch import LocalTree, free_port
+from .procs import pid_in_use
 
 __all__ = ["DEFAULT_SAMPLES", "FAILURE_GRACE", "RESTART_PAUSE", "STOP_GRACE", "Run", "Seat",
            "seats", "training_env"]
@@ -141,21 +142,11 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     when no process uses it as its pid or its group's, so while helpers of ``proc`` are
     left in the group no other process can have it. A process now at that pid therefore
     means the group is empty, and the number someone else's: nothing is signalled."""
-    if proc.returncode is not None and _exists(proc.pid):
+    if proc.returncode is not None and pid_in_use(proc.pid):
         return
     # Gone already (PermissionError: what macOS says for a group left with only a zombie).
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:   # another user's
-        return True
-    return True
 
 
 class Run:
