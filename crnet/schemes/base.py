@@ -223,7 +223,8 @@ class Takes:
     decided: it is taken beyond the window and opens nothing). ``stepped=False``: a piece
     of no step (spread's map of owners): only the node's share is needed. ``beyond``: a
     peer's piece of the tree's decided sum (spread's sum chunks): taken beyond the window,
-    as a parent's is, except at the master, which is where the tree is."""
+    as a parent's is, if it is in the tree's layout (the last result's), except at the
+    master, which is where the tree is."""
 
     message: type[Message]
     origin: Origin

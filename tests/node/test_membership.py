@@ -11,7 +11,7 @@ from crnet.coding.plan import Tree, plan
 from crnet.errors import JoinRefused, ProtocolError
 from crnet.node.join.dial import keep_connected
 from crnet.node.join.membership import JoinState, subtree_workers
-from crnet.node.steps import Failed, Lost, vouched
+from crnet.node.steps import Failed, Lost, vouched, vouched_floor
 from crnet.protocol.allocation import NodeShare, pack_allocation, parse_allocation
 from crnet.protocol.messages import (
     Assign,
@@ -414,6 +414,17 @@ def test_a_claim_far_ahead_of_the_other_childrens_moves_no_master(master):
     assert master.engine.window.tree_step == 57
 
 
+def test_a_restarted_master_takes_as_settled_only_what_s_plus_1_children_claim(master):
+    """Issue 54 row 2: steps the master before its restart may have decided (a failure of
+    one is lost for the tree, not failed) go as far as s + 1 children say, not as far as
+    the newest claim: a secret holder's 10^6 made the window's failures lost."""
+    master.child_hello(FakeLink(), Hello())
+    master.child_hello(FakeLink(), Hello())
+    master.child_joined(0, Joined(3, 10 ** 6))
+    master.child_joined(1, Joined(3, 57))   # 6 of 6: planned
+    assert master.engine.decisions.settled_before == 57
+
+
 @pytest.mark.parametrize(("claims", "s", "want"), [
     ([], 1, -1),
     ([-1, -1], 1, -1),                 # restarted children know nothing
@@ -426,6 +437,19 @@ def test_a_claim_far_ahead_of_the_other_childrens_moves_no_master(master):
 ])
 def test_vouched_takes_what_s_plus_1_children_vouch_for(claims, s, want):
     assert vouched(claims, s, 16) == want
+
+
+@pytest.mark.parametrize(("claims", "s", "want"), [
+    ([], 1, -1),
+    ([-1, -1], 1, -1),
+    ([57], 1, 57),                     # fewer than s + 1 claims: the oldest
+    ([57, -1, 10 ** 6], 1, 57),
+    ([57, 50, 60], 1, 57),             # the second newest
+    ([57, 70, 80], 1, 70),
+    ([57, 57, 10 ** 6, 10 ** 6], 2, 57),
+])
+def test_vouched_floor_is_the_s_plus_1_th_newest_claim(claims, s, want):
+    assert vouched_floor(claims, s) == want
 
 
 # ---------------------------------------------------------------- staying joined (dial.py)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from benchmarks.hostile_mesh import InsiderMesh
+from crnet import CrnetError, StepFailed
 from crnet.coding.plan import Tree
 from crnet.defaults import PEER_CHECK_TIMEOUT
 from crnet.protocol.allocation import NodeShare, pack_allocation
@@ -47,7 +48,7 @@ from crnet.tools.launch import MASTER, free_port
 
 from ..helpers.clients import close_all, connect, connect_all
 from ..helpers.trees import KILL
-from ..helpers.vectors import gradients
+from ..helpers.vectors import gradients, local_gradient
 from .test_trust import (
     DIM,
     SAMPLES,
@@ -196,6 +197,49 @@ async def test_high_a_restarted_master_resumes_where_honest_children_are(tmp_pat
             close_all(clients)
     assert resumed == 2
     assert exact(outcomes, want) and t < 100, (t, outcomes)
+
+
+async def test_high_a_liars_claim_at_a_master_restart_makes_no_failure_lost(tmp_path, with_secret,
+                                                                            peers):
+    """Issue 54 row 2: after the master's restart the secret holder rejoins claiming the
+    tree decided step 10^6; the honest children say step 2. A step that then fails for the
+    tree (only host 0's process asks for it, the holder says it began too, and the master
+    needs two of its three children) fails: StepFailed. Before the fix the master took the
+    newest claim, up to a window past what s + 1 vouch for, as settled before its restart:
+    the failure was StepLost for every host, whose processes all asked for the state, and
+    the holder's was the one answer."""
+    grads = gradients(23, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
+        hostile = await hostile_child(peers, lt)
+        clients = await connect_all(lt, ["0", "1"], starting=True)
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want)
+            lt.signal(MASTER, KILL)
+            assert await hostile.closed_by_daemon(10)
+            lt.start_node(MASTER)
+            lt.wait_sockets([MASTER], 30)
+            hostile = await hostile_child(peers, lt, tree_step=10 ** 6)
+            master = await connect(lt.socket_path(MASTER), starting=True)
+            master.close()
+            t, until, outcomes = 3, time.monotonic() + 15, {}
+            while time.monotonic() < until:
+                outcomes = await step(clients, grads, t)
+                if exact(outcomes, want):
+                    break
+                t = max(t + 1, *(c.tree_step + 1 for c in clients.values()))
+            assert exact(outcomes, want), (t, outcomes)
+            hostile.send(Open(t + 1))   # with host 0's, two children began it: its clock runs
+            alone = clients["0"]
+            with pytest.raises(CrnetError) as failed:
+                await alone.allreduce(local_gradient(alone.assignment, grads), step=t + 1, timeout=30)
+            assert type(failed.value) is StepFailed, repr(failed.value)
+            assert failed.value.tree_wide, repr(failed.value)
+            assert exact(await step(clients, grads, t + 2), want)
+        finally:
+            close_all(clients)
+            hostile.close()
 
 
 # ------------------------------------------------------------------ row 2: OPEN, CHUNK

@@ -204,6 +204,49 @@ async def test_a_spread_peers_sum_piece_far_ahead_moves_no_master(tmp_path):
             await mesh.close()
 
 
+@pytest.mark.timeout(180)
+async def test_a_spread_peers_sum_pieces_in_a_layout_of_its_own_fix_no_later_step(tmp_path):
+    """Issue 54 row 1. --scheme spread: a secret holder in slot 0 (rank 1), its peer links to
+    hosts 1 and 2 (ranks 2, 3) confirmed, sends each of them a sum's piece (GATHER) of
+    16384 x float32 for steps 4 and 5 (inside the window), 40 and 10^6 (beyond it): a
+    vector only the master owns, whose sum goes round the ring, so hosts after the holder
+    take it from the holder. Before the fix they took it, the step kept that layout
+    because something of its sum was gathered, and at steps 4 and 5 their own processes'
+    vectors were refused (MismatchError: the tree's is 16384 x float32); steps 40 and 10^6
+    were opened there too, each holding its vector until its deadline."""
+    grads = gradients(35, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    real = [MASTER, "1", "2"]
+    with running(tmp_path / "tree", STAR, SAMPLES, only=real, secret=True, scheme="spread") as lt:
+        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("0")).start()
+        hostile = await insider(lt, name="0", mesh=mesh)
+        clients = await connect_all(lt, real, starting=True)
+        links = []
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want), t
+            for name in ("1", "2"):
+                link = await mesh.dial(lt.ports[name], STAR.rank(name), confirmed=PEER_CHECK_TIMEOUT + 2)
+                assert link is not None, f"host {name} did not confirm the holder's own rank"
+                links.append(link)
+                for t in (4, 5, 40, 10**6):
+                    piece = Piece(t, Phase.GATHER, 0, 16384, "float32")
+                    frame = b"".join(bytes(p) for p in piece.frame(np.ones(16384, np.float32)))
+                    assert await link.write(frame)
+            await asyncio.sleep(0.5)
+            for name in ("1", "2"):   # beyond the window only the tree's layout is taken
+                opened = (await clients[name].stats())["open_steps"]
+                assert 40 not in opened and 10**6 not in opened, (name, opened)
+            outcomes = {t: await step(clients, grads, t) for t in range(3, 8)}
+            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
+        finally:
+            close_all(clients)
+            hostile.close()
+            for link in links:
+                link.close()
+            await mesh.close()
+
+
 TWO_LAYERS = Tree.regular(2, 2, 1)   # master -> 0, 1; 0 -> 0.0, 0.1; 1 -> 1.0, 1.1
 
 

@@ -42,7 +42,7 @@ from ..neighbours import ChildSlot, Neighbours
 from ..peers import identity as peer_identity
 from ..peers.mesh import Mesh, PeerDialer
 from ..signal import Signal
-from ..steps import StepEngine, vouched
+from ..steps import StepEngine, vouched, vouched_floor
 from .dial import Dialer, keep_connected, supervised
 from .host_slots import claim_slot, reached_at, slot_for
 from .moves import Whereabouts, move_table, placement, with_master
@@ -416,12 +416,17 @@ class Membership:
         vouched_for = self._children_claim()
         self.engine.learn(vouched_for)
         if self.place.is_master:
-            # The newest step any child says the master decided (within the window past
-            # what s + 1 vouch for): a master that restarted may have settled steps up to
-            # there before it died, which some hosts applied: it never fails them tree-wide.
+            # The newest step s + 1 children say the master decided: a master that restarted
+            # may have settled steps up to there before it died, which some hosts applied: it
+            # never fails them tree-wide (they are lost: every host lacking one takes the
+            # others' state). Not the newest any child claims: one holding the secret could
+            # claim 10^6, and every failure in the window ahead would be lost for the whole
+            # tree, the state taken from the one host not asking for it, its own (issue 54).
+            # A step that only s hosts or fewer applied before the restart is failed for the
+            # others now.
             claims = [slot.tree_step for slot in self.neighbours.slots if slot.link is not None]
-            self.engine.decisions.settled_before = min(
-                max(claims, default=-1), vouched_for + self.engine.settings.window)
+            self.engine.decisions.settled_before = vouched_floor(
+                claims, self.place.tree.stragglers[self.place.layer])
         self.state = JoinState.ASSIGNED
         if self.place.is_master and self.place.scheme == "rar" and self.place.ring is None:
             # The master is the ring's last member (ring_allreduce.py); it dials worker 0.

@@ -5,7 +5,7 @@ from .engine import StepEngine
 from .lending import Lend, Lender
 from .outcomes import Failed, Lost, Mismatched, Outcome, Refused, Resolved
 from .settings import EngineSettings
-from .window import vouched
+from .window import vouched, vouched_floor
 
 __all__ = ["EngineSettings", "Failed", "Lend", "Lender", "Lost", "Mismatched", "Outcome",
-           "Refused", "Resolved", "StepEngine", "vouched"]
+           "Refused", "Resolved", "StepEngine", "vouched", "vouched_floor"]

@@ -395,8 +395,11 @@ class StepEngine:
         # RESULT is: a host that fell behind (restarted while the others ran on) learns so
         # where the tree is, instead of failing its steps one deadline at a time. Not at the
         # master, which is where the tree is: there a sum's chunk far ahead is a peer's word,
-        # and the step it opened would fail for the whole tree at its deadline.
-        decided_sum = taking.beyond is not None and taking.beyond(msg) and not self.is_master
+        # and the step it opened would fail for the whole tree at its deadline. And only in
+        # the tree's layout (the last result's): a host behind learns it with its WELCOME,
+        # and a chunk in a layout of a peer's choosing is no chunk of the tree's sum.
+        decided_sum = (taking.beyond is not None and taking.beyond(msg) and not self.is_master
+                       and self.tree_vector == (msg.total, msg.dtype))
         if not decided_sum and self.refusal(step) is not None:
             return False
         return self._open(step, self._announces, peer=who)

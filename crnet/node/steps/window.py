@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .record import StepTable
 
-__all__ = ["StepWindow", "vouched"]
+__all__ = ["StepWindow", "vouched", "vouched_floor"]
 
 
 class StepWindow:
@@ -91,8 +91,13 @@ def vouched(claims: list[int], stragglers: int, ahead: int) -> int:
     they claim the tree is, move it at most ``ahead`` past an honest child's claim: the
     window still holds the honest steps. (With fewer than 2s+1 children claiming, s children
     claiming an old step can hold such a node back: steps past its window are refused.)"""
+    floor = vouched_floor(claims, stragglers)
+    return max((c for c in claims if floor <= c <= floor + ahead), default=-1)
+
+
+def vouched_floor(claims: list[int], stragglers: int) -> int:
+    """The (s+1)-th newest of the children's claims (the oldest, with fewer claims; -1 if
+    none): a step at least one honest child says the tree reached, whatever up to
+    ``stragglers`` children claim."""
     known = sorted((c for c in claims if c >= 0), reverse=True)
-    if not known:
-        return -1
-    floor = known[min(stragglers, len(known) - 1)]
-    return max(c for c in known if c <= floor + ahead)
+    return known[min(stragglers, len(known) - 1)] if known else -1

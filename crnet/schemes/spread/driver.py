@@ -382,15 +382,20 @@ class Spread(Scheme):
 
     # -- the step's state
     def _step(self, step: int, total: int, dtype: str, local: bool = False) -> SpreadStep | None:
-        """The step's SpreadStep, begun with a ``total`` x ``dtype`` layout if new. This
-        host's vector (``local``), or a piece of the tree's layout, begins it again in that
-        layout if only pieces of another came so far (nothing decoded or gathered from them)."""
+        """The step's SpreadStep, begun with a ``total`` x ``dtype`` layout if new.
+
+        A peer's piece never fixes a step's layout here. What does: this host's vector
+        (``local``), the tree's layout (the last result's), or a decode here (n - s hosts'
+        pieces agreed on it). A sum's chunk alone does not: one peer relays it, and a peer
+        holding the secret may make one up in any layout for any step ahead, which would
+        refuse this host's vector at that step. So a step begun by pieces of a layout
+        nothing settled begins again, chunks of the sum gathered or not, when this host's
+        vector or a piece of the tree's layout comes in another one."""
         if self.ports.steps.is_decided(step):
             return None
         st = self.steps.get(step)
         settles = local or self.ports.steps.tree_vector == (total, dtype)
-        if st is not None and (_fits(st, total, dtype) or not settles or st.mine is not None
-                               or st.decoded or st.gathered):
+        if st is not None and (_fits(st, total, dtype) or not settles or self._layout_settled(st)):
             return st
         if st is not None:
             log.warning("step %d began here with pieces of %s, but %s is %d x %s: beginning it "
@@ -399,6 +404,12 @@ class Spread(Scheme):
         self.newest = max(self.newest, step)
         st = self.steps[step] = self._new_step(step, total, dtype)
         return st
+
+    def _layout_settled(self, st: SpreadStep) -> bool:
+        """Is ``st``'s layout settled here (``_step``)?"""
+        layout = st.layout
+        return (st.mine is not None or st.decoded > 0
+                or self.ports.steps.tree_vector == (layout.total, layout.dtype_name))
 
     def _cut(self, step: int, total: int, dtype: str):
         return owners(total, dtype, self.place.chunk_bytes, self.hosts, self.map.excluded(step))
