@@ -235,11 +235,13 @@ def main() -> None:
                     help="--authenticated: hostile frames a second, at most")
     ap.add_argument("--schemes", default="cr,spread",
                     help="--authenticated: the trees to fuzz, one after the other (cr, spread)")
+    ap.add_argument("--restart-master", type=int, default=0, metavar="K",
+                    help="--authenticated: kill and start the master again after every K batches")
     args = ap.parse_args()
     if args.authenticated:
         raise SystemExit(asyncio.run(fuzz_authenticated(
             args.frames, args.batch or 2000, args.rate, args.timeout, args.seed, args.workdir,
-            tuple(args.schemes.split(",")))))
+            tuple(args.schemes.split(",")), args.restart_master)))
     raise SystemExit(asyncio.run(fuzz(args.frames, args.batch or 200, args.seed, args.workdir)))
 
 

@@ -13,8 +13,12 @@ link may only ask; the rest closes it). On those links it sends what ``hostile_f
 every message type a node may send (JOINED, OPEN, FAIL, CHUNK, BCAST, BARRIER, JOB,
 WANT_STATE, STATUS_REPLY up the tree; PIECE for both phases, MOOT, OWNERS and SEGMENT
 to peers), well-formed, with steps near, inside and far beyond the window, hostile
-sizes, keys, counts and names, out-of-place frames, and replays of frames it saw or sent.
-When a daemon closes its link it authenticates and takes the slot again.
+sizes, keys, counts and names, out-of-place frames, and replays of frames it saw or sent;
+among them sums' pieces (GATHER) of steps ahead in well-formed layouts of its own choosing
+(``Forger.own_layout``). When a daemon closes its link it authenticates and takes the slot
+again, saying in JOINED that the tree decided nothing, the truth, or a step far ahead. With
+``--restart-master K`` the master is killed and started again after every K batches: the
+slots under it are taken again with those claims, which a restarted master weighs.
 
 Meanwhile a training process on every other host (``fuzz_trainers.py``, a process of its
 own) runs the README's loop with ``AsyncClient``. The hostile peer never sends a gradient
@@ -40,6 +44,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import sys
 import time
 from collections import Counter
@@ -49,6 +54,7 @@ from pathlib import Path
 from crnet.coding.plan import Tree
 from crnet.defaults import GRACE_MAX, GRACE_MIN, GRACE_SHARE
 from crnet.protocol.auth import load_secret
+from crnet.protocol.fields import MAX_STEP
 from crnet.protocol.messages import (
     LINK_ID_BYTES,
     Barrier,
@@ -65,7 +71,7 @@ from crnet.protocol.messages import (
     WantState,
     Welcome,
 )
-from crnet.tools.launch import LocalTree
+from crnet.tools.launch import MASTER, LocalTree
 
 from .hostile_frames import Forger, Known
 from .hostile_mesh import InsiderMesh
@@ -147,7 +153,10 @@ class HostileHost:
             await asyncio.sleep(0.2 if isinstance(answer, Refuse) and answer.retry else 0.5)
         self.k.job = answer.job
         self.k.decided = max(self.k.decided, answer.tree_step)
-        await peer.write(b"".join(bytes(p) for p in Joined(self.k.subtree, -1, answer.job).frame()))
+        # Where it says the tree is: nothing, the truth, or far ahead (a restarted master
+        # takes children's word for it: issue 54 row 2).
+        claim = self.rng.choice([-1, self.k.decided, self.k.decided + 5, 10 ** 6, MAX_STEP])
+        await peer.write(b"".join(bytes(p) for p in Joined(self.k.subtree, claim, answer.job).frame()))
         self.link = peer
         self.readers[peer] = asyncio.ensure_future(self._read(peer))
 
@@ -309,8 +318,10 @@ class Tally:
 
 
 async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeout: float,
-                       seed: int, workdir: str | None) -> bool:
-    """One tree under the hostile peer; True if nothing went wrong."""
+                       seed: int, workdir: str | None, restart_master: int = 0) -> bool:
+    """One tree under the hostile peer; True if nothing went wrong. ``restart_master``: the
+    master is killed and started again after every that many batches (0: never); the
+    hostile slots under it take them again, with claims of where the tree is."""
     hostile = {n for h in sc.hostile for n in subtree(sc.tree, h)}
     real = [n for n in sc.tree.names() if n not in hostile]
     lt = LocalTree(sc.tree, SAMPLES, workdir=workdir, secret=True, log_level=LOG_LEVEL, strict=True,
@@ -347,7 +358,7 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
             if time.monotonic() > deadline or reader.done():
                 raise RuntimeError("no step was decided within 60 s of the start")
             await asyncio.sleep(0.1)
-        sent, started, warm, rss = 0, time.monotonic(), None, {}
+        sent, started, warm, rss, restarts = 0, time.monotonic(), None, {}, 0
         batches = max(1, -(-frames // batch))
         for b in range(batches):
             n = min(batch, frames - sent)
@@ -358,6 +369,13 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
             await asyncio.gather(*(h.burst(n // len(hosts), rate / len(hosts), time.monotonic() + 60)
                                    for h in hosts))
             sent += n // len(hosts) * len(hosts)
+            if restart_master and (b + 1) % restart_master == 0 and b + 1 < batches:
+                lt.signal(MASTER, signal.SIGKILL)
+                lt.start_node(MASTER)
+                lt.wait_sockets([MASTER], 30)
+                restarts += 1
+                if warm is not None:
+                    warm.pop(MASTER, None)   # a new process: its own warm-up
             dead = [LocalTree.filename(n) for n in real if not lt.alive(n)]
             if dead or reader.done():
                 problems.append(f"died: {', '.join(dead) or 'the training processes'}")
@@ -368,6 +386,9 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
                 print(f"  STALLED: no result for {time.monotonic() - tally.last_exact:.0f} s", flush=True)
             if warm is None and (b + 1 >= min(3, batches // 10 + 1)):
                 warm = dict(rss)
+            elif warm is not None and MASTER not in warm and MASTER in rss and not (
+                    restart_master and (b + 1) % restart_master == 0):
+                warm[MASTER] = rss[MASTER]   # a batch after its restart
             o = tally.outcomes
             print(f"{sent:>9} frames {time.monotonic() - started:7.1f} s  steps {tally.decided:>6}  "
                   f"exact {o['exact']} wrong {o['wrong']} failed {o['failed']} lost {o['lost']} "
@@ -375,6 +396,9 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
                   f"relinks {sum(h.closed for h in hosts)}  RSS max {max(rss.values()) / 1024:.1f} MiB",
                   flush=True)
         await asyncio.sleep(2 * timeout)    # the last steps' answers are in
+        if time.monotonic() - tally.last_exact > 3 * tally.bound:   # stopped at the end
+            tally.stalls += 1
+            print(f"  STALLED: no result for {time.monotonic() - tally.last_exact:.0f} s", flush=True)
     finally:
         for host in hosts:
             await host.close()
@@ -394,7 +418,8 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
           f"{o['lost']}, refused {o['refused']}, resyncs {o['resync']} (unanswered {o['no state']}), "
           f"timeouts {o['timeout']}, errors "
           f"{o['error']}; waits past the bound ({tally.bound:.2f} s) {o['past bound']}, longest "
-          f"{tally.max_wait:.2f} s; links taken again {sum(h.closed for h in hosts)}")
+          f"{tally.max_wait:.2f} s; links taken again {sum(h.closed for h in hosts)}; master "
+          f"restarts {restarts}")
     if sc.scheme == "spread":
         print("  peer links: " + "; ".join(
             f"slot {h.name} (rank {h.rank}) confirmed {h.confirmations} of its own, frames on "
@@ -425,13 +450,15 @@ async def _tally(proc, tally: Tally, keep: Path) -> None:
 
 async def fuzz_authenticated(frames: int, batch: int = 2000, rate: float = 400.0, timeout: float = 2.0,
                              seed: int = 0, workdir: str | None = None,
-                             schemes: tuple[str, ...] = ("cr", "spread")) -> int:
+                             schemes: tuple[str, ...] = ("cr", "spread"),
+                             restart_master: int = 0) -> int:
     """Every scenario of ``schemes`` with its share of ``frames``; 0 if nothing went wrong, else 1."""
     ok = True
     chosen = [sc for sc in SCENARIOS if sc.scheme in schemes]
     for i, sc in enumerate(chosen):
         sub = None if workdir is None else f"{workdir}/{sc.scheme}"
-        ok &= await run_scenario(sc, frames // len(chosen), batch, rate, timeout, seed + i, sub)
+        ok &= await run_scenario(sc, frames // len(chosen), batch, rate, timeout, seed + i, sub,
+                                 restart_master)
     verdict = "no crash, no wrong result, no wait past the bound, RSS flat" if ok else "FAILED"
     print(f"\nauthenticated fuzzing: {verdict}")
     return 0 if ok else 1

@@ -99,9 +99,11 @@ class Known:
     def chunks(self) -> int:
         return max(1, -(-self.total * ITEMSIZE[self.dtype] // self.chunk_bytes))
 
-    def chunk_nbytes(self, chunk: int) -> int:
-        per = self.chunk_bytes // ITEMSIZE[self.dtype]
-        return max(0, min(per, self.total - chunk * per)) * ITEMSIZE[self.dtype]
+    def chunk_nbytes(self, chunk: int, total: int | None = None, dtype: str | None = None) -> int:
+        """Bytes of ``chunk`` of the tree's vector (or of a ``total`` x ``dtype`` one)."""
+        total, dtype = total or self.total, dtype or self.dtype
+        per = self.chunk_bytes // ITEMSIZE[dtype]
+        return max(0, min(per, total - chunk * per)) * ITEMSIZE[dtype]
 
 
 class Forger:
@@ -156,6 +158,18 @@ class Forger:
         total = self.rng.choice([k.total + 1, k.total - 1 or 2, 1, k.total * 2, 1 << 20, 1 << 40])
         dtype = self.rng.choice([d for d in DTYPES if d != k.dtype] if r < 0.7 else [k.dtype])
         return total, dtype, chunk
+
+    def own_layout(self) -> tuple[int, str, int]:
+        """(total, dtype, chunk) of a vector the tree does not have, well-formed: a host
+        takes its pieces whole. A sum's chunk in it, for a step ahead, is what issue 54's
+        row 1 was (relayed by the hosts after the holder, it fixed the step's layout there
+        and refused their processes' vectors); it carries no gradient of the tree's."""
+        k = self.k
+        total, dtype = self.rng.choice([(k.total * 2, k.dtype), (16384, "float32"), (1 << 16, "float64"),
+                                        (k.total, next(d for d in DTYPES if d != k.dtype))])
+        # Any chunk: spread takes a sum's chunk only from its owner (some are the holder's),
+        # or, where shares are large (1 << 16 x float64), from a host before it on the ring.
+        return total, dtype, self.rng.randrange(-(-total * ITEMSIZE[dtype] // k.chunk_bytes))
 
     def payload(self, nbytes: int) -> bytes:
         n = self.rng.choice([nbytes, nbytes, nbytes, 0, 1, nbytes + 8, 4096])
@@ -231,14 +245,17 @@ class Forger:
             # A sum's piece (GATHER) or a MOOT comes from a chunk's owner; the tree's small
             # vector has one, the master: from this host, never one to act on.
             phase = rng.choice([Phase.REDUCE.value, Phase.GATHER.value])
-            total, dtype, chunk = self.layout(step, exact=t == MsgType.MOOT or (
-                t == MsgType.PIECE and phase == Phase.GATHER.value))
+            gather = t == MsgType.PIECE and phase == Phase.GATHER.value
+            total, dtype, chunk = self.layout(step, exact=t == MsgType.MOOT or gather)
+            nbytes = self.k.chunk_nbytes(chunk) if (total, dtype) == (k.total, k.dtype) else 64
+            if gather and (total, dtype) != (k.total, k.dtype) and rng.random() < 0.5:
+                total, dtype, chunk = self.own_layout()
+                nbytes = self.k.chunk_nbytes(chunk, total, dtype)
             header: dict = {"step": step, "chunk": chunk, "total": total, "dtype": dtype}
             if t == MsgType.MOOT:
                 return self._frame(t, header)
             if t == MsgType.PIECE:
                 header["phase"] = phase
-            nbytes = self.k.chunk_nbytes(chunk) if (total, dtype) == (k.total, k.dtype) else 64
             return self._frame(t, header, self.payload(nbytes))
         if t == MsgType.SEGMENT:
             step = self.step()

@@ -428,7 +428,9 @@ def test_a_restarted_master_takes_as_settled_only_what_s_plus_1_children_claim(m
 @pytest.mark.parametrize(("claims", "s", "want"), [
     ([], 1, -1),
     ([-1, -1], 1, -1),                 # restarted children know nothing
-    ([57], 1, 57),                     # one that knows: its word (nobody says otherwise)
+    ([57], 1, -1),                     # fewer than s + 1 that know: a lone word may be a lie
+    ([57, -1, -1], 1, -1),             # (at a job's start the honest children all say -1)
+    ([-1, -1, 10 ** 6], 1, -1),
     ([57, -1, 10 ** 6], 1, 57),        # one far ahead of the other that knows
     ([57, 50, 60], 1, 60),             # honest children, a few steps apart: the newest
     ([57, 10 ** 6, 10 ** 6 + 1], 1, 10 ** 6 + 1),   # s + 1 vouch for it
@@ -442,7 +444,8 @@ def test_vouched_takes_what_s_plus_1_children_vouch_for(claims, s, want):
 @pytest.mark.parametrize(("claims", "s", "want"), [
     ([], 1, -1),
     ([-1, -1], 1, -1),
-    ([57], 1, 57),                     # fewer than s + 1 claims: the oldest
+    ([57], 1, -1),                     # fewer than s + 1 claims: none
+    ([-1, 10 ** 6, -1], 1, -1),
     ([57, -1, 10 ** 6], 1, 57),
     ([57, 50, 60], 1, 57),             # the second newest
     ([57, 70, 80], 1, 70),

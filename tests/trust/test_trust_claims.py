@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -117,13 +118,13 @@ async def prove(peers, port: int, said: Hello | PeerHello,
 
 
 async def hostile_child(peers, lt, name: str = "2", tree_step: int = -1,
-                        mesh: InsiderMesh | None = None) -> Peer:
+                        mesh: InsiderMesh | None = None, job: str = "") -> Peer:
     """A slot of the master held by a secret holder, which says it joined (JOINED); with
     ``mesh``, it says it listens where ``mesh`` accepts spread peer links (HELLO's listen)."""
     hello = Hello(name=name) if mesh is None else mesh.hello(name)
     peer, welcome = await prove(peers, lt.ports[MASTER], dataclasses.replace(hello, nonce=new_nonce()))
     assert isinstance(welcome, Welcome), welcome
-    peer.send(Joined(1, tree_step))
+    peer.send(Joined(1, tree_step, job))
     return peer
 
 
@@ -197,6 +198,66 @@ async def test_high_a_restarted_master_resumes_where_honest_children_are(tmp_pat
             close_all(clients)
     assert resumed == 2
     assert exact(outcomes, want) and t < 100, (t, outcomes)
+
+
+async def test_high_a_lone_claim_at_a_jobs_start_moves_no_master(tmp_path, with_secret, peers):
+    """The authenticated fuzzer's JOINED claims: at a tree's first start the secret holder
+    in slot 2 joins claiming the tree decided step 10^6, and the honest children, which
+    decided nothing, claim nothing. Before the fix a lone claim was taken (nobody said
+    otherwise): the master began at step 10^6 and refused every step of the job."""
+    grads = gradients(24, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
+        hostile = await hostile_child(peers, lt, tree_step=10 ** 6)
+        clients = await connect_all(lt, ["0", "1"], starting=True)
+        try:
+            outcomes = [await step(clients, grads, t) for t in range(3)]
+        finally:
+            close_all(clients)
+            hostile.close()
+    assert all(exact(o, want) for o in outcomes), outcomes
+
+
+async def test_high_a_job_one_child_names_at_a_master_restart_is_not_the_trees(
+        tmp_path, with_secret, peers):
+    """The authenticated fuzzer's JOINED claims: after the master's restart the secret
+    holder rejoins first (the honest hosts are stopped meanwhile), saying it runs job
+    'evil'; the honest children's processes name no job. Before the fix the restarted
+    master took the first child's word for the job: the honest hosts, welcomed into job
+    'evil', began it at step 0, and every later step of the real processes (past the
+    first window) was refused, for good."""
+    grads = gradients(25, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
+        hostile = await hostile_child(peers, lt)
+        clients = await connect_all(lt, ["0", "1"], starting=True)
+        try:
+            for t in range(20):                # past the first window: a new job refuses them
+                assert exact(await step(clients, grads, t), want)
+            for name in ("0", "1"):          # the holder joins the new master first
+                lt.signal(name, signal.SIGSTOP)
+            lt.signal(MASTER, KILL)
+            assert await hostile.closed_by_daemon(10)
+            lt.start_node(MASTER)
+            lt.wait_sockets([MASTER], 30)
+            hostile = await hostile_child(peers, lt, tree_step=19, job="evil")
+            await asyncio.sleep(0.3)
+            for name in ("0", "1"):
+                lt.signal(name, signal.SIGCONT)
+            master = await connect(lt.socket_path(MASTER), starting=True)
+            master.close()
+            t, until, outcomes, seen = 20, time.monotonic() + 15, {}, []
+            while time.monotonic() < until:
+                outcomes = await step(clients, grads, t)
+                seen += [str(o) for o in outcomes.values() if not isinstance(o, np.ndarray)]
+                if exact(outcomes, want):
+                    break
+                t = max(t + 1, *(c.tree_step + 1 for c in clients.values()))
+        finally:
+            close_all(clients)
+            hostile.close()
+    assert exact(outcomes, want) and t < 100, (t, outcomes)
+    assert not [e for e in seen if "runs job" in e], seen
 
 
 async def test_high_a_liars_claim_at_a_master_restart_makes_no_failure_lost(tmp_path, with_secret,

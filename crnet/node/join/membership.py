@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import enum
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 from ...coding.plan import PEER_SCHEMES
@@ -339,12 +340,11 @@ class Membership:
         slot.workers = msg.workers
         # spread's peers, and where hosts move (MOVE); with --tls-names their host ids
         slot.below, slot.hosts = dict(msg.peers), dict(msg.hosts)
-        if msg.job and not self.job and self.engine.tree_step < 0:
-            self.job = msg.job             # a restarted master: the job its children run
-        # Kept, not learned now: a node takes its children's word for where the tree is
-        # only when it gets its share (``_assigned``: a restarted master, when all have
-        # joined), and then only as far as s + 1 of them vouch for it (``vouched``).
-        slot.tree_step = msg.tree_step
+        # Kept, not learned now: a node takes its children's word for where the tree is,
+        # and which job it runs, only when it gets its share (``_assigned``: a restarted
+        # master, when all have joined), and then only as far as s + 1 of them vouch for it
+        # (``vouched``, ``_children_job``).
+        slot.tree_step, slot.job = msg.tree_step, msg.job
         self._report_joined()
         if self.allocation is not None and not slot.assigned and msg.workers:
             self._assign_child(k)
@@ -408,8 +408,21 @@ class Membership:
         claims = [slot.tree_step for slot in self.neighbours.slots if slot.link is not None]
         return vouched(claims, place.tree.stragglers[place.layer], self.engine.settings.window)
 
+    def _children_job(self) -> str:
+        """The job s + 1 of this node's children say they run ("" if none: the unnamed job).
+        Not one child's word: a child holding the secret would name a job of its own, and
+        at a restarted master that job would begin with step 0 again, refusing every step
+        of the processes of the job that ran (the authenticated fuzzer's JOINED found it)."""
+        place = self.place
+        assert place is not None
+        said = Counter(slot.job for slot in self.neighbours.slots if slot.link is not None and slot.job)
+        job, n = max(said.items(), key=lambda kv: kv[1], default=("", 0))
+        return job if n > place.tree.stragglers[place.layer] else ""
+
     def _assigned(self) -> None:
         assert self.place is not None
+        if self.place.is_master and not self.job and self.engine.tree_step < 0:
+            self.job = self._children_job()   # a restarted master: the job its children run
         # A node that restarted resumes where its children are (the master: all of them
         # have joined now; a node's parent told it in WELCOME too). One that knows more
         # itself moves nothing back.

@@ -86,18 +86,22 @@ class StepWindow:
 def vouched(claims: list[int], stragglers: int, ahead: int) -> int:
     """The newest step the master decided, as far as children's claims (JOINED) show it to a
     node that knows nothing of its own (it restarted): the newest claim no more than ``ahead``
-    past the (s+1)-th newest (the oldest, with fewer claims); -1 if none. A child that
+    past the (s+1)-th newest; -1 if fewer than s + 1 children claim a step. A child that
     decided nothing (-1) claims nothing. So up to ``stragglers`` children, however far ahead
     they claim the tree is, move it at most ``ahead`` past an honest child's claim: the
     window still holds the honest steps. (With fewer than 2s+1 children claiming, s children
     claiming an old step can hold such a node back: steps past its window are refused.)"""
     floor = vouched_floor(claims, stragglers)
-    return max((c for c in claims if floor <= c <= floor + ahead), default=-1)
+    if floor < 0:
+        return -1
+    return max(c for c in claims if floor <= c <= floor + ahead)
 
 
 def vouched_floor(claims: list[int], stragglers: int) -> int:
-    """The (s+1)-th newest of the children's claims (the oldest, with fewer claims; -1 if
-    none): a step at least one honest child says the tree reached, whatever up to
-    ``stragglers`` children claim."""
+    """The (s+1)-th newest of the children's claims: a step at least one honest child says
+    the tree reached, whatever up to ``stragglers`` children claim; -1 if fewer than s + 1
+    claim one. Not a lone claim: at a job's start every honest child says -1 (it decided
+    nothing), and a lone 10^6 (a child holding the secret) would move the tree there, every
+    step refused (the authenticated fuzzer's JOINED claims found it)."""
     known = sorted((c for c in claims if c >= 0), reverse=True)
-    return known[min(stragglers, len(known) - 1)] if known else -1
+    return known[stragglers] if len(known) > stragglers else -1
