@@ -25,6 +25,7 @@ from benchmarks.hostile_mesh import InsiderMesh
 from crnet import CrnetError, StepFailed
 from crnet.coding.plan import Tree
 from crnet.defaults import PEER_CHECK_TIMEOUT
+from crnet.node.observe.status import MAX_WATCHERS
 from crnet.protocol.allocation import NodeShare, pack_allocation
 from crnet.protocol.auth import load_secret, mac, new_nonce
 from crnet.protocol.handshake import claim
@@ -41,6 +42,9 @@ from crnet.protocol.messages import (
     Proof,
     Refuse,
     RingPlace,
+    StatusHello,
+    StatusReply,
+    StatusRequest,
     Welcome,
 )
 from crnet.schemes.ring_allreduce.messages import Phase
@@ -59,6 +63,7 @@ from .test_trust import (
     Peer,
     exact,
     lone_node,
+    open_fds,
     processed,
     running,
     settled,
@@ -138,6 +143,35 @@ def peak_rss(pid: int) -> int:
 
 async def tree_step_of(client) -> int:
     return (await client.stats())["tree_step"]
+
+
+# ------------------------------------------------------------------ crnet status connections
+
+async def test_medium_idle_status_connections_are_capped(tmp_path, with_secret, peers):
+    """Issue 39 row 5: idle authenticated ``crnet status`` connections had no cap; each costs
+    the daemon two descriptors, and at RLIMIT_NOFILE 512, 245 of them kept training
+    processes from attaching. A secret holder opens MAX_WATCHERS + 8 of them, each answered
+    once and then idle: the daemon closes the 8 idle longest, the newest still answers,
+    and a training process attaches."""
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1", "2"]) as lt:
+        master = await connect(lt.socket_path(MASTER), starting=True)   # the tree is planned
+        master.close()
+        pid = lt.procs[MASTER].pid
+        before = open_fds(pid)
+        opened = []
+        for _ in range(MAX_WATCHERS + 8):
+            peer, answer = await prove(peers, lt.ports[MASTER], StatusHello(new_nonce()))
+            assert isinstance(answer, StatusReply), answer
+            opened.append(peer)
+        for peer in opened[:8]:
+            assert await peer.closed_by_daemon(5), "an idle status connection past the cap stayed open"
+        assert open_fds(pid) <= before + 2 * MAX_WATCHERS + 4
+        newest = opened[-1]
+        newest.send(StatusRequest(7, 5.0))
+        got = await newest.recv()
+        assert got is not None and isinstance(got[0], StatusReply) and got[0].id == 7, got
+        client = await connect(lt.socket_path("0"), starting=True)
+        client.close()
 
 
 # ------------------------------------------------------------------ row 1: JOINED.tree_step

@@ -121,6 +121,7 @@ class ChildLink(StateMachine):
 
     def _status_hello(self, conn: Connection, msg: StatusHello, payload) -> None:
         self.state = ChildState.STATUS       # answered at once; it may ask again (--watch)
+        self.status.watching(conn)
         self.status.asked(conn, 0)
 
     def _refuse(self, conn: Connection, e: JoinRefused) -> None:

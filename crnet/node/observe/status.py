@@ -42,6 +42,10 @@ log = logging.getLogger("crnet.node")
 
 CHILD_SHARE = 0.7       # a child gets this share of its parent's deadline
 PROBE_SHARE = 0.3       # a node's own probe takes at most this share of its deadline
+# crnet status connections a node holds at once (``watching``): each costs two descriptors
+# (the socket, and its duplicate for the receive low-water mark), and a client that holds
+# the secret could otherwise open them until training processes could not attach.
+MAX_WATCHERS = 32
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,21 @@ class StatusService:
         self._pending: dict[tuple[int, int], asyncio.Future[dict]] = {}   # (id, slot)
         self._busy: set[Connection] = set()   # connections whose question is being answered
         self._probes: dict[int, asyncio.Future[None]] = {}   # slot -> is its link alive?
+        self._watchers: dict[Connection, float] = {}   # crnet status -> when it last asked
+
+    def watching(self, conn: Connection) -> None:
+        """``conn`` is a crnet status connection now (authenticated, if the tree is): kept
+        with up to ``MAX_WATCHERS - 1`` others; past that the one that asked least recently
+        is closed (a ``--watch`` asks every few seconds; a connection left idle is the one
+        to go), so that a new one always gets its answer."""
+        for gone in [c for c in self._watchers if c.is_closing]:
+            del self._watchers[gone]
+        if len(self._watchers) >= MAX_WATCHERS:
+            idle = min(self._watchers, key=self._watchers.__getitem__)
+            del self._watchers[idle]
+            idle.abort(f"more than {MAX_WATCHERS} crnet status connections: the one idle "
+                       "longest is closed")
+        self._watchers[conn] = asyncio.get_running_loop().time()
 
     # ---------------------------------------------------------------- asked
     def asked(self, conn: Connection, request_id: int, deadline: float = DEADLINE,
@@ -79,6 +98,8 @@ class StatusService:
         one the parent asks for while another runs here is left out of the answer."""
         if conn in self._busy:
             return
+        if conn in self._watchers:
+            self._watchers[conn] = asyncio.get_running_loop().time()
         prober = self.view.prober
         if probe:
             why = "this node runs no probe" if prober is None else prober.claim(client)
