@@ -9,6 +9,7 @@ import pytest
 
 from crnet.coding.plan import Tree, plan
 from crnet.errors import JoinRefused, ProtocolError
+from crnet.node.collectives.jobs import JOB_GRACE
 from crnet.node.join.dial import keep_connected
 from crnet.node.join.membership import JoinState, subtree_workers
 from crnet.node.steps import Failed, Lost, vouched, vouched_floor
@@ -17,6 +18,7 @@ from crnet.protocol.messages import (
     Assign,
     Chunk,
     Hello,
+    Job,
     Joined,
     RingPlace,
     Welcome,
@@ -412,6 +414,24 @@ def test_a_claim_far_ahead_of_the_other_childrens_moves_no_master(master):
     master.child_joined(0, Joined(2, 10 ** 6))   # once running, no claim moves it
     master.child_joined(0, Joined(3, 10 ** 6))
     assert master.engine.window.tree_step == 57
+
+
+async def test_a_restarted_masters_job_holds_until_every_child_said_what_it_runs(master):
+    """Issue 39 row 7 at a master restart (the authenticated fuzzer, --restart-master): the
+    master, planned again, learned that the tree is mid-job (step 57) but has no child's
+    count of processes yet. A JOB of another job from one child (a secret holder) must not
+    start that job before the other children said theirs: it did, every host began 'evil'
+    at step 0, and the unnamed job's processes were refused for good."""
+    master.child_hello(FakeLink(), Hello())
+    master.child_hello(FakeLink(), Hello())
+    master.child_joined(0, Joined(3, 57))
+    master.child_joined(1, Joined(3, 57))   # 6 of 6: planned, the tree at step 57
+    assert master.engine.window.tree_step == 57
+    master.child_job(0, Job("evil", 1))
+    assert master.job == ""                 # child 1 has not said what it runs
+    master.child_job(1, Job("", 3))         # processes of the running (unnamed) job
+    await asyncio.sleep(JOB_GRACE + 0.2)
+    assert master.job == ""                 # turned away: the running job has processes
 
 
 def test_a_restarted_master_takes_as_settled_only_what_s_plus_1_children_claim(master):

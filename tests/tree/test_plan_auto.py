@@ -230,7 +230,7 @@ async def test_a_process_of_the_running_job_back_during_the_gathering_keeps_its_
     """The master gathers and ranks before a new job starts; a process of the running job
     that attaches meanwhile keeps that job running, on its plan: nothing is re-planned."""
     from crnet.node.join.replan import AutoPlan
-    from crnet.protocol.messages import Hello, Joined
+    from crnet.protocol.messages import Hello, Job, Joined
     from crnet.tune.tuning import TuneError
 
     from ..helpers.fake_links import FakeLink
@@ -240,6 +240,8 @@ async def test_a_process_of_the_running_job_back_during_the_gathering_keeps_its_
         master.child_hello(FakeLink(), Hello())
         master.child_joined(k, Joined(3))
     master.run_job("a")
+    for k in range(2):
+        master.child_job(k, Job("a", 0))   # the children's processes, as they report them: none
     master.engine.learn(4)             # job a ran steps: job b is re-planned for
     back = object()
 

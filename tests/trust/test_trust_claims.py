@@ -145,6 +145,29 @@ async def tree_step_of(client) -> int:
     return (await client.stats())["tree_step"]
 
 
+async def restart_master(lt, hostile: Peer) -> None:
+    """The master killed (the holder sees its link close) and started again."""
+    lt.signal(MASTER, KILL)
+    assert await hostile.closed_by_daemon(10)
+    lt.start_node(MASTER)
+    lt.wait_sockets([MASTER], 30)
+
+
+async def until_exact(clients, grads, want, t: int, seen: list | None = None) -> tuple[int, dict]:
+    """Steps from ``t`` on (after a failure, from past where the processes say the tree
+    is) until one is exact, 15 s at most: that step and its outcomes; ``seen`` collects
+    the errors on the way."""
+    until, outcomes = time.monotonic() + 15, {}
+    while time.monotonic() < until:
+        outcomes = await step(clients, grads, t)
+        if seen is not None:
+            seen += [str(o) for o in outcomes.values() if not isinstance(o, np.ndarray)]
+        if exact(outcomes, want):
+            break
+        t = max(t + 1, *(c.tree_step + 1 for c in clients.values()))
+    return t, outcomes
+
+
 # ------------------------------------------------------------------ crnet status connections
 
 async def test_medium_idle_status_connections_are_capped(tmp_path, with_secret, peers):
@@ -214,20 +237,12 @@ async def test_high_a_restarted_master_resumes_where_honest_children_are(tmp_pat
         try:
             for t in range(3):
                 assert exact(await step(clients, grads, t), want)
-            lt.signal(MASTER, KILL)
-            assert await hostile.closed_by_daemon(10)
-            lt.start_node(MASTER)
-            lt.wait_sockets([MASTER], 30)
+            await restart_master(lt, hostile)
             await hostile_child(peers, lt, tree_step=10 ** 6)
             master = await connect(lt.socket_path(MASTER), starting=True)   # the tree is planned again
             resumed = master.tree_step
             master.close()
-            t, until, outcomes = 3, time.monotonic() + 15, {}
-            while time.monotonic() < until:
-                outcomes = await step(clients, grads, t)
-                if exact(outcomes, want):
-                    break
-                t = max(t + 1, *(c.tree_step + 1 for c in clients.values()))
+            t, outcomes = await until_exact(clients, grads, want, 3)
         finally:
             close_all(clients)
     assert resumed == 2
@@ -270,23 +285,15 @@ async def test_high_a_job_one_child_names_at_a_master_restart_is_not_the_trees(
                 assert exact(await step(clients, grads, t), want)
             for name in ("0", "1"):          # the holder joins the new master first
                 lt.signal(name, signal.SIGSTOP)
-            lt.signal(MASTER, KILL)
-            assert await hostile.closed_by_daemon(10)
-            lt.start_node(MASTER)
-            lt.wait_sockets([MASTER], 30)
+            await restart_master(lt, hostile)
             hostile = await hostile_child(peers, lt, tree_step=19, job="evil")
             await asyncio.sleep(0.3)
             for name in ("0", "1"):
                 lt.signal(name, signal.SIGCONT)
             master = await connect(lt.socket_path(MASTER), starting=True)
             master.close()
-            t, until, outcomes, seen = 20, time.monotonic() + 15, {}, []
-            while time.monotonic() < until:
-                outcomes = await step(clients, grads, t)
-                seen += [str(o) for o in outcomes.values() if not isinstance(o, np.ndarray)]
-                if exact(outcomes, want):
-                    break
-                t = max(t + 1, *(c.tree_step + 1 for c in clients.values()))
+            seen: list[str] = []
+            t, outcomes = await until_exact(clients, grads, want, 20, seen)
         finally:
             close_all(clients)
             hostile.close()
@@ -311,19 +318,11 @@ async def test_high_a_liars_claim_at_a_master_restart_makes_no_failure_lost(tmp_
         try:
             for t in range(3):
                 assert exact(await step(clients, grads, t), want)
-            lt.signal(MASTER, KILL)
-            assert await hostile.closed_by_daemon(10)
-            lt.start_node(MASTER)
-            lt.wait_sockets([MASTER], 30)
+            await restart_master(lt, hostile)
             hostile = await hostile_child(peers, lt, tree_step=10 ** 6)
             master = await connect(lt.socket_path(MASTER), starting=True)
             master.close()
-            t, until, outcomes = 3, time.monotonic() + 15, {}
-            while time.monotonic() < until:
-                outcomes = await step(clients, grads, t)
-                if exact(outcomes, want):
-                    break
-                t = max(t + 1, *(c.tree_step + 1 for c in clients.values()))
+            t, outcomes = await until_exact(clients, grads, want, 3)
             assert exact(outcomes, want), (t, outcomes)
             hostile.send(Open(t + 1))   # with host 0's, two children began it: its clock runs
             alone = clients["0"]

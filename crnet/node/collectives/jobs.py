@@ -1,7 +1,8 @@
 """Jobs: which training processes of which job are attached in a node's subtree.
 
 The master decides which job the tree runs (``Membership.run_job``); a new job begins
-only when no process of the running one is attached anywhere in the tree, so that
+only when no process of the running one is attached anywhere in the tree (and, once
+that job is under way, every child link has said what it holds), so that
 neither a newcomer of another job nor a forged JOB frame ends a job under way. Each
 node counts the processes attached in its subtree (its own, plus what each child
 reported) and reports up whenever the count changes: JOB(name, attached), the running
@@ -157,8 +158,16 @@ class JobCounts:
         name joins whatever runs: while the tree runs no job by name and has decided no step,
         it keeps no named job from starting (it joins that one); once a step is decided it is
         mid-job and keeps the job running as named processes do (a new job counts its steps
-        from 0 again, so every later step of theirs would be refused for good)."""
-        return self.subtree(running, running) if running or self._underway() else 0
+        from 0 again, so every later step of theirs would be refused for good). A child whose
+        link has not reported its processes yet counts as one: a master that restarted mid-job
+        hears its children's counts only after they joined again, and a JOB frame of another
+        job that came first (a child holding the secret) started that job over the running
+        one's processes (the authenticated fuzzer, with master restarts)."""
+        if not (running or self._underway()):
+            return 0
+        unheard = sum(1 for k, slot in enumerate(self.neighbours.slots)
+                      if slot.link is not None and k not in self.children)
+        return self.subtree(running, running) + unheard
 
     def here(self) -> list[object]:
         """This host's processes of the running job (unnamed ones count for it)."""
