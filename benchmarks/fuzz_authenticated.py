@@ -403,11 +403,13 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
         for host in hosts:
             await host.close()
         if trainers is not None:
-            with contextlib.suppress(ProcessLookupError):
+            # (A tree that stopped leaves its processes waiting on a step: killed then.)
+            with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
                 trainers.stdin.close()          # type: ignore[union-attr]
                 await asyncio.wait_for(trainers.wait(), 30)
             if trainers.returncode is None:
                 trainers.kill()
+                await trainers.wait()
         lt.stop()
         problems += lt.problems()
     if trainers is not None and trainers.returncode:
