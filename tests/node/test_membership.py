@@ -434,6 +434,24 @@ async def test_a_restarted_masters_job_holds_until_every_child_said_what_it_runs
     assert master.job == ""                 # turned away: the running job has processes
 
 
+async def test_a_job_a_child_asks_for_before_the_plan_is_weighed_once_it_is_made(master):
+    """The authenticated fuzzer, --restart-master: a secret holder, the first child to join
+    a restarted master, asked for job 'evil' (JOB) before the master had planned. The
+    master started it at once (it knew no job and no step yet); the honest children, then
+    welcomed into 'evil', began it at step 0 and refused every step of the running job's
+    processes. Now the request waits for the plan, and is weighed as any other then."""
+    master.child_hello(FakeLink(), Hello())
+    master.child_joined(0, Joined(3, 57))
+    master.child_job(0, Job("evil", 1))
+    assert master.job == ""                 # not planned yet: nothing is decided
+    master.child_hello(FakeLink(), Hello())
+    master.child_joined(1, Joined(3, 57))   # 6 of 6: planned, the tree at step 57
+    assert master.job == "" and master.engine.window.tree_step == 57
+    master.child_job(1, Job("", 3))         # processes of the running (unnamed) job
+    await asyncio.sleep(JOB_GRACE + 0.2)
+    assert master.job == ""
+
+
 def test_a_restarted_master_takes_as_settled_only_what_s_plus_1_children_claim(master):
     """Issue 54 row 2: steps the master before its restart may have decided (a failure of
     one is lost for the tree, not failed) go as far as s + 1 children say, not as far as

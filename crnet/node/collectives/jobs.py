@@ -53,11 +53,15 @@ class JobCounts:
 
     def __init__(self, neighbours: Neighbours, running: Callable[[], str],
                  is_master: Callable[[], bool], start: Callable[[str], None],
-                 underway: Callable[[], bool] = lambda: False) -> None:
-        """``underway()``: the running job has decided a step (its processes are mid-job)."""
+                 underway: Callable[[], bool] = lambda: False,
+                 planned: Callable[[], bool] = lambda: True) -> None:
+        """``underway()``: the running job has decided a step (its processes are mid-job).
+        ``planned()``: the master has planned the tree (a restarted one: and learned from
+        its children where the tree is and which job it runs)."""
         self.neighbours = neighbours
         self.running = running
         self._underway = underway
+        self._planned = planned
         self._is_master = is_master
         self._start = start
         self.local: dict[object, str] = {}                  # process -> its job ("": any)
@@ -97,9 +101,21 @@ class JobCounts:
         if self.children.get(k) != (msg.name, msg.attached):
             self.children[k] = (msg.name, msg.attached)
             self.on_counts.emit(None)
-        if self._is_master() and msg.attached and msg.name and msg.name != self.running():
-            self.ask(msg.name)
+        if (self._is_master() and self._planned() and msg.attached and msg.name
+                and msg.name != self.running()):
+            self.ask(msg.name)   # (before the plan: ``review`` asks, once it is made)
         self.report()
+
+    def review(self) -> None:
+        """The master, planned: the jobs its children asked for before. Not at once: a
+        restarted master knows neither where the tree is nor which job it runs until its
+        children joined again, and a JOB that came first (a child holding the secret)
+        started its job there, which every host then began at step 0, refusing the
+        running job's processes from then on (the authenticated fuzzer)."""
+        running = self.running()
+        for job, attached in list(self.children.values()):
+            if attached and job and job != running:
+                self.ask(job)
 
     def ask(self, job: str) -> None:
         """The master: processes of ``job`` wait for it. It starts now if no process of the

@@ -94,7 +94,8 @@ class Membership:
         self.local_processes = local_processes
         self.jobs = JobCounts(neighbours, lambda: self.job,   # processes attached, by job
                               lambda: self.place is not None and self.place.is_master,
-                              self._start_job, lambda: self.engine.tree_step >= 0)
+                              self._start_job, lambda: self.engine.tree_step >= 0,
+                              lambda: self.state is JoinState.ASSIGNED)
         # The master, --plan auto (replan.py): called instead of ``run_job`` for a new job;
         # it may ``replan`` first, and then runs it.
         self.before_job: Callable[[str], None] | None = None
@@ -457,6 +458,8 @@ class Membership:
             if slot.link is not None and slot.workers and not slot.assigned:
                 self._assign_child(k)
         self.on_assigned.emit(None)
+        if self.place.is_master:
+            self.jobs.review()   # jobs children asked for before the tree was planned
 
     def _assign_child(self, k: int) -> None:
         assert self.place is not None and self.allocation is not None and self.samples is not None
