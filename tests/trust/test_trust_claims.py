@@ -11,6 +11,7 @@ a node's parent (``FakeParent``). The rows are issue 26's table: 1, 2, 12 and 13
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -153,6 +154,24 @@ async def restart_master(lt, hostile: Peer) -> None:
     lt.wait_sockets([MASTER], 30)
 
 
+@contextlib.asynccontextmanager
+async def holder_in_slot_2(tmp_path, peers, seed: int, steps: int = 3):
+    """STAR with the master and hosts 0 and 1 running, slot 2 held by a secret holder, and
+    steps 0 .. ``steps`` - 1 exact: (lt, the holder, clients, grads, the sum). The clients
+    are closed on the way out (the holder's links are the ``peers`` fixture's)."""
+    grads = gradients(seed, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
+        hostile = await hostile_child(peers, lt)
+        clients = await connect_all(lt, ["0", "1"], starting=True)
+        try:
+            for t in range(steps):
+                assert exact(await step(clients, grads, t), want)
+            yield lt, hostile, clients, grads, want
+        finally:
+            close_all(clients)
+
+
 async def until_exact(clients, grads, want, t: int, seen: list | None = None) -> tuple[int, dict]:
     """Steps from ``t`` on (after a failure, from past where the processes say the tree
     is) until one is exact, 15 s at most: that step and its outcomes; ``seen`` collects
@@ -229,22 +248,13 @@ async def test_high_a_restarted_master_resumes_where_honest_children_are(tmp_pat
     """Row 1 at a master restart, when the master does take its children's word: the
     secret holder claims 10^6 first, the honest children say step 2. The master resumes
     at 2 (s + 1 children vouch for no more), and steps 3.. complete exactly."""
-    grads = gradients(22, SAMPLES, DIM)
-    want = grads.sum(axis=0)
-    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
-        hostile = await hostile_child(peers, lt)
-        clients = await connect_all(lt, ["0", "1"], starting=True)
-        try:
-            for t in range(3):
-                assert exact(await step(clients, grads, t), want)
-            await restart_master(lt, hostile)
-            await hostile_child(peers, lt, tree_step=10 ** 6)
-            master = await connect(lt.socket_path(MASTER), starting=True)   # the tree is planned again
-            resumed = master.tree_step
-            master.close()
-            t, outcomes = await until_exact(clients, grads, want, 3)
-        finally:
-            close_all(clients)
+    async with holder_in_slot_2(tmp_path, peers, 22) as (lt, hostile, clients, grads, want):
+        await restart_master(lt, hostile)
+        await hostile_child(peers, lt, tree_step=10 ** 6)
+        master = await connect(lt.socket_path(MASTER), starting=True)   # the tree is planned again
+        resumed = master.tree_step
+        master.close()
+        t, outcomes = await until_exact(clients, grads, want, 3)
     assert resumed == 2
     assert exact(outcomes, want) and t < 100, (t, outcomes)
 
@@ -275,28 +285,20 @@ async def test_high_a_job_one_child_names_at_a_master_restart_is_not_the_trees(
     master took the first child's word for the job: the honest hosts, welcomed into job
     'evil', began it at step 0, and every later step of the real processes (past the
     first window) was refused, for good."""
-    grads = gradients(25, SAMPLES, DIM)
-    want = grads.sum(axis=0)
-    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
-        hostile = await hostile_child(peers, lt)
-        clients = await connect_all(lt, ["0", "1"], starting=True)
-        try:
-            for t in range(20):                # past the first window: a new job refuses them
-                assert exact(await step(clients, grads, t), want)
-            for name in ("0", "1"):          # the holder joins the new master first
-                lt.signal(name, signal.SIGSTOP)
-            await restart_master(lt, hostile)
-            hostile = await hostile_child(peers, lt, tree_step=19, job="evil")
-            await asyncio.sleep(0.3)
-            for name in ("0", "1"):
-                lt.signal(name, signal.SIGCONT)
-            master = await connect(lt.socket_path(MASTER), starting=True)
-            master.close()
-            seen: list[str] = []
-            t, outcomes = await until_exact(clients, grads, want, 20, seen)
-        finally:
-            close_all(clients)
-            hostile.close()
+    # 20 steps: past the first window, which a new job would refuse
+    async with holder_in_slot_2(tmp_path, peers, 25, steps=20) as (lt, hostile, clients, grads,
+                                                                   want):
+        for name in ("0", "1"):          # the holder joins the new master first
+            lt.signal(name, signal.SIGSTOP)
+        await restart_master(lt, hostile)
+        await hostile_child(peers, lt, tree_step=19, job="evil")
+        await asyncio.sleep(0.3)
+        for name in ("0", "1"):
+            lt.signal(name, signal.SIGCONT)
+        master = await connect(lt.socket_path(MASTER), starting=True)
+        master.close()
+        seen: list[str] = []
+        t, outcomes = await until_exact(clients, grads, want, 20, seen)
     assert exact(outcomes, want) and t < 100, (t, outcomes)
     assert not [e for e in seen if "runs job" in e], seen
 
@@ -310,36 +312,26 @@ async def test_high_a_liars_claim_at_a_master_restart_makes_no_failure_lost(tmp_
     newest claim, up to a window past what s + 1 vouch for, as settled before its restart:
     the failure was StepLost for every host, whose processes all asked for the state, and
     the holder's was the one answer."""
-    grads = gradients(23, SAMPLES, DIM)
-    want = grads.sum(axis=0)
-    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"]) as lt:
-        hostile = await hostile_child(peers, lt)
-        clients = await connect_all(lt, ["0", "1"], starting=True)
-        try:
-            for t in range(3):
-                assert exact(await step(clients, grads, t), want)
-            await restart_master(lt, hostile)
-            hostile = await hostile_child(peers, lt, tree_step=10 ** 6)
-            master = await connect(lt.socket_path(MASTER), starting=True)
-            master.close()
-            t, outcomes = await until_exact(clients, grads, want, 3)
-            assert exact(outcomes, want), (t, outcomes)
-            hostile.send(Open(t + 1))   # with host 0's, two children began it: its clock runs
-            alone = clients["0"]
-            # A failure of host 0's alone (its own clock ran out first, under load) is asked
-            # again, as the README's loop does, until the master's verdict comes.
-            for _ in range(3):
-                with pytest.raises(CrnetError) as failed:
-                    await alone.allreduce(local_gradient(alone.assignment, grads), step=t + 1,
-                                          timeout=30)
-                if not isinstance(failed.value, StepFailed) or failed.value.tree_wide:
-                    break
-            assert type(failed.value) is StepFailed, repr(failed.value)
-            assert failed.value.tree_wide, repr(failed.value)
-            assert exact(await step(clients, grads, t + 2), want)
-        finally:
-            close_all(clients)
-            hostile.close()
+    async with holder_in_slot_2(tmp_path, peers, 23) as (lt, hostile, clients, grads, want):
+        await restart_master(lt, hostile)
+        hostile = await hostile_child(peers, lt, tree_step=10 ** 6)
+        master = await connect(lt.socket_path(MASTER), starting=True)
+        master.close()
+        t, outcomes = await until_exact(clients, grads, want, 3)
+        assert exact(outcomes, want), (t, outcomes)
+        hostile.send(Open(t + 1))   # with host 0's, two children began it: its clock runs
+        alone = clients["0"]
+        # A failure of host 0's alone (its own clock ran out first, under load) is asked
+        # again, as the README's loop does, until the master's verdict comes.
+        for _ in range(3):
+            with pytest.raises(CrnetError) as failed:
+                await alone.allreduce(local_gradient(alone.assignment, grads), step=t + 1,
+                                      timeout=30)
+            if not isinstance(failed.value, StepFailed) or failed.value.tree_wide:
+                break
+        assert type(failed.value) is StepFailed, repr(failed.value)
+        assert failed.value.tree_wide, repr(failed.value)
+        assert exact(await step(clients, grads, t + 2), want)
 
 
 # ------------------------------------------------------------------ row 2: OPEN, CHUNK
