@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .. import defaults
 from ..protocol.messages import Message
+from ..protocol.tcp_info import tcp_info
 from ..protocol.transport import Connection
 
 log = logging.getLogger("crnet.node")
@@ -164,6 +165,15 @@ class Neighbours:
     def reachable(self, rank: int) -> bool:
         """Peer ``rank``'s link is up or coming up (not down, nor failed to dial)."""
         return rank not in self._unreachable
+
+    def link_rate(self, rank: int) -> float | None:
+        """What peer ``rank``'s link carried while it had something to send, in bytes/s (TCP's
+        bytes acknowledged over its busy time, ``TcpInfo.throughput``); None while it is down
+        or has carried nothing. Not the kernel's newest delivery rate: behind a shaper
+        with a bucket (tbf), a part that fits in the bucket goes at line rate, and that
+        rate read 26 MB/s to 3.1 GB/s on 1 Gbit/s links, where this reads 100-330 MB/s."""
+        info = tcp_info(self.peers.get(rank))
+        return None if info is None else info.throughput
 
     def peer_failed(self, rank: int) -> None:
         """Dialing peer ``rank`` failed (nothing listens there, or it did not answer)."""

@@ -128,6 +128,11 @@ class PeerSends(Protocol):
     def reachable(self, rank: int) -> bool:
         """Peer ``rank``'s link is up or coming up (not down, nor failed to dial)."""
 
+    def link_rate(self, rank: int) -> float | None:
+        """What the link to peer ``rank`` carried while it had something to send, in
+        bytes/s, as TCP counts it; None while it is down, before it carried anything, or
+        where TCP says nothing."""
+
     def announce(self, msg: Message) -> None:
         """To every peer now, and first to each peer whose link comes up later (the
         latest announcement only): spread's map of owners."""

@@ -99,18 +99,22 @@ def test_auto_chunks_grow_with_the_vector_from_1_to_4_mib(vector_bytes, chunk):
     assert largest_chunk(AUTO) >= chunk and largest_chunk(4096) == 4096
 
 
+@pytest.mark.parametrize("cuts", ["most", "mixed"])      # each rank's own cut (its link's)
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, 16])    # one part per segment; many
 @pytest.mark.parametrize("size", [2, 3, 5, 6])
 @pytest.mark.parametrize("total", [1, 7, 100, 50_000])
 def test_ring_allreduce_sums_exactly_with_the_master_as_a_member_adding_nothing(size, total,
-                                                                                chunk_bytes):
+                                                                                chunk_bytes, cuts):
     rng = np.random.default_rng(size * 1000 + total)
     workers = size - 1                      # ranks 0..size-2; the master is the last rank
     vectors = [rng.standard_normal(total) for _ in range(workers)]
     layout = ChunkLayout.of(total, np.float64, chunk_bytes)
-    ranks = [RingStep(0, layout, k, size) for k in range(size)]
+    # "mixed": every rank cuts the segment it starts its own way (1, 2, ... parts, at most
+    # the rule's), as ranks whose links differ do; each rank it passes keeps that cut.
+    ranks = [RingStep(0, layout, k, size, parts=None if cuts == "most" else k + 1)
+             for k in range(size)]
     if chunk_bytes < 1 << 20 and total // size >= 4:
-        assert ranks[0].parts > 1     # the tree's chunk size caps a part
+        assert ranks[0].most_parts > 1     # the tree's chunk size caps a part
     # Deliver every send to the successor, in order, like one TCP link per rank.
     queues = [[] for _ in range(size)]
     order = rng.permutation(size)  # local vectors (the master's: none) arrive in any order
@@ -122,10 +126,10 @@ def test_ring_allreduce_sums_exactly_with_the_master_as_a_member_adding_nothing(
             for j in range(size):
                 while queues[j]:
                     send = queues[j].pop(0)
+                    assert ranks[j].check(send.phase, send.round, send.segment,
+                                          send.payload.nbytes, send.part, send.parts) is None
                     dest = ranks[j].dest(send.phase, send.segment, send.part)
                     np.frombuffer(dest, np.float64)[:] = send.payload
-                    assert ranks[j].check(send.phase, send.round, send.segment,
-                                          send.payload.nbytes, send.part) is None
                     queues[(j + 1) % size] += ranks[j].received(send.phase, send.round,
                                                                 send.segment, send.part)
                     progress = True
@@ -134,6 +138,27 @@ def test_ring_allreduce_sums_exactly_with_the_master_as_a_member_adding_nothing(
         assert r.complete
         np.testing.assert_allclose(r.result, want, rtol=1e-12, atol=1e-12)
         np.testing.assert_array_equal(r.result, ranks[-1].result)   # bit for bit the same
+
+
+def test_a_segments_cut_is_its_first_senders_and_never_finer_than_the_rule():
+    """A peer may cut the segment it starts in fewer parts than the rule (its link is fast),
+    never more (every rank the segment passes would pay for its frames), and a segment's
+    parts all have one cut."""
+    layout = ChunkLayout.of(3 * 4, np.float64, chunk_bytes=8)   # the rule: 4 parts
+    ring = RingStep(0, layout, rank=1, size=3)
+    assert ring.most_parts == 4
+    assert "cut in 5 parts, at most 4" in ring.check("rs", 0, 0, 8, 0, 5)
+    assert ring.check("rs", 0, 0, 16, 1, 2) is None             # 2 parts of 2 elements
+    assert "cut in 4 parts, earlier in 2" in ring.check("rs", 0, 0, 8, 0, 4)
+    assert "part 2 out of range 0..1" in ring.check("rs", 0, 0, 16, 2, 2)
+    assert ring.check("rs", 0, 0, 16, 0, 2) is None
+    assert "earlier in 2" in ring.check("rs", 0, 0, 8, 0)       # no word: the rule's cut
+    # ... the sender's own segment goes in its own cut, and comes back in it.
+    mine = RingStep(0, layout, rank=1, size=3, parts=1)
+    assert [(s.segment, s.part, s.parts, s.payload.size) for s in mine.local_arrived(np.ones(12))
+            ] == [(1, 0, 1, 4)]
+    assert "earlier in 1" in mine.check("ag", 0, 1, 8, 0, 4)
+    assert RingStep(0, layout, rank=1, size=3, parts=9).parts == 4   # never above the rule
 
 
 def test_a_ring_has_the_master_and_a_worker_at_least():
@@ -155,6 +180,7 @@ def test_ring_forwards_each_part_as_soon_as_it_is_reduced():
     assert ring.parts == 4
     first = ring.local_arrived(np.ones(12))
     assert [(s.phase, s.round, s.segment, s.part) for s in first] == [("rs", 0, 1, p) for p in range(4)]
+    assert ring.check("rs", 0, 0, 8, 2) is None
     np.frombuffer(ring.dest("rs", 0, 2), np.float64)[:] = 5.0
     (send,) = ring.received("rs", 0, 0, 2)
     assert (send.round, send.segment, send.part) == (1, 0, 2)
@@ -174,6 +200,23 @@ def test_ring_parts_rule(total, size, parts):
     from crnet.schemes.ring_allreduce.driver import ring_parts
 
     assert ring_parts(ChunkLayout.of(total, np.float32, 1 << 20), size) == parts
+
+
+@pytest.mark.parametrize("total, size, rate, parts", [
+    (1 << 20, 4, None, 4),          # 4 MB on 4 hosts, no rate: 4 parts of 256 kB
+    (1 << 20, 4, 125e6, 4),         # 1 Gbit/s: 125 kB parts would do; the rule's stand
+    (1 << 20, 21, 125e6, 2),        # the large preset's ring at 1 Gbit/s: 200 kB segments
+    (1 << 20, 21, 12.5e6, 4),       # ... at 100 Mbit/s (the bandwidth preset): as without
+    (1 << 20, 4, 0.5e9, 3),         # 4 Gbit/s: 500 kB parts
+    (1 << 20, 4, 8e9, 1),           # loopback: one part of the 1 MiB chunk
+    (16 << 20, 4, 8e9, 4),          # 64 MB: the 4 MiB chunk still caps a part
+])
+def test_ring_parts_follow_the_link(total, size, rate, parts):
+    """Where the link is fast, a part takes at least MIN_PART_SECONDS on it: fewer frames."""
+    from crnet.schemes.chunks import AUTO
+    from crnet.schemes.ring_allreduce.driver import ring_parts
+
+    assert ring_parts(ChunkLayout.of(total, np.float32, AUTO), size, rate) == parts
 
 
 def test_buffer_pool_reuses_only_unreferenced_arrays():

@@ -610,5 +610,8 @@ class Sends:
     def reachable(self, rank: int) -> bool:
         return self.neighbours.reachable(rank)
 
+    def link_rate(self, rank: int) -> float | None:
+        return self.neighbours.link_rate(rank)
+
     def announce(self, msg: Message) -> None:
         self.neighbours.announce(msg.frame())

@@ -51,10 +51,16 @@ REDUCE, GATHER = Phase.REDUCE, Phase.GATHER
 ONES = np.ones(2)            # coded_sum's coefficients for a + b
 PIPELINE_DEPTH = 4          # parts a large segment is cut into
 MIN_PART_BYTES = 32 << 10   # and none smaller: each part is a frame (~0.1 ms of Python per end)
+# ... nor shorter than this on its link: where a link is faster than the hosts (loopback,
+# 10-100 Gbit/s), the CPUs bound a step and every frame's fixed cost is paid in full (4
+# hosts on 127.0.0.1, 4 MB: 9.1-9.7 ms a step against 12.5-13.1 with 256 kB parts,
+# docs/benchmarks.md); on slower links it changes little or nothing (1 Gbit/s: 125 kB;
+# 100 Mbit/s: 12.5 kB, below MIN_PART_BYTES).
+MIN_PART_SECONDS = 1e-3
 
 
-def ring_parts(layout: ChunkLayout, size: int) -> int:
-    """How many parts every segment of a ring step is cut into: the one rule.
+def ring_parts(layout: ChunkLayout, size: int, rate: float | None = None) -> int:
+    """How many parts a segment of a ring step is cut into, at most (the one rule).
 
     A part of ``1/PIPELINE_DEPTH`` of a segment keeps the link busy as long as one hop
     (reduce the part, send it on, its first byte across) takes less than 3/4 of a
@@ -64,60 +70,75 @@ def ring_parts(layout: ChunkLayout, size: int) -> int:
     bytes, which leaves small vectors, whose steps are latency-bound, in one part per
     segment. (With 64 KiB, that ring's segments went in 3 parts of 63.5 kB, which an
     emulator's tbf with a 64 KiB bucket segmented in software: docs/lab/ring.md.) The
-    tree's chunk size (``--chunk-bytes``) caps a part: smaller chunks, more parts. Every
-    rank computes the same count from the step's layout.
+    tree's chunk size (``--chunk-bytes``) caps a part: smaller chunks, more parts.
+
+    ``rate``: what the sender's link to its successor carries (bytes/s, as TCP counted
+    it), if known: a part then takes at least ``MIN_PART_SECONDS`` on it, so a fast link
+    gets fewer, larger parts. Each segment's first sender picks its count this way and
+    says it in every part (``Segment.parts``); every rank it passes keeps that cut. Without
+    a rate the count is the most a segment may be cut into, which every rank computes the
+    same from the step's layout (``RingStep.check`` takes no more).
     """
     item = layout.dtype.itemsize
     seg_elems = layout.total // size                      # the smallest segment
     seg_bytes = seg_elems * item
-    part_bytes = min(layout.chunk_elems * item, max(MIN_PART_BYTES, seg_bytes // PIPELINE_DEPTH))
+    least = max(MIN_PART_BYTES, seg_bytes // PIPELINE_DEPTH)
+    if rate is not None and rate > 0:
+        least = max(least, int(rate * MIN_PART_SECONDS))
+    part_bytes = min(layout.chunk_elems * item, least)
     parts = -(-seg_bytes // max(item, part_bytes))
     return max(1, min(parts, seg_elems, 1 << 16))
 
 
 class RingPieces:
-    """Where a ring of ``size`` cuts a step's vector: ``size`` segments, ``parts`` parts each."""
+    """Where a ring of ``size`` cuts a step's vector: ``size`` segments, each in parts."""
 
     def __init__(self, layout: ChunkLayout, size: int):
         edges = np.linspace(0, layout.total, size + 1).round().astype(np.int64)
         self.segments = list(zip(edges[:-1].tolist(), edges[1:].tolist()))
-        self.parts = ring_parts(layout, size)
-        self._bounds: dict[int, tuple[int, int]] = {}
+        self._bounds: dict[tuple[int, int, int], tuple[int, int]] = {}
 
-    def bounds(self, segment: int, part: int) -> tuple[int, int]:
-        """Part ``part`` of segment ``segment``: element bounds, as even as they come
-        (asked several times for every part that arrives: computed once)."""
-        key = segment * self.parts + part
+    def bounds(self, segment: int, part: int, parts: int) -> tuple[int, int]:
+        """Part ``part`` of segment ``segment`` cut in ``parts``: element bounds, as even as
+        they come (asked several times for every part that arrives: computed once)."""
+        key = (segment, part, parts)
         found = self._bounds.get(key)
         if found is None:
             a, b = self.segments[segment]
-            n, parts = b - a, self.parts
+            n = b - a
             found = self._bounds[key] = (a + n * part // parts, a + n * (part + 1) // parts)
         return found
 
 
 @dataclass(frozen=True)
 class Send:
-    """Pass ``payload`` (part ``part`` of segment ``segment`` of phase/round) to the successor."""
+    """Pass ``payload`` (part ``part`` of ``parts`` of segment ``segment`` of phase/round)
+    to the successor."""
 
     phase: Phase
     round: int
     segment: int
     payload: np.ndarray
     part: int = 0
+    parts: int = 1
 
 
 class RingStep:
     """One step of ring allreduce at rank ``rank`` of ``size`` (at least 2: the master and
-    one worker)."""
+    one worker). ``parts``: how many parts this rank cuts the segment it starts (its own,
+    segment ``rank``) into; default, and at most, ``ring_parts``'s count without a rate."""
 
     def __init__(self, step: int, layout: ChunkLayout, rank: int, size: int, alloc=fresh,
-                 result_alloc=fresh):
+                 result_alloc=fresh, parts: int | None = None):
         if size < 2:
             raise ValueError(f"a ring has at least 2 members (the master and a worker), not {size}")
         self.step, self.layout, self.rank, self.size = step, layout, rank, size
         self.pieces = RingPieces(layout, size)
-        self.parts = self.pieces.parts
+        self.most_parts = ring_parts(layout, size)
+        self.parts = self.most_parts if parts is None else max(1, min(parts, self.most_parts))
+        # Each segment's cut, as its first sender chose it: taken from its first part here
+        # (``check``), and the same in every later one.
+        self._cuts = {rank: self.parts}
         # acc is sent part by part and each part is final once sent; all-gather lands
         # in ``result`` so nothing queued for sending is ever overwritten. Neither is
         # last step's, for the same reason (see buffers.py).
@@ -130,36 +151,48 @@ class RingStep:
         self._result_alloc = result_alloc
         self.result: np.ndarray | None = None
         self._early: list[tuple[int, int, int]] = []         # arrivals before the local vector
-        self._gathered = 0                                    # all-gather parts received
-        self._owned = 0                                       # own segment's parts fully reduced
+        # Elements, not parts, counted: the segments' cuts differ. Done when this rank has
+        # reduced the whole segment it owns, (rank + 1) mod N, and gathered all the others.
+        a, b = self.pieces.segments[(rank + 1) % size]
+        self._owned_left = b - a
+        self._gather_left = layout.total - (b - a)
 
     @property
     def complete(self) -> bool:
-        return self._owned == self.parts and self._gathered == (self.size - 1) * self.parts
+        return self._owned_left == 0 and self._gather_left == 0
 
     @property
     def has_local(self) -> bool:
         return self._acc is not None
 
-    def check(self, phase, rnd, segment, nbytes, part=0) -> str | None:
-        """Why an incoming segment header is wrong, or None."""
+    def check(self, phase, rnd, segment, nbytes, part=0, parts=0) -> str | None:
+        """Why an incoming part's header is wrong, or None. ``parts``: the segment's cut, as
+        its first sender chose it (0: ``most_parts``); the first part of a segment that
+        comes here sets it for the step, and the rest must agree."""
         if phase not in (REDUCE, GATHER) or not isinstance(rnd, int) or not 0 <= rnd < self.size - 1:
             return f"bad ring round {phase!r}/{rnd!r}"
         expect = self._expected(phase, rnd)
         if segment != expect:
             return f"{phase} round {rnd}: segment {segment!r}, expected {expect}"
-        if not isinstance(part, int) or not 0 <= part < self.parts:
-            return f"segment {segment}: part {part!r} out of range 0..{self.parts - 1}"
-        a, b = self.pieces.bounds(segment, part)
+        parts = parts or self.most_parts
+        if not isinstance(parts, int) or not 1 <= parts <= self.most_parts:
+            # Finer than the rule's cut would cost every rank the segment passes more frames.
+            return f"segment {segment}: cut in {parts!r} parts, at most {self.most_parts}"
+        cut = self._cuts.setdefault(segment, parts)
+        if cut != parts:
+            return f"segment {segment}: cut in {parts} parts, earlier in {cut}"
+        if not isinstance(part, int) or not 0 <= part < parts:
+            return f"segment {segment}: part {part!r} out of range 0..{parts - 1}"
+        a, b = self.pieces.bounds(segment, part, parts)
         if nbytes != (b - a) * self.layout.dtype.itemsize:
             return (f"segment {segment} part {part} has {nbytes} bytes, "
                     f"expected {(b - a) * self.layout.dtype.itemsize}")
         return None
 
     def dest(self, phase: str, segment: int, part: int = 0) -> memoryview:
-        """Where the predecessor's part is received."""
+        """Where the predecessor's part is received (its header passed ``check``)."""
         buf = self._incoming if phase == REDUCE else self._result()
-        a, b = self.pieces.bounds(segment, part)
+        a, b = self.pieces.bounds(segment, part, self._cuts[segment])
         return byte_view(buf[a:b])
 
     def local_arrived(self, vector: np.ndarray | None) -> list[Send]:
@@ -181,7 +214,8 @@ class RingStep:
 
     def received(self, phase: str, rnd: int, segment: int, part: int = 0) -> list[Send]:
         if phase == GATHER:
-            self._gathered += 1
+            a, b = self.pieces.bounds(segment, part, self._cuts[segment])
+            self._gather_left -= b - a
             if rnd + 1 < self.size - 1:
                 return [self._send(GATHER, rnd + 1, segment, part, self.result)]
             return []
@@ -192,7 +226,7 @@ class RingStep:
 
     def _reduce(self, rnd: int, segment: int, part: int) -> list[Send]:
         assert self._acc is not None  # arrivals before the local vector wait in _early
-        a, b = self.pieces.bounds(segment, part)
+        a, b = self.pieces.bounds(segment, part, self._cuts[segment])
         if rnd + 1 < self.size - 1:
             add_into(self._acc[a:b], self._incoming[a:b])
             return [self._send(REDUCE, rnd + 1, segment, part, self._acc)]
@@ -200,7 +234,7 @@ class RingStep:
         # The last addition is written straight into the result (the same bits as adding
         # into acc, then copying: 1 x a + 1 x b is a + b): one pass over the part, not two.
         coded_sum(self._result()[a:b], ONES, (self._acc[a:b], self._incoming[a:b]))
-        self._owned += 1
+        self._owned_left -= b - a
         return [self._send(GATHER, 0, segment, part, self.result)]
 
     def _result(self) -> np.ndarray:
@@ -209,8 +243,9 @@ class RingStep:
         return self.result
 
     def _send(self, phase, rnd, segment, part, source) -> Send:
-        a, b = self.pieces.bounds(segment, part)
-        return Send(phase, rnd, segment, source[a:b], part)
+        parts = self._cuts[segment]
+        a, b = self.pieces.bounds(segment, part, parts)
+        return Send(phase, rnd, segment, source[a:b], part, parts)
 
     def _expected(self, phase: str, rnd: int) -> int:
         """The segment the predecessor (rank - 1) sends in this phase and round."""
@@ -251,7 +286,7 @@ class RingAllreduce(Scheme):
         ring = self._step(msg.step, msg.total, msg.dtype)
         if ring is None:
             return None
-        problem = ring.check(msg.phase, msg.round, msg.segment, nbytes, msg.part)
+        problem = ring.check(msg.phase, msg.round, msg.segment, nbytes, msg.part, msg.parts)
         if problem or ring.layout.total != msg.total or ring.layout.dtype_name != msg.dtype:
             raise ProtocolError(f"ring step {msg.step}: {problem or 'vector shape differs'}")
         self.ports.stats.bytes_up += nbytes
@@ -270,9 +305,12 @@ class RingAllreduce(Scheme):
         ring = self.steps.get(step)
         if ring is None:
             layout = self.place.layout(total, dtype)
+            # The segment this rank starts is cut to suit its link to the successor.
+            rate = self.peers.link_rate(self._successor)
             ring = self.steps[step] = RingStep(step, layout, self.ring.rank, self.ring.size,
                                                alloc=self.ports.memory.alloc,
-                                               result_alloc=self._result_alloc(step))
+                                               result_alloc=self._result_alloc(step),
+                                               parts=ring_parts(layout, self.ring.size, rate))
             if self.place.is_master:
                 # Its share (zeros) goes round at once: the step's layout is the one the
                 # first part from the predecessor has (a worker's vector's).
@@ -284,7 +322,7 @@ class RingAllreduce(Scheme):
         for send in sends:
             self.peers.to_peer(self._successor, ring.step, Segment(ring.step, send.phase, send.round,
                                                        send.segment, layout.total,
-                                                       layout.dtype_name, send.part),
+                                                       layout.dtype_name, send.part, send.parts),
                                     send.payload)
         if not ring.complete:
             return
