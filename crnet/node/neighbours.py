@@ -39,6 +39,7 @@ class ChildSlot:
     hosts: dict[str, str] = field(default_factory=dict)  # ... and its host ids (--tls-names)
     tree_step: int = -1             # the newest step the master decided, as it says (JOINED)
     job: str = ""                   # the job it runs, as it says (JOINED)
+    vector: tuple[int, str] | None = None   # the tree's vector layout, as it says (JOINED)
 
     def vacated(self) -> ChildSlot:
         """The slot once its child has left: what the parent keeps of it (where the child

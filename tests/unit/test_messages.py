@@ -89,6 +89,7 @@ EVERY_MESSAGE = [
     Joined(5),
     Joined(5, 41),
     Joined(3, 41, "job", (("0.0", "10.0.0.4:7000"), ("0.1", "10.0.0.5:7000"))),
+    Joined(3, 41, "", (), (), 1000, "float32"),       # the tree's vector, as the child knows it
     Assign(60),
     Assign(60, RingPlace(1, 3, "10.0.0.3:7000")),
     Assign(60, None, (None, "10.0.0.2:7000", "10.0.0.3:7000")),
@@ -441,6 +442,14 @@ def test_welcome_with_half_of_the_trees_vector_is_refused(fields):
     with pytest.raises(ProtocolError,
                        match=r"^WELCOME: fields 'total' and 'dtype' come together$"):
         parse(MsgType.WELCOME, welcome(**fields), 0)
+
+
+@pytest.mark.parametrize("fields", [{"total": 10}, {"dtype": "float32"},
+                                    {"total": 0, "dtype": "float32"},
+                                    {"total": 10, "dtype": "int8"}])
+def test_joined_with_half_or_a_wrong_tree_vector_is_refused(fields):
+    with pytest.raises(ProtocolError, match="JOINED"):
+        parse(MsgType.JOINED, {"workers": 1, **fields}, 0)
 
 
 def test_welcome_before_any_result_has_no_vector():

@@ -345,7 +345,7 @@ class Membership:
         # and which job it runs, only when it gets its share (``_assigned``: a restarted
         # master, when all have joined), and then only as far as s + 1 of them vouch for it
         # (``vouched``, ``_children_job``).
-        slot.tree_step, slot.job = msg.tree_step, msg.job
+        slot.tree_step, slot.job, slot.vector = msg.tree_step, msg.job, msg.vector
         self._report_joined()
         if self.allocation is not None and not slot.assigned and msg.workers:
             self._assign_child(k)
@@ -394,7 +394,8 @@ class Membership:
             below = Mesh.below(place.tree, place.name, slots)
             hosts = peer_identity.below(place.tree, place.name, slots) if self.mesh.names else ()
             tree_step = max(self.engine.tree_step, self._children_claim())
-            self.neighbours.to_parent(Joined(count, tree_step, self.job, below, hosts))
+            total, dtype = self.engine.tree_vector or self._children_vector() or (None, None)
+            self.neighbours.to_parent(Joined(count, tree_step, self.job, below, hosts, total, dtype))
             return
         log.info("%d/%d workers %s", count, place.tree.workers,   # (fewer: links lost, none joined)
                  f"connected ({before - count} left)" if count < before else "joined")
@@ -408,6 +409,20 @@ class Membership:
             return -1
         claims = [slot.tree_step for slot in self.neighbours.slots if slot.link is not None]
         return vouched(claims, place.tree.stragglers[place.layer], self.engine.settings.window)
+
+    def _children_vector(self) -> tuple[int, str] | None:
+        """The tree's vector layout as s + 1 of this node's children say it (None if fewer
+        agree). Not one child's word: at a restarted master, which knows no layout until a
+        step resolves, spread's pieces in a layout one secret holder chose would begin every
+        step in it, and the honest hosts' pieces would not fit (the authenticated fuzzer
+        with master restarts stalled so: issue 54)."""
+        place = self.place
+        if place is None or place.is_leaf:
+            return None
+        said = Counter(slot.vector for slot in self.neighbours.slots
+                       if slot.link is not None and slot.vector is not None)
+        vector, n = max(said.items(), key=lambda kv: kv[1], default=(None, 0))
+        return vector if n > place.tree.stragglers[place.layer] else None
 
     def _children_job(self) -> str:
         """The job s + 1 of this node's children say they run ("" if none: the unnamed job).
@@ -428,7 +443,7 @@ class Membership:
         # have joined now; a node's parent told it in WELCOME too). One that knows more
         # itself moves nothing back.
         vouched_for = self._children_claim()
-        self.engine.learn(vouched_for)
+        self.engine.learn(vouched_for, self._children_vector())
         if self.place.is_master:
             # The newest step s + 1 children say the master decided: a master that restarted
             # may have settled steps up to there before it died, which some hosts applied: it

@@ -175,6 +175,10 @@ class Joined(Message):
     # spread with --tls-names: each node's host id below, (name, host id) pairs (ASSIGN's
     # ``hosts``); empty otherwise (and from daemons before it).
     hosts: tuple[tuple[str, str], ...] = ()
+    # The tree's vector layout as the child knows it (the last result's), like WELCOME's:
+    # a restarted master takes the one s + 1 children say (``Membership._children_vector``).
+    total: int | None = None
+    dtype: str | None = None
 
     @classmethod
     def from_header(cls, h: Fields) -> Joined:
@@ -182,9 +186,17 @@ class Joined(Message):
         bad = next((b for _, b in hosts if check_host_id(b)), None)
         if bad is not None:
             raise ProtocolError(f"JOINED: field 'hosts': {check_host_id(bad)}")
+        total = h.opt_integer("total", 1, 1 << 40)
+        dtype = None if h.h.get("dtype") is None else h.text("dtype", choices=DTYPE_NAMES)
+        if (total is None) != (dtype is None):
+            raise ProtocolError("JOINED: fields 'total' and 'dtype' come together")
         return cls(h.integer("workers", 0, 1 << 31), h.integer("tree_step", -1),
                    h.text("job", 256) if "job" in h.h else "",
-                   _pairs(h, "peers") if "peers" in h.h else (), hosts)
+                   _pairs(h, "peers") if "peers" in h.h else (), hosts, total, dtype)
+
+    @property
+    def vector(self) -> tuple[int, str] | None:
+        return None if self.total is None or self.dtype is None else (self.total, self.dtype)
 
 
 def _pairs(h: Fields, name: str, addresses: bool = True) -> tuple[tuple[str, str], ...]:
