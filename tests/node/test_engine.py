@@ -358,7 +358,9 @@ async def test_the_parents_fail_decides_the_step_and_goes_down(engine_at, kind, 
     engine.request(5, None, later)     # a later request gets the same, at once
     if kind is FailKind.LOST:          # a lost outcome is not held here either
         assert later.got == [Lost(5, not_held(5, 4, -1))]
-    elif kind is FailKind.LOCAL:       # not the tree's word: asked again, the step reopens
+    elif kind in (FailKind.LOCAL, FailKind.REFUSED):
+        # Not the tree's word (a refusal: beyond the parent's window now, not for good):
+        # asked again, the step reopens.
         assert later.got == [] and engine.open_steps == [5] and not engine.is_decided(5)
     else:
         assert later.got == [outcome]

@@ -34,7 +34,7 @@ from ..neighbours import Neighbours
 from ..signal import Signal
 from .deadlines import Deadlines
 from .lending import Lending
-from .outcomes import Decision, Failed, Kept, Lost, Mismatched, Outcome, Resolved, fail_of
+from .outcomes import Decision, Failed, Kept, Lost, Mismatched, Outcome, Refused, Resolved, fail_of
 from .record import Answer, Event, StepState
 from .settings import EngineSettings
 from .window import StepWindow
@@ -237,7 +237,8 @@ class Decisions:
                     slot.link.send(fail_of(outcome))
         owner = self.lending.owner(step)
         if here:
-            assert isinstance(outcome, Failed)   # (fail(): only a failure is this node's alone)
+            # (A failure of this node's alone: ``fail``, or the parent's refusal.)
+            assert isinstance(outcome, (Failed, Refused))
             record.failure = outcome   # not the tree's word: not kept past a reopening
         elif not isinstance(outcome, Lost):
             kept: Decision = outcome

@@ -510,7 +510,12 @@ class StepEngine:
                       shown(msg.reason), extra={"step": msg.step})
             decisions.refuse_local(msg.step, msg.reason)
         elif msg.kind is FailKind.REFUSED:
-            decisions.decide(msg.step, Refused(msg.step, msg.reason))
+            # Beyond the parent's window now, not for good: this node's failure alone, and a
+            # process asking for the step later opens it again. (A chunk of the tree's sum
+            # from a peer opens a far step here, which the parent refuses: as the step's
+            # verdict, every later ask was refused until the tree passed it, though the
+            # tree came to it; the authenticated fuzzer's spread runs stalled so.)
+            decisions.decide(msg.step, Refused(msg.step, msg.reason), here=True)
         elif msg.kind is FailKind.LOST:
             decisions.decide(msg.step, Lost(msg.step, msg.reason))
         elif msg.kind is FailKind.STALL:

@@ -20,9 +20,10 @@ RUNNING        open: its deadline runs
 OVERDUE        open: its deadline passed; a node waits the grace for the master's word
 PAUSED         open, its waiters told it failed here (cut off), no clock: a scheme that
                sums over peers keeps it for the sum and the master's word
-FAILED_HERE    decided by this node alone (cut off from the master): asked again, or the
-               master's verdict coming, reopens it (NEW)
-DECIDED        the tree's word (a result, a failure, Lost, Refused): final here
+FAILED_HERE    decided by this node alone (cut off from the master, or refused by the
+               parent as beyond its window): asked again, or the master's verdict
+               coming, reopens it (NEW)
+DECIDED        the tree's word (a result, a failure, Lost): final here
 =============  ==================================================================
 
 Pure state: no clocks, no sockets (a record holds its timer handles; ``deadlines.py``
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .outcomes import Failed, Outcome
+from .outcomes import Failed, Outcome, Refused
 
 __all__ = ["MOVES", "Answer", "Event", "IllegalMove", "StepRecord", "StepState", "StepTable"]
 
@@ -62,9 +63,9 @@ class Event(enum.Enum):
     START = "start"          # its clock starts (a process asks, or enough children or peers)
     DEADLINE = "deadline"    # its deadline passed at a node (the master decides instead)
     PAUSE = "pause"          # failed here, answered, kept open (Scheme.SUMS_OVER_PEERS)
-    FAIL_HERE = "fail here"  # failed by this node alone (cut off from the master)
+    FAIL_HERE = "fail here"  # failed by this node alone (cut off, or the parent refused it)
     REOPEN = "reopen"        # a failure here is not the tree's word: as if it never began
-    DECIDE = "decide"        # decided: a result, the tree's failure, Lost, Refused
+    DECIDE = "decide"        # decided: a result, the tree's failure, Lost
 
 
 S, E = StepState, Event
@@ -109,7 +110,7 @@ class StepRecord:
     # -- its answers (decisions.py)
     waiters: list[Answer] = field(default_factory=list)
     contributed: tuple[int, np.dtype] | None = None   # this host's vector: its length, dtype
-    failure: Failed | None = None    # FAILED_HERE: the failure this node's processes got
+    failure: Failed | Refused | None = None   # FAILED_HERE: what this node's processes got
     # The master said every host has the step's sum (spread's SETTLED): it stands whatever
     # becomes of the scheme's own state of the step (begun again with new owners, say).
     settled: bool = False
