@@ -64,6 +64,17 @@ async def as_peer(lt: LocalTree, name: str, rank: int) -> Peer:
     return peer
 
 
+async def leave(clients, hostile: Peer, links: list[Peer | None], mesh: InsiderMesh) -> None:
+    """The end of an attack with a holder's peer links: the clients, the holder's slot and
+    links, and where it listened, closed."""
+    close_all(clients)
+    hostile.close()
+    for link in links:
+        if link is not None:
+            link.close()
+    await mesh.close()
+
+
 async def test_a_job_frame_does_not_end_a_running_job_of_processes_without_a_name(tmp_path):
     """Processes that name no job (README's loop, ``Client()``) run steps 0-19; a secret
     holder in slot 2 asks for job 'evil' with one process of it attached (one JOB frame).
@@ -198,11 +209,7 @@ async def test_a_spread_peers_sum_piece_far_ahead_moves_no_master(tmp_path):
             outcomes = {t: await step(clients, grads, t) for t in (3, 4)}
             assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
         finally:
-            close_all(clients)
-            hostile.close()
-            if link is not None:
-                link.close()
-            await mesh.close()
+            await leave(clients, hostile, [link], mesh)
 
 
 @pytest.mark.timeout(180)
@@ -241,11 +248,7 @@ async def test_a_spread_peers_sum_pieces_in_a_layout_of_its_own_fix_no_later_ste
             outcomes = {t: await step(clients, grads, t) for t in range(3, 8)}
             assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
         finally:
-            close_all(clients)
-            hostile.close()
-            for link in links:
-                link.close()
-            await mesh.close()
+            await leave(clients, hostile, links, mesh)
 
 
 @pytest.mark.timeout(180)
@@ -286,11 +289,7 @@ async def test_a_spread_peers_pieces_in_a_layout_of_its_own_hold_no_restarted_ma
             assert all(exact(outcomes[t], want) for t in range(4, 9)), shown(outcomes)
             assert exact({h: outcomes[3][h] for h in ("0", "1")}, want), shown(outcomes)
         finally:
-            close_all(clients)
-            hostile.close()
-            if link is not None:
-                link.close()
-            await mesh.close()
+            await leave(clients, hostile, [link], mesh)
 
 
 TWO_LAYERS = Tree.regular(2, 2, 1)   # master -> 0, 1; 0 -> 0.0, 0.1; 1 -> 1.0, 1.1
@@ -379,10 +378,6 @@ async def test_a_confirmed_peers_piece_in_another_layout_fails_no_step(tmp_path)
             await asyncio.sleep(0.3)
             outcomes = {t: await step(clients, grads, t) for t in (3, 4, 5)}
         finally:
-            close_all(clients)
-            hostile.close()
-            if link is not None:
-                link.close()
-            await mesh.close()
+            await leave(clients, hostile, [link], mesh)
     if not all(exact(o, want) for o in outcomes.values()):
         raise FaultStillThere(str(shown(outcomes)))
