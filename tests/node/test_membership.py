@@ -434,6 +434,53 @@ async def test_a_restarted_masters_job_holds_until_every_child_said_what_it_runs
     assert master.job == ""                 # turned away: the running job has processes
 
 
+def refusals(link: FakeLink) -> list[Job]:
+    return [m for m in link.messages() if isinstance(m, Job) and m.refused]
+
+
+async def test_a_job_one_host_claims_on_an_idle_tree_yields_to_one_on_two_hosts(master):
+    """Issue 39 row 7: on an idle tree a host that holds the secret asks for a job of its
+    own (JOB, within its seats) and gets it, as the first to ask does; then every other
+    job's processes were turned away (DaemonBusy) for as long as it kept the claim, and it
+    never ran a step. A job that has decided no step and has processes on one host only
+    holds the tree provisionally: a job on two hosts starts over it, and meanwhile its
+    processes wait, not turned away."""
+    a, b = FakeLink(), FakeLink()
+    master.child_hello(a, Hello())
+    master.child_hello(b, Hello())
+    master.child_joined(0, Joined(3))
+    master.child_joined(1, Joined(3))       # 6 of 6: planned, no job yet
+    master.child_job(0, Job("evil", 1))
+    assert master.job == "evil"             # the first to ask an idle tree runs
+    master.child_job(1, Job("real", 3))
+    assert master.job == "evil"             # one host each: the first holds ...
+    await asyncio.sleep(JOB_GRACE + 0.2)
+    assert master.job == "evil" and not refusals(b)   # ... and the other waits
+    process = object()
+    master.jobs.attached(process, "real")   # a process of it on the master's host too
+    assert master.job == "real"
+    master.child_job(0, Job("evil", 1))     # asked again: the running job is on two hosts
+    await asyncio.sleep(JOB_GRACE + 0.2)
+    assert master.job == "real" and [m.refused for m in refusals(a)] == ["evil"]
+
+
+async def test_a_job_under_way_on_one_host_is_not_taken_over(master):
+    """The provisional hold ends with the first decided step: a job under way keeps the
+    tree while any process of it is attached, however many hosts another job has."""
+    a, b = FakeLink(), FakeLink()
+    master.child_hello(a, Hello())
+    master.child_hello(b, Hello())
+    master.child_joined(0, Joined(3))
+    master.child_joined(1, Joined(3))
+    master.child_job(0, Job("old", 1))
+    assert master.job == "old"
+    master.engine.window.tree_step = 0      # its first step decided
+    master.child_job(1, Job("new", 3))
+    master.jobs.attached(object(), "new")
+    await asyncio.sleep(JOB_GRACE + 0.2)
+    assert master.job == "old" and [m.refused for m in refusals(b)] == ["new"]
+
+
 async def test_a_job_a_child_asks_for_before_the_plan_is_weighed_once_it_is_made(master):
     """The authenticated fuzzer, --restart-master: a secret holder, the first child to join
     a restarted master, asked for job 'evil' (JOB) before the master had planned. The

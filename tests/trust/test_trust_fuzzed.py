@@ -34,7 +34,7 @@ from crnet.schemes.ring_allreduce.messages import Phase
 from crnet.schemes.spread.messages import Piece
 from crnet.tools.launch import MASTER, LocalTree
 
-from ..helpers.clients import close_all, connect_all
+from ..helpers.clients import close_all, connect, connect_all
 from ..helpers.trees import KILL
 from ..helpers.vectors import gradients
 from ..helpers.waits import wait_for_log
@@ -101,6 +101,37 @@ async def test_a_job_frame_does_not_end_a_running_job_of_processes_without_a_nam
             close_all(clients)
             hostile.close()
 
+
+
+async def test_a_job_one_host_claims_on_an_idle_tree_keeps_no_other_job_out(tmp_path):
+    """Issue 39 row 7: a secret holder in slot 2 of an idle tree asks for job 'evil' with
+    one process of it attached (one JOB frame) and never runs a step. Job 'real' then
+    comes, one process on each of hosts 0 and 1 (none on the master's, as in ``crnet
+    demo``): its processes got DaemonBusy ("the daemons run job 'evil'") for as long as
+    the claim held. Now a job on one host that has decided no step yields to one on two."""
+    grads = gradients(33, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    with running(tmp_path / "tree", STAR, SAMPLES, only=[MASTER, "0", "1"], secret=True) as lt:
+        hostile = await insider(lt)
+        clients: dict = {}
+        try:
+            assert await hostile.write(b"".join(bytes(p) for p in Job("evil", 1).frame()))
+            await asyncio.sleep(0.5)   # the master runs 'evil' now: the first to ask
+            names = ["0", "1"]
+            joined = await asyncio.gather(*(connect(lt.socket_path(n), 30, "real") for n in names),
+                                          return_exceptions=True)
+            clients = {n: c for n, c in zip(names, joined) if not isinstance(c, BaseException)}
+            assert len(clients) == 2, [repr(c) for c in joined]
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want), t
+            # Asked for again, 'evil' is turned away: 'real' is under way on two hosts.
+            assert await hostile.write(b"".join(bytes(p) for p in Job("evil", 1).frame()))
+            await asyncio.sleep(0.3)
+            assert exact(await step(clients, grads, 3), want)
+            await processed(hostile)
+        finally:
+            close_all(clients)
+            hostile.close()
 
 
 async def test_a_spread_peer_that_claims_the_owners_rank_does_not_replace_the_sum(tmp_path):

@@ -14,6 +14,15 @@ for whichever job runs (while the tree runs none by name and has decided no step
 it keeps no named job from starting: it joins that one; once the unnamed job is under
 way, its processes keep it running like a named job's).
 
+A job that has decided no step and whose processes are on one host alone (one child
+slot's subtree, or the master's own host) holds the tree only **provisionally**: another
+job with processes on two or more of them starts over it, and until then the other job's
+processes wait instead of being turned away. One host holding the secret could otherwise
+claim a job of its own on an idle tree (JOB, within its seats) and keep every other job
+out for as long as it kept the claim, without ever running a step (issue 39, row 7).
+Two jobs of honest users keep the rule they had wherever each spans two hosts: the first
+to ask runs.
+
 A child's count is bounded by what its subtree can seat (its daemons times the processes
 every host of the tree runs, the master's ``--local-processes``): a larger one closes its
 link. Within that bound a broken child
@@ -121,11 +130,25 @@ class JobCounts:
         """The master: processes of ``job`` wait for it. It starts now if no process of the
         running job is attached; else as soon as none is, within ``JOB_GRACE`` seconds (its
         last ones may be disconnecting just now); else it is refused."""
-        if not self.busy(self.running()):
+        if self._may_start(job):
             self._begin(job)
         elif job not in self._asked:
-            self._asked[job] = asyncio.get_running_loop().call_later(
-                JOB_GRACE, self._turn_away, job)
+            self._wait(job)
+
+    def _wait(self, job: str) -> None:
+        self._asked[job] = asyncio.get_running_loop().call_later(JOB_GRACE, self._turn_away, job)
+
+    def _may_start(self, job: str) -> bool:
+        """The master: may ``job`` start now? If no process of the running job is attached,
+        or if the running job holds the tree only provisionally (no step decided, its
+        processes on one host) and ``job``'s are on two hosts or more."""
+        running = self.running()
+        if not self.busy(running):
+            return True
+        return self._provisional(running) and self.hosts(job, running) >= 2
+
+    def _provisional(self, running: str) -> bool:
+        return not self._underway() and self.hosts(running, running) + self._unheard() <= 1
 
     def refused(self, msg: Job) -> None:
         """The parent refused job ``msg.refused``: tell the children that asked for it, and
@@ -140,8 +163,9 @@ class JobCounts:
         """Tell the parent this subtree's attached processes, when that changed; at the
         master, start a job waiting to once the running one has no process any more."""
         if self._is_master():
-            if self._asked and not self.busy(self.running()):
-                self._begin(next(iter(self._asked)))
+            ready = [job for job in self._asked if self._may_start(job)]
+            if ready:
+                self._begin(ready[0])
             return
         now = self.counted(self.running())
         if now != self.reported and self.neighbours.to_parent(Job(*now)):
@@ -157,8 +181,11 @@ class JobCounts:
         if self._asked.pop(job, None) is None:
             return
         running = self.running()
-        if not self.busy(running):
+        if self._may_start(job):
             self._start(job)
+            return
+        if self._provisional(running):
+            self._wait(job)   # it may start yet, once it has processes on another host
             return
         log.info("job %s turned away: job %s runs", shown(job), shown(running))
         self.refused(Job(running, refused=job))
@@ -181,9 +208,18 @@ class JobCounts:
         one's processes (the authenticated fuzzer, with master restarts)."""
         if not (running or self._underway()):
             return 0
-        unheard = sum(1 for k, slot in enumerate(self.neighbours.slots)
-                      if slot.link is not None and k not in self.children)
-        return self.subtree(running, running) + unheard
+        return self.subtree(running, running) + self._unheard()
+
+    def _unheard(self) -> int:
+        """Child links that have not reported their processes yet."""
+        return sum(1 for k, slot in enumerate(self.neighbours.slots)
+                   if slot.link is not None and k not in self.children)
+
+    def hosts(self, job: str, running: str) -> int:
+        """On how many of this node's own host and its child slots' subtrees processes of
+        ``job`` are attached (unnamed ones: the running job's)."""
+        here = any(j == job or (not j and job == running) for j in self.local.values())
+        return here + sum(1 for j, n in self.children.values() if n and j == job)
 
     def here(self) -> list[object]:
         """This host's processes of the running job (unnamed ones count for it)."""
