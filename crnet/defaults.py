@@ -21,6 +21,7 @@ PROBE_BYTES_MIN, PROBE_BYTES_MAX = 64 << 10, 64 << 20
 PROBE_FRAME = 1 << 20
 PROBE_ROUNDS = 3
 PROBE_DEADLINE = 20.0
+PROBE_DUTY = 0.1                  # of the time, at most, in probes a status client asks for
 STEP_WINDOW = 16                   # steps further ahead of the tree's newest result are refused
 MAX_VECTOR_BYTES = 1 << 40         # the largest vector a peer may claim, where the host's
                                    # memory cannot be read (else: that memory)
