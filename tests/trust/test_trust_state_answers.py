@@ -211,3 +211,33 @@ async def test_a_state_answer_from_past_the_trees_step_is_refused_and_no_host_ju
                 in lt.log_path(MASTER).read_text()
         finally:
             close_all(clients)
+
+
+async def test_a_process_that_names_no_job_answers_no_state_of_a_named_job_on_the_masters_host(
+        tmp_path):
+    """Issue 39 row 14: job 'real' runs, its processes on 0 and 1; a process that names no
+    job attaches on the master's host (so it joins 'real') and answers the state request of
+    process 0 at once, with its own state. The master's host is the root of trust, so that
+    answer won: process 0 got [666 ...]. Now only a process that named the running job
+    answers for it there; the one on 1 does (the only slot that can), and 0 gets its state."""
+    grads = gradients(41, SAMPLES, DIM)
+    with running(tmp_path / "tree", STAR, 30, secret=True) as lt:      # every daemon real
+        clients = await connect_all(lt, ["0", "1"], starting=True, job="real")
+        try:
+            clients.update(await connect_all(lt, [MASTER]))            # no job: it joins 'real'
+            assert exact(await step(clients, grads, 0), grads.sum(axis=0))
+            stranger = clients[MASTER]
+
+            async def forge() -> None:
+                while not stranger.state_wanted():
+                    await asyncio.sleep(0.01)
+                await stranger.send_state(FORGED, 0)
+            forging = asyncio.ensure_future(forge())
+            honest = asyncio.ensure_future(answer_late(clients["1"], 1.0))
+            state, after = await clients["0"].request_state(np.zeros(6), timeout=20)
+            await asyncio.wait_for(asyncio.gather(forging, honest), 10)
+            np.testing.assert_array_equal(state, STATE)
+            assert after == 0
+            assert "left out: it names no job" in lt.log_path(MASTER).read_text()
+        finally:
+            close_all(clients)

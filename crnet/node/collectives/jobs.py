@@ -222,9 +222,13 @@ class JobCounts:
         return here + sum(1 for j, n in self.children.values() if n and j == job)
 
     def here(self) -> list[object]:
-        """This host's processes of the running job (unnamed ones count for it)."""
+        """This host's processes that vouch for the running job: at the master, whose
+        state answers are taken at once (``state_answers.py``). Those that named it; a
+        process that names no job joins whatever runs, but vouches only for a job without
+        a name: it could be anyone's, and on the master's host its answer used to win at
+        once over every process of the named job (issue 39, row 14)."""
         running = self.running()
-        return [p for p, job in self.local.items() if job == running or not job]
+        return [p for p, job in self.local.items() if job == running]
 
     def any_attached(self) -> tuple[str, int] | None:
         """A job with processes attached here or below, of any job (the running one first),

@@ -124,6 +124,10 @@ class StateAnswers:
     def left(self, process: object) -> None:
         self._asking.discard(process)
 
+    def vouches(self, process: object) -> bool:
+        """Whether this host's ``process`` answers for the job here (``here()`` names it)."""
+        return self._here is None or process in self._here()
+
     def can_answer_here(self) -> bool:
         """Whether a process of the job on this host can answer a state request."""
         return self._here is not None and any(p not in self._asking for p in self._here())

@@ -74,6 +74,13 @@ class StateRequests:
         self._window = window
         self.on_state_request: Signal[int] = Signal()     # this host's processes
 
+    def may_answer(self, process: object) -> bool:
+        """Whether this host's ``process`` may answer a state request: any process of the
+        job, except at the master, where an answer is taken at once and only one of those
+        ``here()`` names may give it (``JobCounts.here``)."""
+        place = self._place()
+        return place is None or not place.is_master or self.answers.vouches(process)
+
     def speaks_for(self, k: int) -> bool:
         """Whether child ``k`` has processes of the job attached below it."""
         return self._attached_below is None or self._attached_below(k) > 0

@@ -9,17 +9,21 @@ names, never merely the first copy to reach the master."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
 
 from ...dtypes import DTYPES
 from ...errors import ErrorKind
+from ...peer_text import shown
 from ...protocol.messages import Barrier, Delivered, Publish, Receive, WantState, vote_key
 from ..collectives.barriers import Barriers, Roots
 from ..collectives.broadcasts import STATE, Broadcasts, Held
 from ..local import Process
 from .client_steps import ClientSteps
+
+log = logging.getLogger("crnet.node")
 
 
 def _nothing() -> None:
@@ -65,6 +69,11 @@ class ClientGroup:
         vector = self.process.vector(msg.length, DTYPES[msg.dtype], "input")
         conn = self.process.conn
         if vector is None or conn is None:
+            return
+        if msg.key.startswith(STATE) and not self.broadcasts.states.may_answer(self.process):
+            log.info("state answer %s of a training process here left out: it names no job, "
+                     "and the tree runs one by name", shown(msg.key))
+            conn.send(Delivered(msg.key, msg.step))
             return
         vote = None if msg.vote is None else self._vote(msg.key, msg.vote)
         problem = "this node has not joined the tree yet" if msg.vote is not None and \
