@@ -116,6 +116,38 @@ class ExactCollectives:
             for t, v in zip(tensors, from_wire(got, tensors)):
                 t.copy_(v)
 
+    def check_ranks(self) -> None:
+        """That ``crnet_ranks`` is right, checked through crnet: every process sends its
+        rank as its own crnet rank's broadcast (which only its host can send), and each
+        compares what the crnet rank the map names for rank r says with r. The map comes
+        from torch's store, which whoever reaches it can write (issue 39, row 13): a wrong
+        map is a RuntimeError naming what differs, not the wrong process's tensors taken.
+        The keys are crnet ranks, in order, ``BUDGET`` at a time: every process sends and
+        waits for the same keys, whatever its map says (a set of the tree's crnet ranks,
+        ``_crnet_ranks`` checks), so none waits for a broadcast nobody sends."""
+        self.calls += 1
+        mine = self.client.assignment.rank
+        order = sorted(self.crnet_ranks)
+        wrong: list[str] = []
+        for first in range(0, self.size, BUDGET):
+            window = order[first:first + BUDGET]
+            self._room(len(window))
+            if mine in window:
+                self.client.broadcast(np.array([float(self.rank)]), self._key(f"rank{mine}"),
+                                      root=mine, timeout=self.timeout)
+            for m in window:
+                said = (self.rank if m == mine else
+                        int(self.client.broadcast(np.zeros(1), self._key(f"rank{m}"), root=m,
+                                                  timeout=self.timeout)[0]))
+                if not (0 <= said < self.size and self.crnet_ranks[said] == m):
+                    wrong.append(f"crnet rank {m} says it is rank {said}, the map makes it "
+                                 f"rank {self.crnet_ranks.index(m)}")
+        if wrong:
+            raise RuntimeError(
+                f"torch's store gave rank {self.rank} a map of the ranks to crnet's that crnet "
+                f"contradicts ({'; '.join(wrong)}): something else wrote the store's crnet/rank "
+                "keys (another job on the same MASTER_ADDR:MASTER_PORT?)")
+
     def allgather(self, tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
         """Every rank's ``tensors`` (same shapes and dtypes everywhere), as CPU tensors:
         ``[rank][i]``. Ranks broadcast ``BUDGET`` at a time, with a barrier in between."""

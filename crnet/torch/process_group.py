@@ -55,6 +55,7 @@ import torch.distributed as dist
 from ..client import Client
 from ..client.aio import client_socket_path
 from ..errors import DaemonBusy
+from ..protocol.messages.local import MAX_JOB
 from .exact_collectives import ExactCollectives
 from .staging import HostStaging, one_device
 
@@ -245,15 +246,39 @@ def _job(store: dist.Store, rank: int, created: int) -> str:
     key = f"crnet/job/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{created}"
     if rank == 0:
         store.set(key, f"torch-{secrets.token_hex(6)}")
-    return store.get(key).decode()
+    raw = store.get(key)
+    job = raw.decode("ascii", errors="replace")
+    if not (0 < len(raw) <= MAX_JOB and job.isprintable() and job.isascii()):
+        raise RuntimeError(f"torch's store holds {raw[:64]!r} as the crnet job's name ({key}): "
+                           f"not a name rank 0 gave (set $CRNET_JOB, or keep other jobs off "
+                           "this MASTER_ADDR:MASTER_PORT)")
+    return job
 
 
 def _crnet_ranks(store: dist.Store, rank: int, size: int, created: int, client: Client) -> list[int]:
     """crnet's rank of every torch rank, through torch's store: the roots the collectives
-    name (``ExactCollectives``)."""
+    name (``ExactCollectives``). Anyone who reaches the store can write it, so what it says
+    is checked: numbers, each a crnet rank of this world (the tree's, host by host: from
+    the master's host's first if the world has it), each once; and then through crnet
+    itself (``ExactCollectives.check_ranks``, once the group is made)."""
     key = f"crnet/rank/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{created}"
-    store.set(f"{key}/{rank}", str(client.assignment.rank))
-    return [int(store.get(f"{key}/{r}")) for r in range(size)]
+    a = client.assignment
+    store.set(f"{key}/{rank}", str(a.rank))
+    said = [store.get(f"{key}/{r}") for r in range(size)]
+    first = 0 if size == (a.workers + 1) * a.processes else a.processes
+    ranks = []
+    for r, raw in enumerate(said):
+        text = raw.decode("ascii", errors="replace")
+        if not (text.isdigit() and len(text) < 10):
+            raise RuntimeError(f"torch's store holds {raw[:64]!r} as rank {r}'s crnet rank "
+                               f"({key}/{r}), not a number: is another job on this "
+                               "MASTER_ADDR:MASTER_PORT?")
+        ranks.append(int(text))
+    if sorted(ranks) != list(range(first, first + size)):
+        raise RuntimeError(f"torch's store maps the {size} ranks to crnet ranks {ranks}, not to "
+                           f"{first}..{first + size - 1} once each ({key}/*): is another job on "
+                           "this MASTER_ADDR:MASTER_PORT?")
+    return ranks
 
 
 def _check_counts(client: Client, size: int) -> None:
@@ -293,6 +318,7 @@ def create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Crnet
         pg = CrnetProcessGroup(client, rank, size, f"crnet.torch/pg{created}",
                                timeout.total_seconds(), _crnet_ranks(store, rank, size, created, client))
         pg.ops.barrier()          # every process is attached before anything else
+        pg.ops.check_ranks()
     except BaseException:
         client.close()
         raise

@@ -259,3 +259,75 @@ def test_every_broadcast_names_its_roots_crnet_rank_never_the_first_copy():
         assert all(type(root) is int for root in roots), roots
     with pytest.raises(ValueError, match="its own crnet rank"):
         ExactCollectives(RecordingClient(), 0, 3, "t", 5.0, [0, 1, 1])
+
+
+class StoreOf(dict):
+    """What ``process_group`` asks of torch's store: ``set`` and ``get``, bytes back."""
+
+    def set(self, key, value):
+        self[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self[key]
+
+
+class Attached:
+    """A client as far as the store's checks look at it: its assignment."""
+
+    def __init__(self, rank, workers=2, processes=1):
+        from crnet.client.assignment import Assignment
+        self.assignment = Assignment("0", 1, 4, workers, ((0, 2, 1.0),), 0, processes, rank)
+
+
+@pytest.mark.parametrize("written, says", [
+    ({"crnet/rank/0/0/1": b"1; rm -rf /"}, "holds b'1; rm -rf /' as rank 1's crnet rank"),
+    ({"crnet/rank/0/0/1": b"7"}, r"to crnet ranks \[1, 7\], not to 1..2 once each"),
+    ({"crnet/rank/0/0/1": b"1"}, r"to crnet ranks \[1, 1\], not to 1..2 once each"),
+])
+def test_junk_in_torchs_store_is_a_clear_error_not_a_traceback(monkeypatch, written, says):
+    """Issue 39 row 13: torch's store is not authenticated; whatever is in it where crnet's
+    keys are (another job's, or anyone's who reaches it) used to be ``int()``-ed, a
+    ValueError from deep in init_process_group. Now it is a RuntimeError saying what the
+    store holds where, and each map is a set of this world's crnet ranks."""
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    store = StoreOf(written)
+    store.set = lambda key, value: None if key in written else dict.__setitem__(
+        store, key, value.encode())
+    with pytest.raises(RuntimeError, match=says):
+        process_group._crnet_ranks(store, 0, 2, 0, Attached(rank=1))   # world 2: no master's
+    store = StoreOf({"crnet/job/0/0": b"\x1b[2Jjob"})
+    store.set = lambda key, value: None
+    with pytest.raises(RuntimeError, match="as the crnet job's name"):
+        process_group._job(store, 0, 0)
+
+
+class TreeOfRanks:
+    """A client whose broadcasts come from the process that really has each crnet rank:
+    ``truth[r]`` is rank r's crnet rank."""
+
+    def __init__(self, me, truth):
+        self.truth = truth
+        self.assignment = Attached(truth[me]).assignment
+
+    def broadcast(self, vec, key, root, timeout=None, out=None):
+        return vec if root == self.assignment.rank else np.array([float(self.truth.index(root))])
+
+    def barrier(self, key, processes=None, timeout=None):
+        pass
+
+
+def test_a_map_of_ranks_the_tree_contradicts_is_refused():
+    """Issue 39 row 13: a map of torch's ranks to crnet's that someone wrote into the store
+    (ranks 0 and 1 swapped) would make every broadcast take the wrong process's tensors.
+    Each process now asks crnet what every crnet rank's process says its rank is (a
+    broadcast only that host can send) and refuses a map that disagrees; a right map
+    passes, in any order torchrun numbers the hosts."""
+    from crnet.torch.exact_collectives import ExactCollectives
+
+    truth = [2, 1, 3, 0]
+    for me in range(4):
+        ExactCollectives(TreeOfRanks(me, truth), me, 4, "t", 5.0, truth).check_ranks()
+        swapped = [1, 2, 3, 0]
+        with pytest.raises(RuntimeError, match="crnet rank 1 says it is rank 1, the map makes it "
+                                               "rank 0"):
+            ExactCollectives(TreeOfRanks(me, truth), me, 4, "t", 5.0, swapped).check_ranks()

@@ -12,6 +12,8 @@ from ..fields import Fields
 from ..wire import MsgType
 from .base import Message
 
+MAX_JOB = 256     # characters of a job's name (JOB, WELCOME and ASSIGN carry it too)
+
 
 @dataclass(frozen=True, slots=True)
 class ClientHello(Message):
@@ -23,7 +25,7 @@ class ClientHello(Message):
 
     @classmethod
     def from_header(cls, h: Fields) -> ClientHello:
-        return cls(h.integer("pid", 0, 1 << 31), h.text("job", 256) if "job" in h.h else "")
+        return cls(h.integer("pid", 0, 1 << 31), h.text("job", MAX_JOB) if "job" in h.h else "")
 
 
 @dataclass(frozen=True, slots=True)
