@@ -302,6 +302,29 @@ async def test_the_doorway_makes_room_by_group_and_keeps_a_reserve():
         door.leave(v)
 
 
+async def test_under_a_flood_from_many_addresses_a_scrape_or_a_joiner_is_not_cut():
+    """Issue 39 row 8: 100 addresses, each opening connections as fast as they are let in;
+    a scraper's (or a first-time joiner's) one connection comes in between. Every group
+    then held one connection, as many as the scraper's, so each newcomer closed the
+    oldest, and the scraper's went once 16 more had come: 15 of 59 scrapes failed during
+    such a flood. Now a group also weighs the connections it opened lately, so the
+    flood's groups make room among themselves, and the scraper keeps its place."""
+    door = Doorway(total=16, per_address=4, deadline=5, reserve=0)
+    flood = [Visitor(f"10.1.{i // 250}.{i % 250 + 1}:{port}") for port in range(3)
+             for i in range(100)]
+    for v in flood[:100]:
+        door.enter(v)
+    scraper = Visitor("10.9.9.9:40000")
+    assert door.enter(scraper)
+    for v in flood[100:]:                       # 200 more while the scrape is answered
+        door.enter(v)
+    assert scraper.aborted is None, scraper.aborted
+    assert len(door) == 16           # the flood still fills the rest, in turn
+    door.leave(scraper)
+    for v in flood:
+        door.leave(v)
+
+
 # ============================================================== row 10: log lines per connection
 
 async def test_a_flood_of_refused_connections_is_a_few_log_lines(tmp_path, sockets):

@@ -15,10 +15,15 @@ request (``node/observe/metrics.py``); until then:
   operator's ``crnet status``) has ``reserve`` places of its own, so a reconnect gets in
   whatever strangers hold;
 - when the pool a newcomer goes to is full (``total`` strangers), the oldest connection
-  of the *group* that holds the most is closed to make room, unless the newcomer's group
-  holds as many: a few addresses that fill the pool cannot keep anyone else out, and a
-  joiner's connection is only closed once as many newer ones as the pool holds came in
-  during its handshake (a round trip or two). A group is one IPv4 address, or an IPv6
+  of the *group* that weighs the most is closed to make room, unless the newcomer's group
+  weighs as much: a few addresses that fill the pool cannot keep anyone else out. A
+  group's weight is the connections it holds plus those it opened lately (each counts 1
+  when it comes, halving every ``ARRIVALS_HALF_LIFE`` s). Held connections alone were not
+  enough: with 100 addresses at their cap, every group held as much as a scraper's one
+  connection, and the oldest went first, so a scrape (or a joiner's handshake) that took
+  longer than the flood took to bring in as many connections as the pool holds was cut
+  (issue 39 row 8: 15 of 59 scrapes failed). A flood's groups open many connections, a
+  scraper or a joiner one now and then. A group is one IPv4 address, or an IPv6
   /64 (one host may hold all of a /64: counted per address, it could hold the pool with
   64 addresses; per /64 it is one group among others).
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,6 +44,9 @@ from ...protocol.transport import address_group
 log = logging.getLogger("crnet.node")
 
 __all__ = ["Doorway", "Visitor"]
+
+ARRIVALS_HALF_LIFE = 10.0     # seconds: how fast a group's recent connections stop weighing
+ARRIVALS_KEPT = 4096          # groups whose recent connections are remembered (the newest)
 
 
 class Visitor(Protocol):
@@ -72,6 +81,8 @@ class Doorway:
         self.awaited = awaited             # what a connection must get through, for the log
         self._pending: dict[Visitor, _Entry] = {}       # in order of arrival
         self._known: OrderedDict[str, None] = OrderedDict()   # most recently proved last
+        # group -> (its recent connections, decayed to when: ``_arrived``), newest last
+        self._arrivals: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._warnings = Throttle(log)     # a flood is one line per 10 s, not one per try
 
     def enter(self, visitor: Visitor, host: str | None = None) -> bool:
@@ -82,6 +93,7 @@ class Doorway:
             return True
         host = _address(visitor.label) if host is None else host
         group = address_group(host)
+        self._arrived(group)
         same = sum(1 for e in self._pending.values() if e.host == host)
         if same >= self.per_address:
             self._refusing("refusing connections: %d handshakes under way from %s",
@@ -121,15 +133,33 @@ class Doorway:
     def _count(self, known: bool) -> int:
         return sum(1 for e in self._pending.values() if e.known == known)
 
+    def _arrived(self, group: str) -> None:
+        now = time.monotonic()
+        self._arrivals[group] = (self._recent(group, now) + 1.0, now)
+        self._arrivals.move_to_end(group)
+        while len(self._arrivals) > ARRIVALS_KEPT:
+            self._arrivals.popitem(last=False)
+
+    def _recent(self, group: str, now: float) -> float:
+        """``group``'s connections of late, each weighing less the older it is."""
+        count, at = self._arrivals.get(group, (0.0, now))
+        return count * 0.5 ** ((now - at) / ARRIVALS_HALF_LIFE)
+
     def _make_room(self, group: str) -> bool:
-        """Close the oldest stranger of the group holding the most strangers, if that is
-        more than ``group`` holds; True if room was made."""
+        """Close the oldest stranger of the group that weighs the most (the strangers it
+        holds, and the connections it opened lately), if that is more than ``group``
+        weighs; True if room was made."""
         sizes: dict[str, int] = {}
         for e in self._pending.values():
             if not e.known:
                 sizes[e.group] = sizes.get(e.group, 0) + 1
-        biggest = max(sizes, key=sizes.__getitem__, default=None)
-        if biggest is None or sizes[biggest] <= sizes.get(group, 0):
+        now = time.monotonic()
+        # (Rounded: groups that came within a few ms of each other weigh the same, and
+        # the one whose connection is the oldest goes first.)
+        weight = {g: round(n + self._recent(g, now), 2) for g, n in sizes.items()}
+        biggest = max(weight, key=weight.__getitem__, default=None)
+        if biggest is None or weight[biggest] <= round(sizes.get(group, 0)
+                                                       + self._recent(group, now), 2):
             return False
         oldest = next(v for v, e in self._pending.items() if not e.known and e.group == biggest)
         self._refusing("%d connections in their handshake, %d of them from %s: closing its "
