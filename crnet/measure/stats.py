@@ -79,6 +79,7 @@ class Stats:
     children_skipped: int = 0          # children a step was decoded without
     times_skipped: int = 0             # steps this node's parent finished without it
     pieces_withdrawn: int = 0          # spread: pieces not sent, their owners decoded without them
+    sums_refused: int = 0              # spread: relayed chunks of the sum unlike their owner's digest
     results_direct: int = 0            # results received straight into a training process's
     #                                    shared output, delivered without a copy
     steps_approximate: int = 0         # of steps_done, results decoded from fewer than n - s

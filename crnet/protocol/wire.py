@@ -68,6 +68,8 @@ class MsgType(enum.IntEnum):
     OWNERS = 38         # master -> every host: which hosts own no chunks, from which step on
     MOOT = 39           # owner -> a host: its piece of a chunk is not needed (decoded without it)
     SETTLED = 46        # master -> every host: the step's whole sum is at the master: it is decided
+    SUM_DIGEST = 48     # owner -> every host: the digest of a chunk of the sum that goes round the ring
+    SUM_WANTED = 49     # host -> owner: that chunk again, straight (its relayed copy did not match)
     # Confirming a spread peer's rank (with a cluster secret; node/peer_check.py).
     PEER_CHECK = 40     # acceptor -> the claimed host, on its own link there: is this your link's id?
     PEER_CHECKED = 41   # that host -> the asker, on the same link: yes or no

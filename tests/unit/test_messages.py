@@ -71,7 +71,7 @@ from crnet.protocol.messages import (
 )
 from crnet.protocol.wire import FrameReader, MsgType
 from crnet.schemes.ring_allreduce.messages import Phase, Segment
-from crnet.schemes.spread.messages import Moot, Owners, Piece, Settled
+from crnet.schemes.spread.messages import Moot, Owners, Piece, Settled, SumDigest, SumWanted
 
 INT64_MAX = (1 << 63) - 1
 
@@ -114,6 +114,8 @@ EVERY_MESSAGE = [
     Owners(3, 41, (2, 7)),
     Moot(7, 3, 1000, "float32"),
     Settled(7, 1000, "float32"),
+    SumDigest(7, 3, 1000, "float32", bytes(range(16))),
+    SumWanted(7, 3, 1000, "float32"),
     ClientHello(4321),
     ClientWelcome({"name": "0", "layer": 1, "samples": 60, "workers": 3,
                    "ranges": ((0, 20, 1.0), (40, 45, -0.5))}, -1, 37.5),

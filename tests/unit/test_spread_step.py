@@ -178,3 +178,36 @@ def test_what_a_step_waits_for_names_the_missing():
     st = SpreadStep(0, owners(1 << 16, "float64", 16 << 10, 7), Recursion.of(tree, "auto"), 3)
     assert "this host's training process's vector" in st.waiting_for()
     assert "owner rank(s) 0, 1, 2, 4, 5, 6" in st.waiting_for()
+
+
+def test_a_relayed_chunk_of_the_sum_counts_only_once_it_matches_its_owners_digest():
+    """Issue 39 row 3: a chunk a host other than its owner relayed waits for the owner's
+    digest (SUM_DIGEST); one that does not match is dropped (its relay named), one that
+    does counts, and a chunk from its owner needs none."""
+    from crnet.schemes.spread.step import chunk_digest
+
+    tree = Tree((3,), (1,))
+    cut = owners(1 << 16, "float64", 0, 4)           # every host owns a share
+    st = SpreadStep(0, cut, Recursion.of(tree, "auto"), 2)
+    true = np.arange(1 << 16, dtype=np.float64)
+
+    def arrive(chunk: int, values: np.ndarray, relayed_by: int | None) -> None:
+        a, b = st.layout.bounds(chunk)
+        np.frombuffer(st.sum_dest(chunk), dtype=np.float64)[:] = values[a:b]
+        st.sum_arrived(chunk, relayed_by)
+
+    theirs = [c for c in range(st.layout.chunks) if cut.owner(c) != 2]
+    c0, c1 = cut.chunks_of(0)[0], cut.chunks_of(1)[0]
+    arrive(c1, true, None)                              # from its owner, rank 1
+    arrive(c0, np.full(1 << 16, 666.0), 1)              # relayed by rank 1: forged
+    assert c0 in st.gathered and not st.complete
+    assert st.verify(c0) is None                        # no digest yet: it waits
+    a, b = st.layout.bounds(c0)
+    st.digest_arrived(c0, chunk_digest(true[a:b]))
+    assert st.verify(c0) == 1 and c0 not in st.gathered     # forged: not taken, the relay named
+    arrive(c0, true, 1)                                 # relayed again, right this time
+    assert st.verify(c0) is None and c0 in st.gathered and c0 not in st.unverified
+    for c in theirs:
+        if c not in st.gathered:
+            arrive(c, true, None)
+    assert len(st.gathered) == st.layout.chunks - len(st.owned)

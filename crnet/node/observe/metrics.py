@@ -124,6 +124,8 @@ class NodeCollector:
         yield CounterMetricFamily("crnet_pieces_withdrawn", "spread: pieces of this host's "
                                   "vector not sent, their owners decoded without them (MOOT)",
                                   value=stats.pieces_withdrawn)
+        yield CounterMetricFamily("crnet_sums_refused", "spread: relayed chunks of the sum not "
+                                  "taken, unlike their owner's digest", value=stats.sums_refused)
         yield CounterMetricFamily("crnet_results_direct", "Results received straight into a "
                                   "training process's shared output, delivered without a copy",
                                   value=stats.results_direct)

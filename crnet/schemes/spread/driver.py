@@ -40,9 +40,9 @@ from ...errors import ProtocolError
 from ...peer_text import Throttle
 from ..base import Origin, Place, Ports, Scheme, Stall, Takes
 from ..ring_allreduce.messages import Phase
-from .messages import Moot, Owners, Piece, Settled
+from .messages import Moot, Owners, Piece, Settled, SumDigest, SumWanted
 from .owners import OwnerMap, owners
-from .step import Recursion, SpreadStep
+from .step import OwnedSums, Recursion, SpreadStep, chunk_digest
 
 log = logging.getLogger("crnet.schemes")
 
@@ -53,6 +53,10 @@ ON_TIME = 3   # steps in a row an excluded host's pieces must reach the master i
 # decode at different times and each send to every host in turn would load some downlinks
 # twice while others idle, for the whole phase. Smaller ones (latency-bound) take one hop.
 RELAYED_SHARE = defaults.PACED_UNSENT
+# Steps resolved here whose owned chunks of the sum an owner keeps, to send one straight to a
+# host whose relayed copy did not match its digest (SUM_WANTED): the host may ask after this
+# owner resolved the step (the master settled it with a good copy).
+KEPT_SUMS = 4
 
 
 class Spread(Scheme):
@@ -63,6 +67,9 @@ class Spread(Scheme):
                    beyond=lambda msg: msg.phase is Phase.GATHER),   # a chunk of the tree's sum
              Takes(Moot, Origin.PEER, "moot"),
              Takes(Settled, Origin.PEER, "settled", beyond=lambda msg: True),   # the master's word
+             Takes(SumDigest, Origin.PEER, "sum_digest", beyond=lambda msg: True),  # an owner's
+             # (answered from a step resolved here too: ``KEPT_SUMS``)
+             Takes(SumWanted, Origin.PEER, "sum_wanted", stepped=False),
              Takes(Owners, Origin.PEER, "owners", stepped=False))
 
     def __init__(self, place: Place, ports: Ports):
@@ -85,6 +92,7 @@ class Spread(Scheme):
         self.newest = -1                       # the newest step begun here
         self._on_time: dict[int, int] = {}     # master: excluded rank -> steps in time in a row
         self._receiving: dict[int, SpreadStep] = {}   # a peer's piece being received: into which
+        self._resolved: dict[int, OwnedSums] = {}     # the last KEPT_SUMS resolved (relayed sums)
         self._lines = Throttle(log)
         if place.is_master:   # every host hears the master's map first (again after a restart)
             self.peers.announce(Owners(0, 0, ()))
@@ -191,9 +199,11 @@ class Spread(Scheme):
             if decodes:
                 self._decode(st, [msg.chunk])
         else:
-            st.sum_arrived(msg.chunk)
+            relayed = st.relayed is not None and rank != st.owners.owner(msg.chunk)
+            st.sum_arrived(msg.chunk, rank if relayed else None)
             if st.relayed is not None:
                 self._relay_copy(st, msg.chunk)
+            self._verify(st, msg.chunk)
             self._check_complete(st)
 
     def _tell_moot(self, st: SpreadStep, chunks) -> None:
@@ -233,6 +243,11 @@ class Spread(Scheme):
             stats.decode_cpu_seconds += time.thread_time() - cpu0
             if st.relayed is not None:
                 self._relay(st, c, out)
+                # Its digest to every host, straight: a relay's copy counts only if it matches.
+                digest = SumDigest(st.step, c, layout.total, layout.dtype_name, chunk_digest(out))
+                for rank in range(self.hosts):
+                    if rank != self.rank:
+                        self.peers.to_peer(rank, st.step, digest, None, keep=True)
             else:   # every host needs it, also once this host has the whole sum: in rotation
                 msg = Piece(st.step, GATHER, c, layout.total, layout.dtype_name)
                 self.peers.in_turn(self.after, st.step, msg, out, keep=True)
@@ -272,6 +287,54 @@ class Spread(Scheme):
         if passed:
             self.peers.in_turn(passed, st.step, msg, data, keep=True)
 
+    def sum_digest(self, rank: int, msg: SumDigest) -> None:
+        """Owner ``rank``'s digest of a chunk of the sum: the relayed copy here, if in, is
+        checked against it (and every later one)."""
+        st = self._step(msg.step, msg.total, msg.dtype)
+        if st is None or not _fits(st, msg.total, msg.dtype) or st.relayed is None:
+            return
+        if msg.chunk >= st.layout.chunks or st.owners.owner(msg.chunk) != rank:
+            self._lines.warning((rank, "digest"), "step %d: rank %d sent the digest of chunk %d, "
+                                "which it does not own (map %d): ignored", msg.step, rank,
+                                msg.chunk, self.map.epoch)
+            return
+        st.digest_arrived(msg.chunk, msg.digest)
+        self._verify(st, msg.chunk)
+        self._check_complete(st)
+
+    def _verify(self, st: SpreadStep, chunk: int) -> None:
+        """A relayed chunk of the sum, once its owner's digest is in: one that does not match
+        is not taken (a relay holding the cluster secret made it up, or passed on one that
+        was: issue 39 row 3). The step then lacks it here."""
+        relay = st.verify(chunk)
+        if relay is None:
+            return
+        owner = st.owners.owner(chunk)
+        self.ports.stats.sums_refused += 1
+        self._lines.warning((relay, "forged"), "step %d: chunk %d of the sum, relayed by rank %d, "
+                            "does not match owner rank %d's digest: not taken (asked of the owner)",
+                            st.step, chunk, relay, owner)
+        layout = st.layout
+        self.peers.to_peer(owner, st.step, SumWanted(st.step, chunk, layout.total, layout.dtype_name),
+                           None, keep=True)
+
+    def sum_wanted(self, rank: int, msg: SumWanted) -> None:
+        """Host ``rank``'s relayed copy of owned chunk ``msg.chunk`` did not match: the chunk
+        straight from here, once per host (from a step open here, or one of the last
+        ``KEPT_SUMS`` resolved)."""
+        open_ = self.steps.get(msg.step)
+        st = self._resolved.get(msg.step) if open_ is None or open_.relayed is None else open_
+        if st is None or not _fits(st, msg.total, msg.dtype) or not 0 <= rank < self.hosts \
+                or (rank, msg.chunk) in st.resent:
+            return
+        data = st.owned_sum(msg.chunk) if msg.chunk < st.layout.chunks else None
+        if data is None:
+            return
+        st.resent.add((rank, msg.chunk))
+        layout = st.layout
+        self.peers.to_peer(rank, st.step, Piece(st.step, GATHER, msg.chunk, layout.total,
+                                                layout.dtype_name), data, keep=True)
+
     def _relay_copy(self, st: SpreadStep, chunk: int) -> None:
         a, b = st.layout.bounds(chunk)
         assert st.result is not None
@@ -292,6 +355,10 @@ class Spread(Scheme):
             return
         del self.steps[st.step]
         assert st.result is not None
+        if st.relayed is not None and st.decoded:
+            self._resolved[st.step] = st.kept()
+            while len(self._resolved) > KEPT_SUMS:
+                del self._resolved[min(self._resolved)]
         if self.place.is_master:
             self._count_on_time(st)
             # The tree's decision: every host applies the step on this word only.
@@ -455,6 +522,9 @@ class Spread(Scheme):
             # ON_TIME steps: the master tells excluded hosts no MOOT).
             missing = {st.owners.owner(c) for c in range(st.layout.chunks) if c not in st.gathered}
             silent = missing - st.senders - {0}
+            # An owner whose digest of a chunk relayed here did not come owes it: it alone
+            # can send it (its chunks count nowhere without it).
+            silent |= {st.owners.owner(c) for c in st.unverified if c not in st.digests} - {0}
             if missing and st.relayed is not None:
                 # Round the ring, a host that froze holds every chunk relayed to it: the
                 # chunks missing here are those of the owners up to it, and it is one of the
@@ -480,5 +550,5 @@ class Spread(Scheme):
         self.steps.pop(step, None)
 
 
-def _fits(st: SpreadStep, total: int, dtype: str) -> bool:
+def _fits(st: SpreadStep | OwnedSums, total: int, dtype: str) -> bool:
     return st.layout.total == total and st.layout.dtype_name == dtype

@@ -1,6 +1,8 @@
 """``--scheme spread``'s messages, host -> host on the peer links: a chunk of a vector to its
 owner or of the sum from it (PIECE), the master's map of owners (OWNERS), an owner's
-word that a piece is not needed (MOOT), and the master's that a step is decided (SETTLED)."""
+word that a piece is not needed (MOOT), the master's that a step is decided (SETTLED), and an
+owner's digest of a chunk of the sum that goes round the ring (SUM_DIGEST) and a host's request
+for that chunk straight from its owner, when the relayed copy did not match (SUM_WANTED)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from ...protocol.messages import Message
 from ...protocol.wire import MsgType
 from ..ring_allreduce.messages import PHASES, Phase
 
-__all__ = ["Moot", "Owners", "Piece", "Settled"]
+__all__ = ["DIGEST_BYTES", "Moot", "Owners", "Piece", "Settled", "SumDigest", "SumWanted"]
+
+DIGEST_BYTES = 16   # BLAKE2b's, of a chunk of the sum (``step.chunk_digest``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +99,42 @@ class Settled(Message):
     def from_header(cls, h: Fields) -> Settled:
         return cls(h.integer("step", 0, MAX_STEP), h.integer("total", 1, 1 << 40),
                    h.text("dtype", choices=DTYPE_NAMES))
+
+
+@dataclass(frozen=True, slots=True)
+class SumDigest(Message):
+    """spread, owner -> every other host, straight (never relayed): the digest of chunk
+    ``chunk`` of the sum, which goes round the ring of ranks. A host takes a copy of the
+    chunk that a host other than its owner relayed only if it has this digest (a relay that
+    holds the cluster secret could send anything on: issue 39, row 3)."""
+
+    TYPE = MsgType.SUM_DIGEST
+    step: int
+    chunk: int
+    total: int
+    dtype: str
+    digest: bytes
+
+    @classmethod
+    def from_header(cls, h: Fields) -> SumDigest:
+        return cls(h.integer("step", 0, MAX_STEP), h.integer("chunk", 0, 1 << 32),
+                   h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES),
+                   h.blob("digest", DIGEST_BYTES))
+
+
+@dataclass(frozen=True, slots=True)
+class SumWanted(Message):
+    """spread, a host -> the owner of chunk ``chunk`` of the sum: the copy relayed to it did
+    not match the owner's digest (a relay made it up, or passed on one that was): send it
+    straight (PIECE, GATHER), once."""
+
+    TYPE = MsgType.SUM_WANTED
+    step: int
+    chunk: int
+    total: int
+    dtype: str
+
+    @classmethod
+    def from_header(cls, h: Fields) -> SumWanted:
+        return cls(h.integer("step", 0, MAX_STEP), h.integer("chunk", 0, 1 << 32),
+                   h.integer("total", 1, 1 << 40), h.text("dtype", choices=DTYPE_NAMES))

@@ -1,0 +1,69 @@
+"""Issue 39 row 3: spread's ring of sums and a relay that holds the cluster secret.
+
+A share of the sum larger than a paced link holds goes round the ring of ranks, each host
+relaying it on (``crnet/schemes/spread/driver.py``). The hostile host here is a real
+crnetd whose code was changed, as a compromised host's would be: it takes part in every
+step as an honest host does (its pieces, the chunks it owns), but every chunk of the sum
+it relays, it relays as 666s. An honest process of the tree must never get that as a
+result.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from crnet.tools.launch import MASTER
+
+from ..helpers.clients import close_all, connect_all
+from ..helpers.vectors import gradients
+from .test_trust import SAMPLES, STAR, exact, running, step
+from .test_trust_fuzzed import shown
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_factories=["asyncio"])]
+
+DIM = 1 << 16       # float64: 512 KiB, four shares of 128 KiB, each relayed round the ring
+
+# Run in the hostile daemon before crnet's CLI: its relayed copies are 666s.
+FORGE = ("import crnet.schemes.spread.driver as d; "
+         "exec('def _forged(self, st, chunk):\\n"
+         "    a, b = st.layout.bounds(chunk)\\n"
+         "    data = self.ports.memory.alloc(b - a, st.layout.dtype)\\n"
+         "    data[:] = 666.0\\n"
+         "    self._relay(st, chunk, data)\\n', d.__dict__); "
+         "d.Spread._relay_copy = d._forged; ")
+
+
+def forging(name: str):
+    """A LocalTree spawn whose daemon ``name`` relays forged chunks of the sum."""
+    def spawn(who, argv, kwargs):
+        if who == name:
+            argv = [*argv[:2], argv[2].replace("from crnet.cli import", FORGE + "from crnet.cli import"),
+                    *argv[3:]]
+        return subprocess.Popen(argv, **kwargs)
+    return spawn
+
+
+async def test_a_relay_that_forges_the_sum_gives_no_honest_process_its_forgery(tmp_path):
+    """Host 2 (rank 3) relays 666s for every chunk of the sum that passes it: owner rank
+    1's chunks reach the master through it, owner rank 2's the master and host 0. Before
+    the fix their processes got results with 666s in them, and the master settled the
+    steps. Now each relayed chunk counts only once it matches its owner's digest (SUM_DIGEST,
+    straight from the owner): every result any process gets is the exact sum."""
+    grads = gradients(51, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    names = [MASTER, "0", "1", "2"]
+    with running(tmp_path / "tree", STAR, SAMPLES, secret=True, scheme="spread",
+                 spawn=forging("2")) as lt:
+        clients = await connect_all(lt, names, starting=True)
+        try:
+            outcomes = {t: await step(clients, grads, t) for t in range(6)}
+            wrong = {t: {n: o for n, o in got.items() if isinstance(o, np.ndarray)
+                         and not exact({n: o}, want)} for t, got in outcomes.items()}
+            assert not any(wrong.values()), shown({t: w for t, w in wrong.items() if w})
+            assert "does not match owner rank" in lt.log_path(MASTER).read_text()
+            assert all(exact(outcomes[t], want) for t in range(2, 6)), shown(outcomes)
+        finally:
+            close_all(clients)
