@@ -41,7 +41,7 @@ from crnet.protocol.messages import CLASSES, Attach, Hello, PeerHello, Proof
 from crnet.protocol.wire import MAGIC, PREFIX, VERSION, MsgType
 from crnet.tools.launch import LocalTree
 
-from .fuzz_authenticated import fuzz_authenticated
+from .fuzz_authenticated import ELEMENTS, fuzz_authenticated
 from .hostile_frames import frame, hostile_header
 
 
@@ -237,11 +237,14 @@ def main() -> None:
                     help="--authenticated: the trees to fuzz, one after the other (cr, spread)")
     ap.add_argument("--restart-master", type=int, default=0, metavar="K",
                     help="--authenticated: kill and start the master again after every K batches")
+    ap.add_argument("--elements", type=int, default=None, metavar="N",
+                    help="--authenticated: the training processes' vector, float64 elements (default "
+                         "384, 3 chunks; 131072, 1 MB, sends spread's sum round the ring of ranks)")
     args = ap.parse_args()
     if args.authenticated:
         raise SystemExit(asyncio.run(fuzz_authenticated(
             args.frames, args.batch or 2000, args.rate, args.timeout, args.seed, args.workdir,
-            tuple(args.schemes.split(",")), args.restart_master)))
+            tuple(args.schemes.split(",")), args.restart_master, args.elements or ELEMENTS)))
     raise SystemExit(asyncio.run(fuzz(args.frames, args.batch or 200, args.seed, args.workdir)))
 
 

@@ -78,6 +78,13 @@ from .hostile_mesh import InsiderMesh
 from .hostile_peer import Peer, authenticate, dial
 
 SAMPLES, ELEMENTS, CHUNK_BYTES = 60, 384, 1024   # 3 chunks of float64 a step
+# With --elements, at least this many bytes a chunk: a vector of 1 MB is 16 chunks (spread's
+# shares then go round the ring of ranks, the hostile host relaying on it: issue 39 row 3).
+CHUNKS_LARGE = 16
+
+
+def chunk_bytes_of(elements: int) -> int:
+    return max(CHUNK_BYTES, elements * 8 // CHUNKS_LARGE)
 LOG_LEVEL = os.environ.get("CRNET_FUZZ_LOG", "warning")   # the daemons'; info to debug
 SLACK = 1.0                                      # seconds: the trip, on a busy 2-core machine
 STATE_EXTRA = 5.0                                # seconds more a state request may wait
@@ -318,14 +325,15 @@ class Tally:
 
 
 async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeout: float,
-                       seed: int, workdir: str | None, restart_master: int = 0) -> bool:
+                       seed: int, workdir: str | None, restart_master: int = 0,
+                       elements: int = ELEMENTS) -> bool:
     """One tree under the hostile peer; True if nothing went wrong. ``restart_master``: the
     master is killed and started again after every that many batches (0: never); the
     hostile slots under it take them again, with claims of where the tree is."""
     hostile = {n for h in sc.hostile for n in subtree(sc.tree, h)}
     real = [n for n in sc.tree.names() if n not in hostile]
     lt = LocalTree(sc.tree, SAMPLES, workdir=workdir, secret=True, log_level=LOG_LEVEL, strict=True,
-                   scheme=sc.scheme, timeout=timeout, chunk_bytes=CHUNK_BYTES)
+                   scheme=sc.scheme, timeout=timeout, chunk_bytes=chunk_bytes_of(elements))
     tally = Tally(bound(timeout))
     hosts: list[HostileHost] = []
     trainers = None
@@ -340,11 +348,11 @@ async def run_scenario(sc: Scenario, frames: int, batch: int, rate: float, timeo
         lt.wait_sockets(real, 30)
         secret = load_secret(lt.options["secret_file"])
         for h in sc.hostile:
-            known = Known(ELEMENTS, "float64", CHUNK_BYTES, 16, len(subtree(sc.tree, h)), len(real),
-                          tuple(sc.tree.names()))
+            known = Known(elements, "float64", chunk_bytes_of(elements), 16,
+                          len(subtree(sc.tree, h)), len(real), tuple(sc.tree.names()))
             hosts.append(HostileHost(lt, h, real, secret, known, random.Random(rng.random())))
         spec = {"sockets": {n: lt.socket_path(n) for n in real}, "samples": SAMPLES,
-                "elements": ELEMENTS, "processes": len(real)}
+                "elements": elements, "processes": len(real)}
         trainers = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "benchmarks.fuzz_trainers", json.dumps(spec),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -453,14 +461,14 @@ async def _tally(proc, tally: Tally, keep: Path) -> None:
 async def fuzz_authenticated(frames: int, batch: int = 2000, rate: float = 400.0, timeout: float = 2.0,
                              seed: int = 0, workdir: str | None = None,
                              schemes: tuple[str, ...] = ("cr", "spread"),
-                             restart_master: int = 0) -> int:
+                             restart_master: int = 0, elements: int = ELEMENTS) -> int:
     """Every scenario of ``schemes`` with its share of ``frames``; 0 if nothing went wrong, else 1."""
     ok = True
     chosen = [sc for sc in SCENARIOS if sc.scheme in schemes]
     for i, sc in enumerate(chosen):
         sub = None if workdir is None else f"{workdir}/{sc.scheme}"
         ok &= await run_scenario(sc, frames // len(chosen), batch, rate, timeout, seed + i, sub,
-                                 restart_master)
+                                 restart_master, elements)
     verdict = "no crash, no wrong result, no wait past the bound, RSS flat" if ok else "FAILED"
     print(f"\nauthenticated fuzzing: {verdict}")
     return 0 if ok else 1
