@@ -116,13 +116,14 @@ def host(name: str, socket_path: str, sizes: list[int], dtype: str, steps: dict,
 
 
 def run_tree(scheme: str, hosts: int, sizes: list[int], dtype: str, steps: dict,
-             warmup: int, timeout: float, cluster=None) -> list[dict]:
+             warmup: int, timeout: float, cluster=None, secret: bool | None = None) -> list[dict]:
     """``cluster``: an ``EmulatedCluster`` whose hosts the daemons run on (the training
-    processes stay here: their daemons' sockets are files)."""
+    processes stay here: their daemons' sockets are files). ``secret``: a cluster secret
+    (default: on veth, not on 127.0.0.1, as ``LocalTree`` does)."""
     tree = Tree.regular(hosts - 1, 1, 0)
     names = list(tree.names())
     lt = LocalTree(tree, hosts - 1, scheme=scheme, timeout=timeout, log_level="warning",
-                   **({} if cluster is None else netns.hosting(cluster, names)))
+                   secret=secret, **({} if cluster is None else netns.hosting(cluster, names)))
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(names))
     out = ctx.Queue()
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", default=None,
                     help="shape every link to this rate with tbf (e.g. 1gbit, 10gbit; root; "
                          "MTU 1500 unless --mtu)")
+    ap.add_argument("--secret", action="store_true",
+                    help="a cluster secret on 127.0.0.1 too, as every deployment has (veth: always); "
+                         "with it spread checks its relayed sums (docs/spread.md)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="busbw against size, one line per scheme (PNG)")
     args = ap.parse_args(argv)
@@ -338,7 +342,8 @@ def run_rounds(args, schemes: list[str], sizes: list[int], steps: dict, results:
                         cluster))
                 else:
                     for row in run_tree(scheme, args.hosts, [nbytes], args.dtype, steps,
-                                        args.warmup, args.timeout, cluster):
+                                        args.warmup, args.timeout, cluster,
+                                        True if args.secret else None):
                         results[(scheme, row["bytes"])].append(row)
                 print(f"round {r + 1}: {fmt_bytes(nbytes)} {scheme} in "
                       f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)

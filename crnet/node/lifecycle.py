@@ -137,7 +137,8 @@ class Settings:
     def engine(self) -> EngineSettings:
         """The step engine's settings: the options with an ``engine`` field, and with them
         every time derived from ``timeout`` (``EngineSettings``: one place for them)."""
-        return EngineSettings(**engine_values(vars(self)))
+        return EngineSettings(**engine_values(vars(self)),
+                              guarded=self.secret_file is not None or self.tls_cert is not None)
 
 
 class Node:

@@ -205,6 +205,8 @@ class Ports:
     memory: Memory
     stats: Stats
     peers: PeerSends | None = None   # only for a scheme with peers (``plan.PEER_SCHEMES``)
+    # The hosts authenticate (``EngineSettings.guarded``): what one relays for another is checked.
+    guarded: bool = False
 
 
 class Origin(enum.Enum):

@@ -183,7 +183,7 @@ class StepEngine:
     def _ports(self, place: Place) -> Ports:
         peers = self.sends if sums_over_peers(place.scheme) else None
         return Ports(send=self.sends, steps=self.decisions, memory=self.lending, stats=self.stats,
-                     peers=peers)
+                     peers=peers, guarded=self.settings.guarded)
 
     def learn(self, tree_step: int, vector: tuple[int, str] | None = None) -> None:
         """What a peer knows of the tree (a parent's WELCOME, a child's JOINED): a node that

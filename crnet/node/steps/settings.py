@@ -30,6 +30,10 @@ class EngineSettings:
     # The largest vector a peer may claim (a CHUNK's total x dtype): a larger one closes
     # its connection before anything is allocated.
     max_vector_bytes: int = field(default_factory=physical_memory)
+    # Hosts authenticate (a cluster secret or TLS): one that holds the secret may be
+    # compromised, so what a host relays for another is checked (spread's ring of sums).
+    # Not with --insecure: anyone may join there, and nothing is guarded.
+    guarded: bool = False
 
     @property
     def stall_after(self) -> float:

@@ -199,7 +199,8 @@ class Spread(Scheme):
             if decodes:
                 self._decode(st, [msg.chunk])
         else:
-            relayed = st.relayed is not None and rank != st.owners.owner(msg.chunk)
+            relayed = (self.ports.guarded and st.relayed is not None
+                       and rank != st.owners.owner(msg.chunk))
             st.sum_arrived(msg.chunk, rank if relayed else None)
             if st.relayed is not None:
                 self._relay_copy(st, msg.chunk)
@@ -243,12 +244,14 @@ class Spread(Scheme):
             stats.decode_cpu_seconds += time.thread_time() - cpu0
             if st.relayed is not None:
                 self._relay(st, c, out)
+            if st.relayed is not None and self.ports.guarded:
                 # Its digest to every host, straight: a relay's copy counts only if it matches.
                 digest = SumDigest(st.step, c, layout.total, layout.dtype_name, chunk_digest(out))
                 for rank in range(self.hosts):
                     if rank != self.rank:
                         self.peers.to_peer(rank, st.step, digest, None, keep=True)
-            else:   # every host needs it, also once this host has the whole sum: in rotation
+            if st.relayed is None:
+                # Every host needs it, also once this host has the whole sum: in rotation.
                 msg = Piece(st.step, GATHER, c, layout.total, layout.dtype_name)
                 self.peers.in_turn(self.after, st.step, msg, out, keep=True)
         if chunks and st.decoded == len(st.owned):
@@ -290,6 +293,8 @@ class Spread(Scheme):
     def sum_digest(self, rank: int, msg: SumDigest) -> None:
         """Owner ``rank``'s digest of a chunk of the sum: the relayed copy here, if in, is
         checked against it (and every later one)."""
+        if not self.ports.guarded:
+            return   # (--insecure: relays are not checked, nor digests sent)
         st = self._step(msg.step, msg.total, msg.dtype)
         if st is None or not _fits(st, msg.total, msg.dtype) or st.relayed is None:
             return

@@ -17,7 +17,7 @@ from ..ring_allreduce.messages import PHASES, Phase
 
 __all__ = ["DIGEST_BYTES", "Moot", "Owners", "Piece", "Settled", "SumDigest", "SumWanted"]
 
-DIGEST_BYTES = 16   # BLAKE2b's, of a chunk of the sum (``step.chunk_digest``)
+DIGEST_BYTES = 16   # of SHA-256's, of a chunk of the sum (``step.chunk_digest``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,10 @@ __all__ = ["OwnedSums", "Recursion", "SpreadStep", "chunk_digest"]
 
 def chunk_digest(chunk: np.ndarray) -> bytes:
     """What an owner says of a chunk of the sum it decoded (SUM_DIGEST), and what a host that
-    had it relayed checks: BLAKE2b of its bytes, ``DIGEST_BYTES`` long. (About 1 GB/s on one
-    core here, the GIL released: the cost of a relayed sum's verification, per byte of the
-    vector, at every host.)"""
-    return hashlib.blake2b(byte_view(chunk), digest_size=DIGEST_BYTES).digest()
+    had it relayed checks: SHA-256 of its bytes, its first ``DIGEST_BYTES``. (1.7 GB/s on
+    one core here, with the CPU's SHA instructions, the GIL released; BLAKE2b, 0.9 GB/s,
+    doubled the cost: the cost of a relayed sum's check, per byte of the vector and host.)"""
+    return hashlib.sha256(byte_view(chunk)).digest()[:DIGEST_BYTES]
 
 
 @dataclass(frozen=True)
