@@ -108,6 +108,7 @@ class Settings:
     tls_key: str | None
     tls_ca: str | None
     tls_names: bool
+    trust_relays: bool
     insecure: bool
     metrics: tuple[str, int] | None
     metrics_token_file: str | None
@@ -138,7 +139,8 @@ class Settings:
         """The step engine's settings: the options with an ``engine`` field, and with them
         every time derived from ``timeout`` (``EngineSettings``: one place for them)."""
         return EngineSettings(**engine_values(vars(self)),
-                              guarded=self.secret_file is not None or self.tls_cert is not None)
+                              guarded=self.secret_file is not None or self.tls_cert is not None,
+                              check_relays=not self.trust_relays)
 
 
 class Node:

@@ -205,8 +205,11 @@ class Ports:
     memory: Memory
     stats: Stats
     peers: PeerSends | None = None   # only for a scheme with peers (``plan.PEER_SCHEMES``)
-    # The hosts authenticate (``EngineSettings.guarded``): what one relays for another is checked.
+    # The hosts authenticate (``EngineSettings.guarded``): what one relays for another is
+    # checked (``check_relays``: by this host; not with --trust-relays), so the owners say
+    # what it must be.
     guarded: bool = False
+    check_relays: bool = False
 
 
 class Origin(enum.Enum):

@@ -36,13 +36,16 @@ FORGE = ("import crnet.schemes.spread.driver as d; "
          "d.Spread._relay_copy = d._forged; ")
 
 
+def forged(argv: list[str]) -> list[str]:
+    """A daemon's command line (``crnet_argv``'s), run with ``FORGE`` first."""
+    return [*argv[:2], argv[2].replace("from crnet.cli import", FORGE + "from crnet.cli import"),
+            *argv[3:]]
+
+
 def forging(name: str):
     """A LocalTree spawn whose daemon ``name`` relays forged chunks of the sum."""
     def spawn(who, argv, kwargs):
-        if who == name:
-            argv = [*argv[:2], argv[2].replace("from crnet.cli import", FORGE + "from crnet.cli import"),
-                    *argv[3:]]
-        return subprocess.Popen(argv, **kwargs)
+        return subprocess.Popen(forged(argv) if who == name else argv, **kwargs)
     return spawn
 
 
@@ -65,5 +68,31 @@ async def test_a_relay_that_forges_the_sum_gives_no_honest_process_its_forgery(t
             assert not any(wrong.values()), shown({t: w for t, w in wrong.items() if w})
             assert "does not match owner rank" in lt.log_path(MASTER).read_text()
             assert all(exact(outcomes[t], want) for t in range(2, 6)), shown(outcomes)
+        finally:
+            close_all(clients)
+
+
+async def test_with_trust_relays_a_host_takes_the_relayed_sum_unchecked(tmp_path):
+    """The other side of ``--trust-relays``: a host given it takes what is relayed to it
+    unchecked, forgery included (the cost the option saves is that check), while its
+    owners' digests still go out and the hosts without it refuse the forgery."""
+    grads = gradients(52, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    names = [MASTER, "0", "1", "2"]
+
+    def spawn(who, argv, kwargs):
+        if who == "2":
+            argv = forged(argv)
+        if who == "0":                       # rank 1: after the master on owner 2's way
+            argv = [*argv, "--trust-relays"]
+        return subprocess.Popen(argv, **kwargs)
+    with running(tmp_path / "tree", STAR, SAMPLES, secret=True, scheme="spread",
+                 spawn=spawn) as lt:
+        clients = await connect_all(lt, names, starting=True)
+        try:
+            outcomes = {t: await step(clients, grads, t) for t in range(4)}
+            got = [outcomes[t]["0"] for t in range(4)]
+            assert any(isinstance(o, np.ndarray) and (o == 666.0).any() for o in got), shown(outcomes)
+            assert all(exact({n: outcomes[t][n]}, want) for t in range(2, 4) for n in (MASTER, "1"))
         finally:
             close_all(clients)

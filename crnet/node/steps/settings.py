@@ -34,6 +34,7 @@ class EngineSettings:
     # compromised, so what a host relays for another is checked (spread's ring of sums).
     # Not with --insecure: anyone may join there, and nothing is guarded.
     guarded: bool = False
+    check_relays: bool = True      # ... and this host checks them (not with --trust-relays)
 
     @property
     def stall_after(self) -> float:

@@ -199,7 +199,7 @@ class Spread(Scheme):
             if decodes:
                 self._decode(st, [msg.chunk])
         else:
-            relayed = (self.ports.guarded and st.relayed is not None
+            relayed = (self.ports.check_relays and st.relayed is not None
                        and rank != st.owners.owner(msg.chunk))
             st.sum_arrived(msg.chunk, rank if relayed else None)
             if st.relayed is not None:
@@ -293,8 +293,8 @@ class Spread(Scheme):
     def sum_digest(self, rank: int, msg: SumDigest) -> None:
         """Owner ``rank``'s digest of a chunk of the sum: the relayed copy here, if in, is
         checked against it (and every later one)."""
-        if not self.ports.guarded:
-            return   # (--insecure: relays are not checked, nor digests sent)
+        if not self.ports.check_relays:
+            return   # (--insecure, --trust-relays: relays are not checked here)
         st = self._step(msg.step, msg.total, msg.dtype)
         if st is None or not _fits(st, msg.total, msg.dtype) or st.relayed is None:
             return
