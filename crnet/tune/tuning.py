@@ -114,6 +114,13 @@ def measurements(tree: dict) -> Measurements:
                         "for a probe (crnet tune --probe)")
     running = Running(config["scheme"], Tree(config["fanout"], config["stragglers"]),
                       config["samples"], config["chunk_bytes"], config["vector_bytes"])
+    # Where a step waits for every worker, no worker's compute of a step is longer than the
+    # master's period for it (the time between its decisions of the step before and this
+    # one): the master's own clock bounds each host's word (issue 39 row 10: one host that
+    # said it was 100x slower on half its steps moved the fitted law, and --plan auto from
+    # rar to spread). Where stragglers are left out, a straggler's compute may be longer.
+    bound = (dict(zip(root["periods"]["steps"], (x / 1e6 for x in root["periods"]["micros"])))
+             if running.scheme == "rar" or not any(running.tree.stragglers) else {})
     hosts, unmeasured = [], []
     for entry in nodes(tree):
         m = entry.get("measured")
@@ -122,7 +129,8 @@ def measurements(tree: dict) -> Measurements:
             continue
         links, rtts, best_rate = link_counts(m)
         load = m["local_samples"] or 0
-        per_sample = tuple(t / load for t in _slowest(m["compute"])) if load > 0 else ()
+        times = [min(t, bound.get(step, t)) for step, t in _slowest(m["compute"]).items()]
+        per_sample = tuple(t / load for t in times) if load > 0 else ()
         hosts.append(HostMeasured(entry["name"], entry["host"], load, per_sample, tuple(links),
                                   tuple(rtts), best_rate, link_throughput(m)))
     periods = tuple(x / 1e6 for x in root["periods"]["micros"])
@@ -175,18 +183,18 @@ def named(entry: dict) -> str:
     return "the master" if not entry["name"] else f"node {entry['name']}"
 
 
-def _slowest(compute: list[dict]) -> list[float]:
+def _slowest(compute: list[dict]) -> dict[int, float]:
     """Per step that every shown process measured: the slowest one's seconds (the host's
-    part is in once all of them submitted)."""
+    part is in once all of them submitted), in step order."""
     if not compute:
-        return []
+        return {}
     steps = set.intersection(*(set(c["steps"]) for c in compute))
     slowest: dict[int, int] = {}
     for c in compute:
         for step, us in zip(c["steps"], c["micros"]):
             if step in steps:
                 slowest[step] = max(slowest.get(step, 0), us)
-    return [slowest[s] / 1e6 for s in sorted(slowest)]
+    return {s: slowest[s] / 1e6 for s in sorted(slowest)}
 
 
 @dataclass(frozen=True)

@@ -229,3 +229,27 @@ def test_a_hosts_throughput_counts_the_links_a_step_keeps_busy_together():
                    "rate": None}
     assert link_throughput(m) == pytest.approx(19e6)     # spread's peers, summed: 19 MB/s
     assert link_throughput({"links": [link("child", None, 1.0)], "summed": None}) is None
+
+
+@pytest.mark.parametrize("scheme, stragglers, clamped", [
+    ("rar", [0], True), ("cr", [0], True), ("cr", [1], False), ("spread", [1], False)])
+def test_a_hosts_compute_counts_only_as_far_as_the_masters_clock_allows(scheme, stragglers, clamped):
+    """Issue 39 row 10: one host said its compute was 100x on half its steps (a forged
+    measured section); the fitted law, and --plan auto, followed it from rar to spread.
+    Where a step waits for every worker, its period at the master bounds every worker's
+    compute of it: the lie is cut to what the master saw. Where stragglers are left out
+    (s > 0), a straggler's compute may outlast the step, and nothing is cut."""
+    link = {"link": "child", "peer": "0", "up": True, "rtt_us": 300, "min_rtt_us": 100,
+            "bytes": 10 ** 7, "busy_us": 10 ** 5, "rate": 10 ** 8}
+    steps = list(range(1, 33))
+    honest = window(steps, [10_000] * 32)
+    liar = window(steps, [10_000 if s % 2 else 1_000_000 for s in steps])
+    config = {**CONFIG, "scheme": scheme, "fanout": [3], "stragglers": stragglers}
+    tree = status_node("", [status_node(str(k), measured=section(10, [w]))
+                            for k, w in enumerate([honest, honest, liar])],
+                       measured=section(0, periods=window(steps, [12_000] * 32), config=config,
+                                        links=[link]))
+    m = measurements(tree)
+    lied = max(m.hosts[-1].per_sample)
+    assert lied == pytest.approx(12e-3 / 10 if clamped else 1.0 / 10)
+    assert (tune(m, trials=50).compute.model.kind == "straggle") is not clamped
