@@ -210,6 +210,9 @@ class Ports:
     # what it must be.
     guarded: bool = False
     check_relays: bool = False
+    # A peer from which nothing came this long is cut off as frozen (EngineSettings.stall_after):
+    # the longest spread waits for a relayed chunk of the sum before it asks its owner.
+    stall_after: float = 0.0
 
 
 class Origin(enum.Enum):

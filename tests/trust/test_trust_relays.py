@@ -66,7 +66,7 @@ async def test_a_relay_that_forges_the_sum_gives_no_honest_process_its_forgery(t
             wrong = {t: {n: o for n, o in got.items() if isinstance(o, np.ndarray)
                          and not exact({n: o}, want)} for t, got in outcomes.items()}
             assert not any(wrong.values()), shown({t: w for t, w in wrong.items() if w})
-            assert "does not match owner rank" in lt.log_path(MASTER).read_text()
+            assert "relayed does not match the owner's digest" in lt.log_path(MASTER).read_text()
             assert all(exact(outcomes[t], want) for t in range(2, 6)), shown(outcomes)
         finally:
             close_all(clients)
@@ -94,5 +94,36 @@ async def test_with_trust_relays_a_host_takes_the_relayed_sum_unchecked(tmp_path
             got = [outcomes[t]["0"] for t in range(4)]
             assert any(isinstance(o, np.ndarray) and (o == 666.0).any() for o in got), shown(outcomes)
             assert all(exact({n: outcomes[t][n]}, want) for t in range(2, 4) for n in (MASTER, "1"))
+        finally:
+            close_all(clients)
+
+
+# Run in the hostile daemon: it relays nothing (its own chunks still go out).
+SILENT = "import crnet.schemes.spread.driver as d; d.Spread._relay_copy = lambda self, st, c: None; "
+
+
+async def test_a_relay_that_passes_nothing_on_costs_the_hosts_after_it_a_hop_not_their_steps(tmp_path):
+    """Issue 39 row 3 (A): host 2 (rank 3) takes part in every step but relays nothing. The
+    hosts after it on the ring never got the chunks it should have passed on: every step
+    failed or was lost there, for as long as it ran (the master, which had the whole sum,
+    never excluded it: it sent its pieces). Now a host that has an owner's digest of a
+    chunk but not the chunk a while later asks the owner for it straight (SUM_WANTED)."""
+    grads = gradients(53, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    names = [MASTER, "0", "1", "2"]
+
+    def spawn(who, argv, kwargs):
+        if who == "2":
+            argv = [*argv[:2], argv[2].replace("from crnet.cli import", SILENT + "from crnet.cli import"),
+                    *argv[3:]]
+        return subprocess.Popen(argv, **kwargs)
+    with running(tmp_path / "tree", STAR, SAMPLES, secret=True, scheme="spread",
+                 spawn=spawn) as lt:
+        clients = await connect_all(lt, names, starting=True)
+        try:
+            outcomes = {t: await step(clients, grads, t) for t in range(6)}
+            honest = [n for n in names if n != "2"]
+            assert all(exact({n: outcomes[t][n]}, want) for t in range(6) for n in honest), \
+                shown(outcomes)
         finally:
             close_all(clients)

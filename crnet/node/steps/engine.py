@@ -184,7 +184,8 @@ class StepEngine:
         peers = self.sends if sums_over_peers(place.scheme) else None
         return Ports(send=self.sends, steps=self.decisions, memory=self.lending, stats=self.stats,
                      peers=peers, guarded=self.settings.guarded,
-                     check_relays=self.settings.guarded and self.settings.check_relays)
+                     check_relays=self.settings.guarded and self.settings.check_relays,
+                     stall_after=self.settings.stall_after)
 
     def learn(self, tree_step: int, vector: tuple[int, str] | None = None) -> None:
         """What a peer knows of the tree (a parent's WELCOME, a child's JOINED): a node that

@@ -29,6 +29,7 @@ close the link they came on (an owner decodes only the step's layout).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -57,6 +58,11 @@ RELAYED_SHARE = defaults.PACED_UNSENT
 # host whose relayed copy did not match its digest (SUM_WANTED): the host may ask after this
 # owner resolved the step (the master settled it with a good copy).
 KEPT_SUMS = 4
+# A chunk of the sum relayed round the ring that has not come CHASE_FACTOR times as long after
+# its owner's digest as the ring's hops took of late (at least CHASE_MIN s, at most a peer's
+# stall_after) is asked of its owner straight: a relay holding the secret may pass nothing on
+# (issue 39 row 3 (A)), and the hosts after it would lose every step.
+CHASE_FACTOR, CHASE_MIN = 4.0, 0.05
 
 
 class Spread(Scheme):
@@ -93,6 +99,7 @@ class Spread(Scheme):
         self._on_time: dict[int, int] = {}     # master: excluded rank -> steps in time in a row
         self._receiving: dict[int, SpreadStep] = {}   # a peer's piece being received: into which
         self._resolved: dict[int, OwnedSums] = {}     # the last KEPT_SUMS resolved (relayed sums)
+        self._hop: float | None = None    # seconds a hop of the ring of sums took of late
         self._lines = Throttle(log)
         if place.is_master:   # every host hears the master's map first (again after a restart)
             self.peers.announce(Owners(0, 0, ()))
@@ -199,9 +206,10 @@ class Spread(Scheme):
             if decodes:
                 self._decode(st, [msg.chunk])
         else:
-            relayed = (self.ports.check_relays and st.relayed is not None
-                       and rank != st.owners.owner(msg.chunk))
+            owner = st.owners.owner(msg.chunk)
+            relayed = self.ports.check_relays and st.relayed is not None and rank != owner
             st.sum_arrived(msg.chunk, rank if relayed else None)
+            self._timed_hop(st, msg.chunk, owner)
             if st.relayed is not None:
                 self._relay_copy(st, msg.chunk)
             self._verify(st, msg.chunk)
@@ -293,8 +301,8 @@ class Spread(Scheme):
     def sum_digest(self, rank: int, msg: SumDigest) -> None:
         """Owner ``rank``'s digest of a chunk of the sum: the relayed copy here, if in, is
         checked against it (and every later one)."""
-        if not self.ports.check_relays:
-            return   # (--insecure, --trust-relays: relays are not checked here)
+        if not self.ports.guarded:
+            return   # (--insecure: relays are not checked, nor digests sent)
         st = self._step(msg.step, msg.total, msg.dtype)
         if st is None or not _fits(st, msg.total, msg.dtype) or st.relayed is None:
             return
@@ -304,8 +312,53 @@ class Spread(Scheme):
                                 msg.chunk, self.map.epoch)
             return
         st.digest_arrived(msg.chunk, msg.digest)
+        if msg.chunk not in st.gathered:
+            self._chase_later(st, msg.chunk)
         self._verify(st, msg.chunk)
         self._check_complete(st)
+
+    def _hops(self, st: SpreadStep, owner: int) -> int:
+        """Hops of the ring of sums from ``owner`` to this host."""
+        return (self.rank - owner) % self.hosts
+
+    def _timed_hop(self, st: SpreadStep, chunk: int, owner: int) -> None:
+        """A chunk of the sum came, after its owner's digest: how long a hop took (an
+        average that follows the last few)."""
+        at = st.digest_at.get(chunk)
+        hops = self._hops(st, owner)
+        if at is None or hops < 2:
+            return
+        hop = (asyncio.get_running_loop().time() - at) / (hops - 1)
+        self._hop = hop if self._hop is None else 0.8 * self._hop + 0.2 * hop
+
+    def _chase_later(self, st: SpreadStep, chunk: int) -> None:
+        """The owner's digest of ``chunk`` came before the chunk: if the chunk does not come
+        in time (``CHASE_FACTOR``), it is asked of its owner."""
+        loop = asyncio.get_running_loop()
+        st.digest_at[chunk] = loop.time()
+        hops = self._hops(st, st.owners.owner(chunk))
+        wait = self.ports.stall_after
+        if self._hop is not None:
+            wait = min(wait, max(CHASE_MIN, CHASE_FACTOR * self._hop * max(1, hops - 1)))
+        loop.call_later(wait, self._chase, st, chunk)
+
+    def _chase(self, st: SpreadStep, chunk: int) -> None:
+        if self.steps.get(st.step) is not st or chunk in st.gathered:
+            return
+        self._want(st, chunk, "it did not come round the ring in time (a relay before this "
+                              "host passed nothing on?)")
+
+    def _want(self, st: SpreadStep, chunk: int, why: str) -> None:
+        """Chunk ``chunk`` of the sum, asked of its owner straight (SUM_WANTED), once."""
+        if chunk in st.wanted:
+            return
+        st.wanted.add(chunk)
+        owner = st.owners.owner(chunk)
+        self._lines.warning((owner, "wanted"), "step %d: chunk %d of the sum asked of its owner, "
+                            "rank %d: %s", st.step, chunk, owner, why)
+        layout = st.layout
+        self.peers.to_peer(owner, st.step, SumWanted(st.step, chunk, layout.total, layout.dtype_name),
+                           None, keep=True)
 
     def _verify(self, st: SpreadStep, chunk: int) -> None:
         """A relayed chunk of the sum, once its owner's digest is in: one that does not match
@@ -314,14 +367,8 @@ class Spread(Scheme):
         relay = st.verify(chunk)
         if relay is None:
             return
-        owner = st.owners.owner(chunk)
         self.ports.stats.sums_refused += 1
-        self._lines.warning((relay, "forged"), "step %d: chunk %d of the sum, relayed by rank %d, "
-                            "does not match owner rank %d's digest: not taken (asked of the owner)",
-                            st.step, chunk, relay, owner)
-        layout = st.layout
-        self.peers.to_peer(owner, st.step, SumWanted(st.step, chunk, layout.total, layout.dtype_name),
-                           None, keep=True)
+        self._want(st, chunk, f"the copy rank {relay} relayed does not match the owner's digest")
 
     def sum_wanted(self, rank: int, msg: SumWanted) -> None:
         """Host ``rank``'s relayed copy of owned chunk ``msg.chunk`` did not match: the chunk

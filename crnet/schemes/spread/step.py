@@ -123,6 +123,8 @@ class SpreadStep:
         self.unverified: dict[int, int] = {}
         self.digests: dict[int, bytes] = {}
         self.resent: set[tuple[int, int]] = set()   # (rank, chunk): owned chunks sent it straight
+        self.digest_at: dict[int, float] = {}        # chunk -> when its owner's digest came
+        self.wanted: set[int] = set()                # chunks asked of their owners (SUM_WANTED)
 
     # -- where pieces land
     def piece_dest(self, sender: int, chunk: int) -> memoryview:
