@@ -317,7 +317,7 @@ class Spread(Scheme):
         self._verify(st, msg.chunk)
         self._check_complete(st)
 
-    def _hops(self, st: SpreadStep, owner: int) -> int:
+    def _hops(self, owner: int) -> int:
         """Hops of the ring of sums from ``owner`` to this host."""
         return (self.rank - owner) % self.hosts
 
@@ -325,7 +325,7 @@ class Spread(Scheme):
         """A chunk of the sum came, after its owner's digest: how long a hop took (an
         average that follows the last few)."""
         at = st.digest_at.get(chunk)
-        hops = self._hops(st, owner)
+        hops = self._hops(owner)
         if at is None or hops < 2:
             return
         hop = (asyncio.get_running_loop().time() - at) / (hops - 1)
@@ -334,9 +334,11 @@ class Spread(Scheme):
     def _chase_later(self, st: SpreadStep, chunk: int) -> None:
         """The owner's digest of ``chunk`` came before the chunk: if the chunk does not come
         in time (``CHASE_FACTOR``), it is asked of its owner."""
+        if chunk in st.digest_at:
+            return   # (one timer a chunk, however often its digest comes)
         loop = asyncio.get_running_loop()
         st.digest_at[chunk] = loop.time()
-        hops = self._hops(st, st.owners.owner(chunk))
+        hops = self._hops(st.owners.owner(chunk))
         wait = self.ports.stall_after
         if self._hop is not None:
             wait = min(wait, max(CHASE_MIN, CHASE_FACTOR * self._hop * max(1, hops - 1)))
