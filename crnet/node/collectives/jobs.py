@@ -128,8 +128,10 @@ class JobCounts:
 
     def ask(self, job: str) -> None:
         """The master: processes of ``job`` wait for it. It starts now if no process of the
-        running job is attached; else as soon as none is, within ``JOB_GRACE`` seconds (its
-        last ones may be disconnecting just now); else it is refused."""
+        running job is attached (or that job holds the tree only provisionally and this one
+        is on two hosts: the module's docstring); else as soon as that is so, within
+        ``JOB_GRACE`` seconds (the running job's last processes may be disconnecting just
+        now); else it is refused, unless the running job is provisional: then it waits on."""
         if self._may_start(job):
             self._begin(job)
         elif job not in self._asked:
