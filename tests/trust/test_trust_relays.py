@@ -36,16 +36,17 @@ FORGE = ("import crnet.schemes.spread.driver as d; "
          "d.Spread._relay_copy = d._forged; ")
 
 
-def forged(argv: list[str]) -> list[str]:
-    """A daemon's command line (``crnet_argv``'s), run with ``FORGE`` first."""
-    return [*argv[:2], argv[2].replace("from crnet.cli import", FORGE + "from crnet.cli import"),
+def forged(argv: list[str], change: str = FORGE) -> list[str]:
+    """A daemon's command line (``crnet_argv``'s), run with ``change`` first."""
+    return [*argv[:2], argv[2].replace("from crnet.cli import", change + "from crnet.cli import"),
             *argv[3:]]
 
 
-def forging(name: str):
-    """A LocalTree spawn whose daemon ``name`` relays forged chunks of the sum."""
+def forging(name: str, change: str = FORGE):
+    """A LocalTree spawn whose daemon ``name`` runs ``change`` first (relays forged chunks
+    of the sum)."""
     def spawn(who, argv, kwargs):
-        return subprocess.Popen(forged(argv) if who == name else argv, **kwargs)
+        return subprocess.Popen(forged(argv, change) if who == name else argv, **kwargs)
     return spawn
 
 
@@ -112,13 +113,8 @@ async def test_a_relay_that_passes_nothing_on_costs_the_hosts_after_it_a_hop_not
     want = grads.sum(axis=0)
     names = [MASTER, "0", "1", "2"]
 
-    def spawn(who, argv, kwargs):
-        if who == "2":
-            argv = [*argv[:2], argv[2].replace("from crnet.cli import", SILENT + "from crnet.cli import"),
-                    *argv[3:]]
-        return subprocess.Popen(argv, **kwargs)
     with running(tmp_path / "tree", STAR, SAMPLES, secret=True, scheme="spread",
-                 spawn=spawn) as lt:
+                 spawn=forging("2", SILENT)) as lt:
         clients = await connect_all(lt, names, starting=True)
         try:
             outcomes = {t: await step(clients, grads, t) for t in range(6)}
