@@ -59,9 +59,10 @@ RELAYED_SHARE = defaults.PACED_UNSENT
 # owner resolved the step (the master settled it with a good copy).
 KEPT_SUMS = 4
 # A chunk of the sum relayed round the ring that has not come CHASE_FACTOR times as long after
-# its owner's digest as the ring's hops took of late (at least CHASE_MIN s, at most a peer's
-# stall_after) is asked of its owner straight: a relay holding the secret may pass nothing on
-# (issue 39 row 3 (A)), and the hosts after it would lose every step.
+# its owner's digest as the ring's hops took of late (their slowest, slowly forgotten; at
+# least CHASE_MIN s, at most a peer's stall_after) is asked of its owner straight: a relay
+# holding the secret may pass nothing on (issue 39 row 3 (A)), and the hosts after it would
+# lose every step.
 CHASE_FACTOR, CHASE_MIN = 4.0, 0.05
 
 
@@ -99,7 +100,7 @@ class Spread(Scheme):
         self._on_time: dict[int, int] = {}     # master: excluded rank -> steps in time in a row
         self._receiving: dict[int, SpreadStep] = {}   # a peer's piece being received: into which
         self._resolved: dict[int, OwnedSums] = {}     # the last KEPT_SUMS resolved (relayed sums)
-        self._hop: float | None = None    # seconds a hop of the ring of sums took of late
+        self._hop: float | None = None    # seconds the slowest hop of the ring of sums took of late
         self._lines = Throttle(log)
         if place.is_master:   # every host hears the master's map first (again after a restart)
             self.peers.announce(Owners(0, 0, ()))
@@ -322,14 +323,15 @@ class Spread(Scheme):
         return (self.rank - owner) % self.hosts
 
     def _timed_hop(self, st: SpreadStep, chunk: int, owner: int) -> None:
-        """A chunk of the sum came, after its owner's digest: how long a hop took (an
-        average that follows the last few)."""
+        """A chunk of the sum came, after its owner's digest: how long a hop took (the
+        slowest of late: chunks queue behind each other on the ring's links, and a chunk
+        asked for while it is on its way costs its owner's link a second copy)."""
         at = st.digest_at.get(chunk)
         hops = self._hops(owner)
         if at is None or hops < 2:
             return
         hop = (asyncio.get_running_loop().time() - at) / (hops - 1)
-        self._hop = hop if self._hop is None else 0.8 * self._hop + 0.2 * hop
+        self._hop = hop if self._hop is None else max(hop, 0.95 * self._hop)
 
     def _chase_later(self, st: SpreadStep, chunk: int) -> None:
         """The owner's digest of ``chunk`` came before the chunk: if the chunk does not come
@@ -342,10 +344,13 @@ class Spread(Scheme):
         wait = self.ports.stall_after
         if self._hop is not None:
             wait = min(wait, max(CHASE_MIN, CHASE_FACTOR * self._hop * max(1, hops - 1)))
-        loop.call_later(wait, self._chase, st, chunk)
+        # (By its number: a timer that held the step would hold its memory, which the pool
+        # could then not hand out again, for as long as the timer waits.)
+        loop.call_later(wait, self._chase, st.step, chunk)
 
-    def _chase(self, st: SpreadStep, chunk: int) -> None:
-        if self.steps.get(st.step) is not st or chunk in st.gathered:
+    def _chase(self, step: int, chunk: int) -> None:
+        st = self.steps.get(step)
+        if st is None or st.relayed is None or chunk >= st.layout.chunks or chunk in st.gathered:
             return
         self._want(st, chunk, "it did not come round the ring in time (a relay before this "
                               "host passed nothing on?)")
