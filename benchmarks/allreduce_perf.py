@@ -2,13 +2,15 @@
 
     python -m benchmarks.allreduce_perf [--hosts 4] [--schemes rar,spread,cr,gloo]
         [--sizes 1M 16M 64M] [--dtype float32] [--steps N] [--rounds 3] [--mtu 1500]
-        [--rate 10gbit] [--json out.json] [--plot busbw.png]
+        [--rate 10gbit] [--secret] [--json out.json] [--plot busbw.png]
 
 What runs: for every round, size and scheme (the schemes alternating, so that a busy machine
 weighs on all of them alike), a tree of its own of ``--hosts`` crnetd processes on 127.0.0.1
 (with ``--mtu``, as root: each in a network namespace of its own, on unshaped veth links of
 that MTU, ``benchmarks/netns.py``; with ``--rate`` too, each link shaped to that rate both
-ways with tbf, as ``python -m benchmarks`` shapes its presets' links):
+ways with tbf, as ``python -m benchmarks`` shapes its presets' links; on veth the daemons
+share a cluster secret, on 127.0.0.1 only with ``--secret``: with one, spread checks every
+chunk of its sum a host relays, docs/spread.md):
 ``crnet.tools.launch.LocalTree``, the master and ``hosts - 1`` workers, one layer, no
 stragglers; and on every host one training process (a process of its own, the blocking
 ``Client``, as a user's would be, on its zero-copy path: the vector in ``Client.buffer``,

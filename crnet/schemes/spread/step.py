@@ -292,7 +292,6 @@ class SpreadStep:
                                                   if (s := self.owned_sum(c)) is not None},
                          self.resent)
 
-
     # -- what is missing
     def waiting_for(self, settled: bool = True) -> str:
         """What the step still lacks here; ``settled``: the master's word came (the node
