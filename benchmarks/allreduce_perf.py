@@ -1,6 +1,6 @@
 """Back-to-back allreduce per vector size and scheme, as nccl-tests' all_reduce_perf prints it.
 
-    python -m benchmarks.allreduce_perf [--hosts 4] [--schemes rar,spread,cr,gloo]
+    python -m benchmarks.allreduce_perf [--hosts 4] [--schemes rar,spread,spread-direct,cr,gloo]
         [--sizes 1M 16M 64M] [--dtype float32] [--steps N] [--rounds 3] [--mtu 1500]
         [--rate 10gbit] [--secret] [--json out.json] [--plot busbw.png]
 
@@ -12,8 +12,10 @@ ways with tbf, as ``python -m benchmarks`` shapes its presets' links; on veth th
 share a cluster secret, on 127.0.0.1 only with ``--secret``: with one, spread checks every
 chunk of its sum a host relays, docs/spread.md):
 ``crnet.tools.launch.LocalTree``, the master and ``hosts - 1`` workers, one layer, no
-stragglers; and on every host one training process (a process of its own, the blocking
-``Client``, as a user's would be, on its zero-copy path: the vector in ``Client.buffer``,
+stragglers (``spread-direct``: spread with the master's ``--spread-sum direct``, its sum
+straight from every owner, not round the ring); and on every host one training process (a
+process of its own, the blocking ``Client``, as a user's would be, on its zero-copy path:
+the vector in ``Client.buffer``,
 the sum into ``Client.result_buffer``). Each step all of them meet at a barrier, then call
 ``allreduce`` at once; the master's process (which adds nothing in cr and spread) takes
 the result too. Every result is checked against the exact sum (integers in
@@ -53,6 +55,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +66,10 @@ from . import netns
 from .bench_step import parse_size
 from .runner import cpu_seconds
 
-SCHEMES = ("rar", "spread", "cr", "gloo")
+SCHEMES = ("rar", "spread", "spread-direct", "cr", "gloo")
+# A scheme name beyond crnetd's own: the scheme and the master's options it runs with.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "spread-direct": ("spread", {"spread_sum": "direct"})}
 def default_steps(nbytes: int) -> int:
     return 40 if nbytes <= 1 << 20 else 20 if nbytes <= 16 << 20 else 8
 
@@ -124,8 +130,10 @@ def run_tree(scheme: str, hosts: int, sizes: list[int], dtype: str, steps: dict,
     (default: on veth, not on 127.0.0.1, as ``LocalTree`` does)."""
     tree = Tree.regular(hosts - 1, 1, 0)
     names = list(tree.names())
-    lt = LocalTree(tree, hosts - 1, scheme=scheme, timeout=timeout, log_level="warning",
-                   secret=secret, **({} if cluster is None else netns.hosting(cluster, names)))
+    crnetd, options = VARIANTS.get(scheme, (scheme, {}))
+    lt = LocalTree(tree, hosts - 1, scheme=crnetd, timeout=timeout, log_level="warning",
+                   secret=secret, **options,
+                   **({} if cluster is None else netns.hosting(cluster, names)))
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(names))
     out = ctx.Queue()
@@ -217,14 +225,14 @@ def print_table(results: dict, sizes: list[int], schemes: list[str], hosts: int,
                 where: str) -> None:
     print(f"\nallreduce, {hosts} hosts, {where}; the best round's median step "
           "(all rounds' medians in brackets)")
-    print(f"{'size':>6} {'scheme':>7} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
+    print(f"{'size':>6} {'scheme':>13} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11} "
           f"{'failed':>7} {'exact':>6} {'daemons CPU ms':>15} {'procs CPU ms':>13} "
           f"{'CPU ns/B':>9}  rounds ms")
     for nbytes in sizes:
         for s in schemes:
             rows = results[(s, nbytes)]
             best = min(rows, key=lambda r: r["time"])
-            print(f"{fmt_bytes(nbytes):>6} {s:>7} {best['time'] * 1e3:9.2f} "
+            print(f"{fmt_bytes(nbytes):>6} {s:>13} {best['time'] * 1e3:9.2f} "
                   f"{best['algbw'] / 1e9:11.3f} {best['busbw'] / 1e9:11.3f} "
                   f"{sum(r['failed'] for r in rows):7d} "
                   f"{'yes' if not any(r['wrong'] for r in rows) else 'NO':>6} "

@@ -163,6 +163,12 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
     Option("chunk_bytes", ChunkSize(), "auto", roles=MASTER, text=_chunk_text,
            help="Pipelining unit (master; the tree uses the master's): a size, or auto: "
                 "1 MiB up to 16 MiB vectors, then 1/16 of the vector, at most 4 MiB."),
+    Option("spread_sum", click.Choice(["ring", "direct"]), "ring", roles=MASTER,
+           help="Master, spread: how a vector's sum reaches every host where owners' shares are "
+                "large: round the ring of ranks, every host relaying (ring: where links bound a "
+                "step, each host then receives from one host at a time), or straight from each "
+                "owner to every host (direct: where the CPUs bound it, fast links or hosts on "
+                "one machine; no relayed copy to check). docs/spread.md."),
     Option("timeout", click.FloatRange(min=0.01), defaults.TIMEOUT, engine="timeout",
            help="Seconds a step may wait for its quorum at a node before it fails there."),
     Option("keep_results", click.IntRange(min=1), defaults.KEEP_RESULTS, engine="keep_results",

@@ -93,6 +93,7 @@ class Settings:
     client_socket: str
     client_group: str | None
     chunk_bytes: int                           # 0: auto
+    spread_sum: str                            # ring or direct
     timeout: float
     keep_results: int
     local_processes: int
@@ -155,7 +156,7 @@ class Node:
             assert settings.tree is not None and settings.samples is not None
             place = Place("", 0, settings.tree, settings.scheme, settings.code_kind,
                           settings.chunk_bytes, beyond_s=settings.beyond_s,
-                          patience=settings.patience)
+                          patience=settings.patience, spread_sum=settings.spread_sum)
         self.membership = Membership(
             self.engine, self.neighbours, stop=self.stop, place=place, samples=settings.samples,
             name=settings.name, dial_parent=None if settings.is_master else self._dial_parent,

@@ -48,6 +48,7 @@ class Place:
     ring: RingPlace | None = None
     beyond_s: str = "fail"      # fail, or approximate: decode from fewer than n - s (approximate.py)
     patience: float | None = None   # seconds, per layer of parents below (None: from step times)
+    spread_sum: str = "ring"    # spread: its sum round the ring of ranks, or direct from owners
     # This node's share as masses (approximate.py): its local share's, and each part's it
     # codes over its children; set once the allocation is known (() before, and for leaves).
     # (Derived from the allocation: not part of what a place is when places are compared.)

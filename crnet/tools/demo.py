@@ -125,9 +125,10 @@ def run_demo(cfg: DemoConfig, progress=sys.stderr) -> dict:
     workers = []
     names = [n for n in tree.names() if n != MASTER]
     workdir = Path(tempfile.mkdtemp(prefix="crnet-demo-"))
-    # A secret even on 127.0.0.1: other users of this host cannot join the demo's tree.
+    # A secret even on 127.0.0.1: other users of this host cannot join the demo's tree. Every
+    # host on one machine: its CPUs bound a step, so spread's sum goes straight from owners.
     local = LocalTree(tree, cfg.samples, workdir=workdir, timeout=cfg.timeout, scheme=cfg.scheme,
-                      strict=cfg.strict, secret=True)
+                      strict=cfg.strict, secret=True, spread_sum="direct")
     error: Exception | None = None
     try:
         with local:

@@ -236,10 +236,11 @@ class Run:
                 previous[sig] = signal.signal(sig, self._on_signal)
             if workdir is None:
                 workdir = Path(tempfile.mkdtemp(prefix="crnet-run-"))
-            # A secret even on 127.0.0.1: other users of this host cannot join the tree.
+            # A secret even on 127.0.0.1: other users of this host cannot join the tree. Every
+            # host on one machine: its CPUs bound a step, so spread's sum goes straight from owners.
             self.lt = LocalTree(self.tree, self.samples, workdir=workdir, timeout=self.timeout,
                                 scheme=self.scheme, local_processes=self.local_processes,
-                                strict=self.strict, secret=True)
+                                strict=self.strict, secret=True, spread_sum="direct")
             self.lines.say(f"{len(self.seats)} training processes on a tree of "
                            f"{self.tree.workers + 1} crnetd (scheme {self.scheme}, "
                            f"{self.samples} samples per step), job {self.job}, daemon logs in "

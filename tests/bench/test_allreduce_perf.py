@@ -26,7 +26,8 @@ def test_every_scheme_is_exact_and_the_table_says_so(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     rows = json.loads(out.read_text())
-    schemes = ("cr", "rar", "spread") + (("gloo",) if importlib.util.find_spec("torch") else ())
+    schemes = ("cr", "rar", "spread", "spread-direct") + (
+        ("gloo",) if importlib.util.find_spec("torch") else ())
     assert sorted({(r["scheme"], r["bytes"]) for r in rows}) == sorted(
         (s, b) for s in schemes for b in (64 << 10, 1 << 20))
     for r in rows:
@@ -41,7 +42,7 @@ def test_every_scheme_is_exact_and_the_table_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["--schemes", "ring"], "--schemes: from rar, spread, cr, gloo"),
+    (["--schemes", "ring"], "--schemes: from rar, spread, spread-direct, cr, gloo"),
     (["--rate", "fast"], "--rate: "),
 ])
 def test_a_bad_option_is_a_usage_error(argv, said):

@@ -293,6 +293,16 @@ async def test_random_faults(local_tree, seed):
     await random_faults(spread_tree(local_tree, keep_results=8), gradients(seed, M, DIM), rng)
 
 
+@pytest.mark.parametrize("seed", SEEDS[:1])
+async def test_random_faults_with_the_sum_straight_from_its_owners(local_tree, seed):
+    """The same faults where the master runs ``--spread-sum direct`` (no ring of sums: every
+    owner sends its chunks of the sum to every host itself, as where the CPUs bound a
+    step): the same bounds, every result exact."""
+    rng = random.Random(seed)
+    await random_faults(spread_tree(local_tree, keep_results=8, spread_sum="direct"),
+                        gradients(seed, M, DIM), rng)
+
+
 async def test_an_idle_tree_cuts_no_live_host_off(local_tree):
     """Between steps nothing but heartbeats goes between the hosts (node/peers/liveness.py):
     idle for many times stall_after, no live host is taken for frozen, and the next steps

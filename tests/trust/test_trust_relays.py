@@ -123,3 +123,23 @@ async def test_a_relay_that_passes_nothing_on_costs_the_hosts_after_it_a_hop_not
                 shown(outcomes)
         finally:
             close_all(clients)
+
+
+async def test_with_the_sum_sent_direct_no_host_relays_and_none_checks(tmp_path):
+    """``--spread-sum direct`` at the master (where the CPUs bound a step): every owner
+    sends its chunks of the sum to every host itself, so the forging daemon of the first
+    test relays nothing (its change never runs) and no host hashes a relayed copy: every
+    result exact from the first step, and no digest ever compared."""
+    grads = gradients(54, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    names = [MASTER, "0", "1", "2"]
+    with running(tmp_path / "tree", STAR, SAMPLES, secret=True, scheme="spread",
+                 spread_sum="direct", spawn=forging("2")) as lt:
+        clients = await connect_all(lt, names, starting=True)
+        try:
+            outcomes = {t: await step(clients, grads, t) for t in range(4)}
+            assert all(exact(outcomes[t], want) for t in range(4)), shown(outcomes)
+            logs = "".join(lt.log_path(n).read_text() for n in names)
+            assert "digest" not in logs and "asked of its owner" not in logs
+        finally:
+            close_all(clients)

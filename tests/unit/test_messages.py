@@ -81,6 +81,7 @@ EVERY_MESSAGE = [
     Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr"),
     Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr", 41, 1000, "float32"),
     Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "cr", 41, None, None, "", 1, "approximate", 0.25),
+    Welcome("1.0", 2, (3, 2), (1, 0), "crc", 4096, "spread", spread_sum="direct"),
     Refuse("all 3 child slots taken"),
     Refuse("the parent has not joined yet", retry=True),
     Refuse("the tree moved this host", retry=True, to="10.0.0.4:7070", name="1.0"),
@@ -355,6 +356,7 @@ BAD_FIELDS = [
     (MsgType.DONE, {"step": 1, "tree_step": 0, "approx": "x"}, 0, "DONE: field 'approx' must be"),
     (MsgType.WELCOME, welcome(patience=-1.0), 0, "WELCOME: field 'patience' must be a number"),
     (MsgType.WELCOME, welcome(beyond_s="maybe"), 0, "WELCOME: field 'beyond_s' must be"),
+    (MsgType.WELCOME, welcome(spread_sum="star"), 0, "WELCOME: field 'spread_sum' must be"),
     # a vote's roots: at most two tree names
     (MsgType.BARRIER, {"key": "k", "arrived": 1, "processes": 2, "roots": ["0", "1", "2"]}, 0,
      "BARRIER: field 'roots' must be a list of at most 2 tree names"),

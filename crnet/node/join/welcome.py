@@ -16,7 +16,7 @@ def welcome_for(place: Place, k: int, engine: StepEngine, job: str, local_proces
     return Welcome(place.tree.children(place.name)[k], place.layer + 1, place.tree.fanout,
                    place.tree.stragglers, place.code_kind, place.chunk_bytes, place.scheme,
                    engine.tree_step, total, dtype, job, local_processes,
-                   place.beyond_s, place.patience)
+                   place.beyond_s, place.patience, place.spread_sum)
 
 
 def not_in_place(held: Place, tree: Tree, scheme: str) -> str | None:
@@ -49,7 +49,8 @@ def welcomed_place(msg: Welcome, held: Place | None, listening: bool, local_proc
     if held is not None and msg.name != held.name:
         raise ProtocolError(f"the parent gave this node slot {msg.name}, but it is {held.name}")
     place = Place(msg.name, msg.layer, tree, msg.scheme, msg.code, msg.chunk_bytes,
-                  None if held is None else held.ring, msg.beyond_s, msg.patience)
+                  None if held is None else held.ring, msg.beyond_s, msg.patience,
+                  msg.spread_sum)
     if place.scheme in PEER_SCHEMES and not listening:
         raise JoinRefused(f"{place.label} takes pieces from its peers (--scheme "
                           f"{place.scheme}) and must accept them: start it with --listen")

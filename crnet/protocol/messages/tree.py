@@ -18,6 +18,7 @@ from .base import Message
 
 CODE_KINDS = ("auto", "frc", "crc")
 BEYOND_S = ("fail", "approximate")
+SPREAD_SUMS = ("ring", "direct")   # spread: its sum round the ring of ranks, or from each owner
 MAX_PEERS = 1 << 16   # hosts a spread tree may have (peers in JOINED and ASSIGN)
 
 
@@ -64,6 +65,7 @@ class Welcome(Message):
     local_processes: int = 1        # training processes on every host (the master's --local-processes)
     beyond_s: str = "fail"          # the master's --beyond-s
     patience: float | None = None   # the master's --patience (None: derived at each parent)
+    spread_sum: str = "ring"        # the master's --spread-sum
 
     @property
     def tree(self) -> Tree:
@@ -83,7 +85,8 @@ class Welcome(Message):
                   h.integer("local_processes", 1, LOCAL_PROCESSES_MAX) if "local_processes" in h.h
                   else 1,
                   h.text("beyond_s", choices=BEYOND_S) if "beyond_s" in h.h else "fail",
-                  _patience(h))
+                  _patience(h),
+                  h.text("spread_sum", choices=SPREAD_SUMS) if "spread_sum" in h.h else "ring")
         try:
             tree = msg.tree
         except ValueError as e:

@@ -52,7 +52,10 @@ REDUCE, GATHER = Phase.REDUCE, Phase.GATHER
 ON_TIME = 3   # steps in a row an excluded host's pieces must reach the master in time to own again
 # Shares larger than this go round the ring of ranks, each host relaying them on: owners that
 # decode at different times and each send to every host in turn would load some downlinks
-# twice while others idle, for the whole phase. Smaller ones (latency-bound) take one hop.
+# twice while others idle, for the whole phase. Smaller ones (latency-bound) take one hop,
+# and so do all where the master says so (--spread-sum direct): where the CPUs, not the
+# links, bound a step, a relay's copy and its check against the owner's digest cost more
+# than the downlinks' balance gains.
 RELAYED_SHARE = defaults.PACED_UNSENT
 # Steps resolved here whose owned chunks of the sum an owner keeps, to send one straight to a
 # host whose relayed copy did not match its digest (SUM_WANTED): the host may ask after this
@@ -545,7 +548,7 @@ class Spread(Scheme):
         st = SpreadStep(
             step, cut, self.recursion, self.rank, alloc=self.ports.memory.alloc,
             result_alloc=lambda total, dtype: self.ports.memory.alloc_result(step, total, dtype))
-        if cut.share_bytes > RELAYED_SHARE:
+        if cut.share_bytes > RELAYED_SHARE and self.place.spread_sum == "ring":
             st.relayed = {}
         return st
 
