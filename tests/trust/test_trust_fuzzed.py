@@ -412,3 +412,50 @@ async def test_a_confirmed_peers_piece_in_another_layout_fails_no_step(tmp_path)
             await leave(clients, hostile, [link], mesh)
     if not all(exact(o, want) for o in outcomes.values()):
         raise FaultStillThere(str(shown(outcomes)))
+
+
+def rss_mib(lt: LocalTree, name: str) -> float:
+    """Daemon ``name``'s resident memory, MiB."""
+    with open(f"/proc/{lt.procs[name].pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.timeout(180)
+async def test_a_spread_peers_sum_pieces_claiming_huge_vectors_in_the_window_hold_little(tmp_path):
+    """Issue 39 row 2. --scheme spread: a secret holder in slot 0 (rank 1), its peer links
+    to hosts 1 and 2 confirmed, sends each, for each of the next 12 steps (inside the
+    window), the 4 chunks of the sum the master owns (relayed round the ring: the hosts
+    after the holder may take them from it) of a 64 MiB vector, 4 MiB each. Each began a
+    step in that layout with its result allocated, and the host kept what the chunks
+    touched: about 200 MiB more, still held once the honest steps had passed them. Now at most
+    2 steps at a time may be open in a layout nothing settled; the rest are dropped, and
+    the honest steps are exact."""
+    grads = gradients(36, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    real = [MASTER, "1", "2"]
+    huge = 8 << 20                      # float64: 64 MiB, 16 chunks of 4 MiB, 4 owners
+    with running(tmp_path / "tree", STAR, SAMPLES, only=real, secret=True, scheme="spread") as lt:
+        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("0")).start()
+        hostile = await insider(lt, name="0", mesh=mesh)
+        clients = await connect_all(lt, real, starting=True)
+        links = []
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want), t
+            before = {name: rss_mib(lt, name) for name in ("1", "2")}
+            chunk = np.ones(huge // 16)
+            for name in ("1", "2"):
+                link = await mesh.dial(lt.ports[name], STAR.rank(name), confirmed=PEER_CHECK_TIMEOUT + 2)
+                assert link is not None, f"host {name} did not confirm the holder's own rank"
+                links.append(link)
+                for t in range(3, 15):
+                    for c in range(4):
+                        piece = Piece(t, Phase.GATHER, c, huge, "float64")
+                        assert await link.write(b"".join(bytes(p) for p in piece.frame(chunk)))
+            await asyncio.sleep(1.0)
+            held = {name: rss_mib(lt, name) - before[name] for name in ("1", "2")}
+            assert all(mib < 100 for mib in held.values()), held   # (before: 196-216 MiB)
+            outcomes = {t: await step(clients, grads, t) for t in range(3, 17)}
+            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
+        finally:
+            await leave(clients, hostile, links, mesh)

@@ -67,6 +67,12 @@ KEPT_SUMS = 4
 # holding the secret may pass nothing on (issue 39 row 3 (A)), and the hosts after it would
 # lose every step.
 CHASE_FACTOR, CHASE_MIN = 4.0, 0.05
+# Steps open here at once whose layout nothing settled (peers' pieces began them: ``_step``).
+# Each holds memory for the vector its pieces claim, up to the host's memory: a peer that
+# holds the secret could claim a huge one for every step of the window (issue 39 row 2).
+# Honest hosts begin at most a step or two ahead of a host this way (a slow process's):
+# every step after the first in the tree's layout is settled, a decode here settles one.
+UNSETTLED_STEPS = 2
 
 
 class Spread(Scheme):
@@ -530,6 +536,12 @@ class Spread(Scheme):
             log.warning("step %d began here with pieces of %s, but %s is %d x %s: beginning it "
                         "again", step, st.layout.describe(),
                         "this host's vector" if local else "the tree's", total, dtype)
+        elif not settles and sum(not self._layout_settled(s) for s in self.steps.values()) \
+                >= UNSETTLED_STEPS:
+            self._lines.warning("unsettled", "step %d: a piece of %d x %s, but %d steps "
+                                "are open here in layouts nothing settled: dropped", step, total,
+                                dtype, UNSETTLED_STEPS)
+            return None
         self.newest = max(self.newest, step)
         st = self.steps[step] = self._new_step(step, total, dtype)
         return st
