@@ -459,3 +459,35 @@ async def test_a_spread_peers_sum_pieces_claiming_huge_vectors_in_the_window_hol
             assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
         finally:
             await leave(clients, hostile, links, mesh)
+
+
+async def test_a_spread_peers_sum_pieces_far_ahead_keep_no_more_than_two_steps(tmp_path):
+    """Issue 39 row 2, as the authenticated fuzzer found it on spread with a 1 MB vector: a
+    sum's chunk beyond the window, in the tree's layout, opens that step at a host that is
+    not the master (a host that fell behind learns so where the tree is), with no clock
+    until the tree gets there. A secret holder sending one per step far ahead left a leaf
+    with 102 such steps and 150 MiB after 400,000 frames, growing. Now at most 2 are kept
+    (the oldest forgotten), and the honest steps go on exact."""
+    grads = gradients(37, SAMPLES, DIM)
+    want = grads.sum(axis=0)
+    real = [MASTER, "1", "2"]
+    with running(tmp_path / "tree", STAR, SAMPLES, only=real, secret=True, scheme="spread") as lt:
+        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("0")).start()
+        hostile = await insider(lt, name="0", mesh=mesh)
+        clients = await connect_all(lt, real, starting=True)
+        link = None
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), want), t
+            link = await mesh.dial(lt.ports["1"], STAR.rank("1"), confirmed=PEER_CHECK_TIMEOUT + 2)
+            assert link is not None, "host 1 did not confirm the holder's own rank"
+            for k in range(30):
+                piece = Piece(10**6 + 7 * k, Phase.GATHER, 0, want.size, "float64")
+                assert await link.write(b"".join(bytes(p) for p in piece.frame(np.ones(want.size))))
+            await asyncio.sleep(0.5)
+            far = [s for s in (await clients["1"].stats())["open_steps"] if s >= 10**6]
+            assert len(far) <= 2, far
+            outcomes = {t: await step(clients, grads, t) for t in range(3, 6)}
+            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
+        finally:
+            await leave(clients, hostile, [link], mesh)

@@ -180,6 +180,10 @@ class StepTable:
         return [r for s, r in sorted(self._records.items())
                 if (through is None or s <= through) and (r.is_open or r.waiters)]
 
+    def drop(self, step: int) -> None:
+        """Forget ``step``'s record (a step far ahead that took no part here)."""
+        self._records.pop(step, None)
+
     def drop_through(self, low: int) -> None:
         """Forget every record of a step at or below ``low`` (behind the window)."""
         self._records = {s: r for s, r in self._records.items() if s > low}
