@@ -6,6 +6,7 @@ sends the one frame the fuzzer's run narrowed the fault down to."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 
 import numpy as np
@@ -213,6 +214,35 @@ def shown(outcomes: dict) -> dict:
                 for n, o in per.items()} for t, per in outcomes.items()}
 
 
+@contextlib.asynccontextmanager
+async def holder_in_slot_0(tmp_path, seed: int):
+    """A spread tree of the master and hosts 1 and 2 whose slot 0 (rank 1) a secret holder
+    took, listening and answering for its rank (its ``mesh``), three exact steps done:
+    yields (lt, clients, grads, mesh, links); the links the body dials go in ``links``,
+    all closed on the way out."""
+    grads = gradients(seed, SAMPLES, DIM)
+    real = [MASTER, "1", "2"]
+    with running(tmp_path / "tree", STAR, SAMPLES, only=real, secret=True, scheme="spread") as lt:
+        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("0")).start()
+        hostile = await insider(lt, name="0", mesh=mesh)
+        clients = await connect_all(lt, real, starting=True)
+        links: list[Peer | None] = []
+        try:
+            for t in range(3):
+                assert exact(await step(clients, grads, t), grads.sum(axis=0)), t
+            yield lt, clients, grads, mesh, links
+        finally:
+            await leave(clients, hostile, links, mesh)
+
+
+async def dial_confirmed(lt: LocalTree, mesh: InsiderMesh, name: str, links: list) -> Peer:
+    """The holder's peer link to host ``name``, its rank confirmed there."""
+    link = await mesh.dial(lt.ports[name], STAR.rank(name), confirmed=PEER_CHECK_TIMEOUT + 2)
+    assert link is not None, f"host {name} did not confirm the holder's own rank"
+    links.append(link)
+    return link
+
+
 async def test_a_spread_peers_sum_piece_far_ahead_moves_no_master(tmp_path):
     """--scheme spread: a secret holder in slot 2 sends the master, on its own peer link (the
     master confirmed it: the holder listens and answers for its rank like a real host), a
@@ -253,33 +283,19 @@ async def test_a_spread_peers_sum_pieces_in_a_layout_of_its_own_fix_no_later_ste
     because something of its sum was gathered, and at steps 4 and 5 their own processes'
     vectors were refused (MismatchError: the tree's is 16384 x float32); steps 40 and 10^6
     were opened there too, each holding its vector until its deadline."""
-    grads = gradients(35, SAMPLES, DIM)
-    want = grads.sum(axis=0)
-    real = [MASTER, "1", "2"]
-    with running(tmp_path / "tree", STAR, SAMPLES, only=real, secret=True, scheme="spread") as lt:
-        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("0")).start()
-        hostile = await insider(lt, name="0", mesh=mesh)
-        clients = await connect_all(lt, real, starting=True)
-        links = []
-        try:
-            for t in range(3):
-                assert exact(await step(clients, grads, t), want), t
-            for name in ("1", "2"):
-                link = await mesh.dial(lt.ports[name], STAR.rank(name), confirmed=PEER_CHECK_TIMEOUT + 2)
-                assert link is not None, f"host {name} did not confirm the holder's own rank"
-                links.append(link)
-                for t in (4, 5, 40, 10**6):
-                    piece = Piece(t, Phase.GATHER, 0, 16384, "float32")
-                    frame = b"".join(bytes(p) for p in piece.frame(np.ones(16384, np.float32)))
-                    assert await link.write(frame)
-            await asyncio.sleep(0.5)
-            for name in ("1", "2"):   # beyond the window only the tree's layout is taken
-                opened = (await clients[name].stats())["open_steps"]
-                assert 40 not in opened and 10**6 not in opened, (name, opened)
-            outcomes = {t: await step(clients, grads, t) for t in range(3, 8)}
-            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
-        finally:
-            await leave(clients, hostile, links, mesh)
+    async with holder_in_slot_0(tmp_path, 35) as (lt, clients, grads, mesh, links):
+        for name in ("1", "2"):
+            link = await dial_confirmed(lt, mesh, name, links)
+            for t in (4, 5, 40, 10**6):
+                piece = Piece(t, Phase.GATHER, 0, 16384, "float32")
+                frame = b"".join(bytes(p) for p in piece.frame(np.ones(16384, np.float32)))
+                assert await link.write(frame)
+        await asyncio.sleep(0.5)
+        for name in ("1", "2"):   # beyond the window only the tree's layout is taken
+            opened = (await clients[name].stats())["open_steps"]
+            assert 40 not in opened and 10**6 not in opened, (name, opened)
+        outcomes = {t: await step(clients, grads, t) for t in range(3, 8)}
+        assert all(exact(o, grads.sum(axis=0)) for o in outcomes.values()), shown(outcomes)
 
 
 @pytest.mark.timeout(180)
@@ -430,35 +446,21 @@ async def test_a_spread_peers_sum_pieces_claiming_huge_vectors_in_the_window_hol
     touched: about 200 MiB more, still held once the honest steps had passed them. Now at most
     2 steps at a time may be open in a layout nothing settled; the rest are dropped, and
     the honest steps are exact."""
-    grads = gradients(36, SAMPLES, DIM)
-    want = grads.sum(axis=0)
-    real = [MASTER, "1", "2"]
     huge = 8 << 20                      # float64: 64 MiB, 16 chunks of 4 MiB, 4 owners
-    with running(tmp_path / "tree", STAR, SAMPLES, only=real, secret=True, scheme="spread") as lt:
-        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("0")).start()
-        hostile = await insider(lt, name="0", mesh=mesh)
-        clients = await connect_all(lt, real, starting=True)
-        links = []
-        try:
-            for t in range(3):
-                assert exact(await step(clients, grads, t), want), t
-            before = {name: rss_mib(lt, name) for name in ("1", "2")}
-            chunk = np.ones(huge // 16)
-            for name in ("1", "2"):
-                link = await mesh.dial(lt.ports[name], STAR.rank(name), confirmed=PEER_CHECK_TIMEOUT + 2)
-                assert link is not None, f"host {name} did not confirm the holder's own rank"
-                links.append(link)
-                for t in range(3, 15):
-                    for c in range(4):
-                        piece = Piece(t, Phase.GATHER, c, huge, "float64")
-                        assert await link.write(b"".join(bytes(p) for p in piece.frame(chunk)))
-            await asyncio.sleep(1.0)
-            held = {name: rss_mib(lt, name) - before[name] for name in ("1", "2")}
-            assert all(mib < 100 for mib in held.values()), held   # (before: 196-216 MiB)
-            outcomes = {t: await step(clients, grads, t) for t in range(3, 17)}
-            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
-        finally:
-            await leave(clients, hostile, links, mesh)
+    async with holder_in_slot_0(tmp_path, 36) as (lt, clients, grads, mesh, links):
+        before = {name: rss_mib(lt, name) for name in ("1", "2")}
+        chunk = np.ones(huge // 16)
+        for name in ("1", "2"):
+            link = await dial_confirmed(lt, mesh, name, links)
+            for t in range(3, 15):
+                for c in range(4):
+                    piece = Piece(t, Phase.GATHER, c, huge, "float64")
+                    assert await link.write(b"".join(bytes(p) for p in piece.frame(chunk)))
+        await asyncio.sleep(1.0)
+        held = {name: rss_mib(lt, name) - before[name] for name in ("1", "2")}
+        assert all(mib < 100 for mib in held.values()), held   # (before: 196-216 MiB)
+        outcomes = {t: await step(clients, grads, t) for t in range(3, 17)}
+        assert all(exact(o, grads.sum(axis=0)) for o in outcomes.values()), shown(outcomes)
 
 
 async def test_a_spread_peers_sum_pieces_far_ahead_keep_no_more_than_two_steps(tmp_path):
@@ -468,26 +470,14 @@ async def test_a_spread_peers_sum_pieces_far_ahead_keep_no_more_than_two_steps(t
     until the tree gets there. A secret holder sending one per step far ahead left a leaf
     with 102 such steps and 150 MiB after 400,000 frames, growing. Now at most 2 are kept
     (the oldest forgotten), and the honest steps go on exact."""
-    grads = gradients(37, SAMPLES, DIM)
-    want = grads.sum(axis=0)
-    real = [MASTER, "1", "2"]
-    with running(tmp_path / "tree", STAR, SAMPLES, only=real, secret=True, scheme="spread") as lt:
-        mesh = InsiderMesh(load_secret(lt.options["secret_file"]), STAR.rank("0")).start()
-        hostile = await insider(lt, name="0", mesh=mesh)
-        clients = await connect_all(lt, real, starting=True)
-        link = None
-        try:
-            for t in range(3):
-                assert exact(await step(clients, grads, t), want), t
-            link = await mesh.dial(lt.ports["1"], STAR.rank("1"), confirmed=PEER_CHECK_TIMEOUT + 2)
-            assert link is not None, "host 1 did not confirm the holder's own rank"
-            for k in range(30):
-                piece = Piece(10**6 + 7 * k, Phase.GATHER, 0, want.size, "float64")
-                assert await link.write(b"".join(bytes(p) for p in piece.frame(np.ones(want.size))))
-            await asyncio.sleep(0.5)
-            far = [s for s in (await clients["1"].stats())["open_steps"] if s >= 10**6]
-            assert len(far) <= 2, far
-            outcomes = {t: await step(clients, grads, t) for t in range(3, 6)}
-            assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
-        finally:
-            await leave(clients, hostile, [link], mesh)
+    async with holder_in_slot_0(tmp_path, 37) as (lt, clients, grads, mesh, links):
+        want = grads.sum(axis=0)
+        link = await dial_confirmed(lt, mesh, "1", links)
+        for k in range(30):
+            piece = Piece(10**6 + 7 * k, Phase.GATHER, 0, want.size, "float64")
+            assert await link.write(b"".join(bytes(p) for p in piece.frame(np.ones(want.size))))
+        await asyncio.sleep(0.5)
+        far = [s for s in (await clients["1"].stats())["open_steps"] if s >= 10**6]
+        assert len(far) <= 2, far
+        outcomes = {t: await step(clients, grads, t) for t in range(3, 6)}
+        assert all(exact(o, want) for o in outcomes.values()), shown(outcomes)
