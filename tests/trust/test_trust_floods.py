@@ -215,6 +215,7 @@ async def test_tls_connections_closed_after_their_hand_over_are_freed_soon(certs
     from crnet.node.admission.tls_door import TlsDoor
 
     monkeypatch.setattr(tls_door, "SWEEP_EVERY", 4)
+    monkeypatch.setattr(tls_door, "_SWEEPER", tls_door._Sweeper())   # none pending from before
     accept, dial = contexts(certs)
     doorway = Doorway(deadline=1.0)
     apps: list[weakref.ref] = []
