@@ -39,7 +39,7 @@ from ..helpers.clients import close_all, connect, connect_all
 from ..helpers.trees import KILL
 from ..helpers.vectors import gradients
 from ..helpers.waits import wait_for_log
-from .test_trust import DIM, SAMPLES, STAR, TIMEOUT, exact, processed, running, step
+from .test_trust import DIM, SAMPLES, STAR, TIMEOUT, exact, processed, rss, running, step
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_factories=["asyncio"])]
 
@@ -432,8 +432,7 @@ async def test_a_confirmed_peers_piece_in_another_layout_fails_no_step(tmp_path)
 
 def rss_mib(lt: LocalTree, name: str) -> float:
     """Daemon ``name``'s resident memory, MiB."""
-    with open(f"/proc/{lt.procs[name].pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    return rss(lt.procs[name].pid) / (1 << 20)
 
 
 @pytest.mark.timeout(180)
